@@ -1,0 +1,395 @@
+//! The CUDA backend: cudarc's driver bindings, loaded at run time, on each device's primary
+//! context (retained, never destroyed by us), so CUDA.jl, CuPy and PyTorch in the same process
+//! share the context and can use the memory and streams Kmm hands out.
+
+use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, Stream};
+use crate::error::{lock, Error, KmmStatus, Result};
+use crate::fail;
+use cudarc::driver::sys;
+use std::any::Any;
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Turns a driver status into a `Result`, naming the call.
+pub(crate) fn check(status: sys::CUresult, call: &str) -> Result<()> {
+    if status == sys::CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut name: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorName writes a pointer to a static string or leaves it null.
+    unsafe { sys::cuGetErrorName(status, &mut name) };
+    let name = if name.is_null() {
+        format!("{status:?}")
+    } else {
+        unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+    };
+    let code = if status == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        KmmStatus::KMM_ERROR_OUT_OF_MEMORY
+    } else {
+        KmmStatus::KMM_ERROR_BACKEND
+    };
+    Err(Error::new(code, format!("{call} failed: {name} ({})", status as u32)))
+}
+
+/// Raw driver handles are plain pointers; the driver allows their use from any thread.
+#[derive(Clone, Copy)]
+struct Raw<T>(T);
+unsafe impl<T> Send for Raw<T> {}
+unsafe impl<T> Sync for Raw<T> {}
+
+pub struct CudaBackend {
+    device: i32,
+    cu_device: sys::CUdevice,
+    ctx: Raw<sys::CUcontext>,
+    name: String,
+}
+
+impl CudaBackend {
+    pub fn get(device: i32) -> Result<Arc<dyn Backend>> {
+        static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<CudaBackend>>>> = OnceLock::new();
+        let mut devices = lock(DEVICES.get_or_init(|| Mutex::new(HashMap::new())));
+        if let Some(b) = devices.get(&device) {
+            return Ok(b.clone());
+        }
+        let backend = Arc::new(CudaBackend::open(device)?);
+        devices.insert(device, backend.clone());
+        Ok(backend)
+    }
+
+    fn open(device: i32) -> Result<CudaBackend> {
+        // cudarc panics on the first call when libcuda is missing: probe before any call.
+        if !unsafe { sys::is_culib_present() } {
+            fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "the CUDA backend needs the CUDA driver (libcuda), which is not installed");
+        }
+        let unavailable = |e: Error| Error::new(KmmStatus::KMM_ERROR_BACKEND_UNAVAILABLE, e.message);
+        unsafe {
+            check(sys::cuInit(0), "cuInit").map_err(unavailable)?;
+            let mut count = 0;
+            check(sys::cuDeviceGetCount(&mut count), "cuDeviceGetCount").map_err(unavailable)?;
+            if device < 0 || device >= count {
+                fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "device {device} does not exist: {count} CUDA device(s) visible");
+            }
+            let mut cu_device = 0;
+            check(sys::cuDeviceGet(&mut cu_device, device), "cuDeviceGet")?;
+            let mut ctx = std::ptr::null_mut();
+            check(sys::cuDevicePrimaryCtxRetain(&mut ctx, cu_device), "cuDevicePrimaryCtxRetain")?;
+            let mut name = [0 as std::ffi::c_char; 256];
+            check(sys::cuDeviceGetName(name.as_mut_ptr(), 256, cu_device), "cuDeviceGetName")?;
+            let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+            Ok(CudaBackend { device, cu_device, ctx: Raw(ctx), name })
+        }
+    }
+
+    /// Makes the primary context current on this thread (other libraries may have changed it).
+    fn bind(&self) -> Result<()> {
+        bind(self.ctx.0)
+    }
+}
+
+fn bind(ctx: sys::CUcontext) -> Result<()> {
+    let mut current = std::ptr::null_mut();
+    unsafe {
+        check(sys::cuCtxGetCurrent(&mut current), "cuCtxGetCurrent")?;
+        if current != ctx {
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        }
+    }
+    Ok(())
+}
+
+fn memory_type(ptr: u64) -> Option<u32> {
+    let mut ty: u32 = 0;
+    let status = unsafe {
+        sys::cuPointerGetAttribute(
+            &mut ty as *mut u32 as *mut c_void,
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            ptr,
+        )
+    };
+    (status == sys::CUresult::CUDA_SUCCESS).then_some(ty)
+}
+
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn device_name(&self) -> String {
+        self.name.clone()
+    }
+    fn memory_info(&self) -> Result<(u64, u64)> {
+        self.bind()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "cuMemGetInfo")?;
+        Ok((free as u64, total as u64))
+    }
+    fn alloc_device(&self, bytes: u64) -> Result<DevicePtr> {
+        self.bind()?;
+        let mut ptr = 0;
+        check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) }, "cuMemAlloc")?;
+        Ok(ptr)
+    }
+    unsafe fn free_device(&self, ptr: DevicePtr) -> Result<()> {
+        self.bind()?;
+        check(sys::cuMemFree_v2(ptr), "cuMemFree")
+    }
+    fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
+        self.bind()?;
+        let mut ptr = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuMemHostAlloc(&mut ptr, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) },
+            "cuMemHostAlloc",
+        )?;
+        Ok(ptr as *mut u8)
+    }
+    unsafe fn free_pinned(&self, ptr: *mut u8) -> Result<()> {
+        self.bind()?;
+        check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost")
+    }
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
+        self.bind()?;
+        check(
+            sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes as usize, sys::CU_MEMHOSTREGISTER_PORTABLE),
+            "cuMemHostRegister",
+        )
+    }
+    unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
+        self.bind()?;
+        check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister")
+    }
+    fn is_pinned_host(&self, ptr: *const u8, bytes: u64) -> bool {
+        if self.bind().is_err() || bytes == 0 {
+            return false;
+        }
+        let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
+        let start = ptr as u64;
+        memory_type(start) == Some(host) && memory_type(start + bytes - 1) == Some(host)
+    }
+    fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+        self.bind()?;
+        let mut raw = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
+            "cuStreamCreate",
+        )?;
+        Ok(Arc::new(CudaStream { raw: Raw(raw), ctx: self.ctx }))
+    }
+    fn create_event(&self) -> Result<Box<dyn Event>> {
+        Ok(Box::new(CudaEvent::new(self.ctx.0)?))
+    }
+    fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
+        self.bind()?;
+        unsafe {
+            let mut props: sys::CUmemPoolProps = std::mem::zeroed();
+            props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
+            props.handleTypes = sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE;
+            props.location.type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+            props.location.id = self.cu_device;
+            props.maxSize = if max_size == u64::MAX { 0 } else { max_size as usize };
+            let mut pool = std::ptr::null_mut();
+            check(sys::cuMemPoolCreate(&mut pool, &props), "cuMemPoolCreate")?;
+            let mut threshold = release_threshold;
+            check(
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                    &mut threshold as *mut u64 as *mut c_void,
+                ),
+                "cuMemPoolSetAttribute(RELEASE_THRESHOLD)",
+            )?;
+            Ok(Box::new(CudaAsyncPool { pool: Raw(pool), ctx: self.ctx }))
+        }
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        unsafe { sys::cuDevicePrimaryCtxRelease_v2(self.cu_device) };
+    }
+}
+
+pub struct CudaStream {
+    raw: Raw<sys::CUstream>,
+    ctx: Raw<sys::CUcontext>,
+}
+
+fn cuda_event(event: &dyn Event) -> Result<&CudaEvent> {
+    match event.as_any().downcast_ref::<CudaEvent>() {
+        Some(e) => Ok(e),
+        None => fail!(KMM_ERROR_INVALID_ARGUMENT, "event of another backend passed to the CUDA backend"),
+    }
+}
+
+unsafe extern "C" fn run_host_fn(data: *mut c_void) {
+    let f: Box<Box<dyn FnOnce() + Send>> = Box::from_raw(data as *mut Box<dyn FnOnce() + Send>);
+    // A panic must not unwind into the driver's thread.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || f()));
+}
+
+impl Stream for CudaStream {
+    fn raw(&self) -> u64 {
+        self.raw.0 as u64
+    }
+    unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes as usize, self.raw.0), "cuMemcpyHtoDAsync")
+    }
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes as usize, self.raw.0), "cuMemcpyDtoHAsync")
+    }
+    unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(sys::cuMemcpyAsync(dst, src, bytes as usize, self.raw.0), "cuMemcpyAsync")
+    }
+    unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()> {
+        bind(self.ctx.0)?;
+        let n = count as usize;
+        match width {
+            1 => check(sys::cuMemsetD8Async(dst, value as u8, n, self.raw.0), "cuMemsetD8Async"),
+            2 => check(sys::cuMemsetD16Async(dst, value as u16, n, self.raw.0), "cuMemsetD16Async"),
+            4 => check(sys::cuMemsetD32Async(dst, value, n, self.raw.0), "cuMemsetD32Async"),
+            _ => fail!(KMM_ERROR_INVALID_ARGUMENT, "memset width {width} is not 1, 2 or 4"),
+        }
+    }
+    fn record(&self, event: &dyn Event) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(unsafe { sys::cuEventRecord(cuda_event(event)?.raw.0, self.raw.0) }, "cuEventRecord")
+    }
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(unsafe { sys::cuStreamWaitEvent(self.raw.0, cuda_event(event)?.raw.0, 0) }, "cuStreamWaitEvent")
+    }
+    fn wait_raw_stream(&self, foreign: u64) -> Result<()> {
+        let ev = CudaEvent::new(self.ctx.0)?;
+        check(unsafe { sys::cuEventRecord(ev.raw.0, foreign as sys::CUstream) }, "cuEventRecord(foreign stream)")?;
+        self.wait_event(&ev)
+    }
+    fn signal_raw_stream(&self, foreign: u64) -> Result<()> {
+        let ev = CudaEvent::new(self.ctx.0)?;
+        self.record(&ev)?;
+        check(
+            unsafe { sys::cuStreamWaitEvent(foreign as sys::CUstream, ev.raw.0, 0) },
+            "cuStreamWaitEvent(foreign stream)",
+        )
+    }
+    fn synchronize(&self) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(unsafe { sys::cuStreamSynchronize(self.raw.0) }, "cuStreamSynchronize")
+    }
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        bind(self.ctx.0)?;
+        let data = Box::into_raw(Box::new(f)) as *mut c_void;
+        let status = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(run_host_fn), data) };
+        if status != sys::CUresult::CUDA_SUCCESS {
+            // Not enqueued: reclaim the closure without running it.
+            drop(unsafe { Box::from_raw(data as *mut Box<dyn FnOnce() + Send>) });
+        }
+        check(status, "cuLaunchHostFunc")
+    }
+}
+
+impl Drop for CudaStream {
+    fn drop(&mut self) {
+        if bind(self.ctx.0).is_ok() {
+            unsafe {
+                sys::cuStreamSynchronize(self.raw.0);
+                sys::cuStreamDestroy_v2(self.raw.0);
+            }
+        }
+    }
+}
+
+pub struct CudaEvent {
+    raw: Raw<sys::CUevent>,
+    ctx: Raw<sys::CUcontext>,
+}
+
+impl CudaEvent {
+    fn new(ctx: sys::CUcontext) -> Result<CudaEvent> {
+        bind(ctx)?;
+        let mut raw = std::ptr::null_mut();
+        check(
+            unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
+            "cuEventCreate",
+        )?;
+        Ok(CudaEvent { raw: Raw(raw), ctx: Raw(ctx) })
+    }
+}
+
+impl Event for CudaEvent {
+    fn query(&self) -> Result<bool> {
+        bind(self.ctx.0)?;
+        match unsafe { sys::cuEventQuery(self.raw.0) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(true),
+            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
+            other => check(other, "cuEventQuery").map(|_| false),
+        }
+    }
+    fn synchronize(&self) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(unsafe { sys::cuEventSynchronize(self.raw.0) }, "cuEventSynchronize")
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl Drop for CudaEvent {
+    fn drop(&mut self) {
+        if bind(self.ctx.0).is_ok() {
+            unsafe { sys::cuEventDestroy_v2(self.raw.0) };
+        }
+    }
+}
+
+pub struct CudaAsyncPool {
+    pool: Raw<sys::CUmemoryPool>,
+    ctx: Raw<sys::CUcontext>,
+}
+
+impl CudaAsyncPool {
+    fn attribute(&self, attr: sys::CUmemPool_attribute) -> Result<u64> {
+        let mut value: u64 = 0;
+        check(
+            unsafe { sys::cuMemPoolGetAttribute(self.pool.0, attr, &mut value as *mut u64 as *mut c_void) },
+            "cuMemPoolGetAttribute",
+        )?;
+        Ok(value)
+    }
+}
+
+impl AsyncPool for CudaAsyncPool {
+    fn alloc(&self, bytes: u64, stream: &dyn Stream) -> Result<DevicePtr> {
+        bind(self.ctx.0)?;
+        let mut ptr = 0;
+        check(
+            unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes as usize, self.pool.0, stream.raw() as sys::CUstream) },
+            "cuMemAllocFromPoolAsync",
+        )?;
+        Ok(ptr)
+    }
+    unsafe fn free(&self, ptr: DevicePtr, stream: &dyn Stream) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(sys::cuMemFreeAsync(ptr, stream.raw() as sys::CUstream), "cuMemFreeAsync")
+    }
+    fn reserved(&self) -> Result<(u64, u64)> {
+        use sys::CUmemPool_attribute::*;
+        Ok((self.attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?, self.attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?))
+    }
+    fn trim(&self, keep_bytes: u64) -> Result<()> {
+        bind(self.ctx.0)?;
+        check(unsafe { sys::cuMemPoolTrimTo(self.pool.0, keep_bytes as usize) }, "cuMemPoolTrimTo")
+    }
+}
+
+impl Drop for CudaAsyncPool {
+    fn drop(&mut self) {
+        if bind(self.ctx.0).is_ok() {
+            unsafe { sys::cuMemPoolDestroy(self.pool.0) };
+        }
+    }
+}

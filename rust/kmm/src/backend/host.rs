@@ -1,0 +1,449 @@
+//! The host backend: device memory is host memory, but stream semantics are kept. Work queued on
+//! a stream runs later, in order, on the stream's worker thread, so an ordering bug (reusing a
+//! block before the copy that reads it has run) shows up as wrong data, as it would on a GPU.
+
+use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, Stream};
+use crate::error::{lock, Result};
+use crate::fail;
+use std::alloc::Layout;
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
+use std::thread::JoinHandle;
+
+/// How many host "devices" exist, so multi-device code paths run in CI too.
+pub const HOST_DEVICE_COUNT: i32 = 4;
+
+pub struct HostBackend {
+    device: i32,
+    /// Every live allocation and its layout: device and pinned alike.
+    layouts: Mutex<HashMap<u64, Layout>>,
+    /// Page-locked ranges (start -> length): Kmm's pinned memory and registered memory.
+    pinned_ranges: Mutex<BTreeMap<u64, u64>>,
+}
+
+impl HostBackend {
+    pub fn get(device: i32) -> Result<Arc<dyn Backend>> {
+        static DEVICES: OnceLock<Vec<Arc<HostBackend>>> = OnceLock::new();
+        let devices = DEVICES.get_or_init(|| {
+            (0..HOST_DEVICE_COUNT)
+                .map(|device| {
+                    Arc::new(HostBackend {
+                        device,
+                        layouts: Mutex::new(HashMap::new()),
+                        pinned_ranges: Mutex::new(BTreeMap::new()),
+                    })
+                })
+                .collect()
+        });
+        match usize::try_from(device).ok().and_then(|d| devices.get(d)) {
+            Some(b) => Ok(b.clone()),
+            None => fail!(
+                KMM_ERROR_BACKEND_UNAVAILABLE,
+                "device {device} does not exist on the host backend (devices 0..{HOST_DEVICE_COUNT})"
+            ),
+        }
+    }
+
+    fn alloc_raw(&self, bytes: u64) -> Result<u64> {
+        let align = if bytes >= 1 << 20 { 4096 } else { 256 };
+        let layout = match usize::try_from(bytes).ok().and_then(|b| Layout::from_size_align(b.max(1), align).ok()) {
+            Some(l) => l,
+            None => fail!(KMM_ERROR_OUT_OF_MEMORY, "host backend cannot allocate {bytes} bytes"),
+        };
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            fail!(KMM_ERROR_OUT_OF_MEMORY, "host backend: allocation of {bytes} bytes failed");
+        }
+        lock(&self.layouts).insert(ptr as u64, layout);
+        Ok(ptr as u64)
+    }
+
+    /// Frees memory from `alloc_raw`; memory adopted from elsewhere came from malloc.
+    unsafe fn free_raw(&self, ptr: u64) {
+        match lock(&self.layouts).remove(&ptr) {
+            Some(layout) => std::alloc::dealloc(ptr as *mut u8, layout),
+            None => libc::free(ptr as *mut libc::c_void),
+        }
+    }
+}
+
+impl Backend for HostBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Host
+    }
+    fn device(&self) -> i32 {
+        self.device
+    }
+    fn device_name(&self) -> String {
+        format!("host stand-in device {}", self.device)
+    }
+    fn memory_info(&self) -> Result<(u64, u64)> {
+        // SAFETY: sysinfo fills the struct it is given.
+        let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+        if unsafe { libc::sysinfo(&mut info) } != 0 {
+            fail!(KMM_ERROR_BACKEND, "sysinfo failed");
+        }
+        let unit = info.mem_unit as u64;
+        Ok((info.freeram as u64 * unit, info.totalram as u64 * unit))
+    }
+    fn alloc_device(&self, bytes: u64) -> Result<DevicePtr> {
+        self.alloc_raw(bytes)
+    }
+    unsafe fn free_device(&self, ptr: DevicePtr) -> Result<()> {
+        self.free_raw(ptr);
+        Ok(())
+    }
+    fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
+        let ptr = self.alloc_raw(bytes)?;
+        lock(&self.pinned_ranges).insert(ptr, bytes);
+        Ok(ptr as *mut u8)
+    }
+    unsafe fn free_pinned(&self, ptr: *mut u8) -> Result<()> {
+        lock(&self.pinned_ranges).remove(&(ptr as u64));
+        self.free_raw(ptr as u64);
+        Ok(())
+    }
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
+        let mut ranges = lock(&self.pinned_ranges);
+        if ranges.contains_key(&(ptr as u64)) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} is already registered");
+        }
+        ranges.insert(ptr as u64, bytes);
+        Ok(())
+    }
+    unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
+        if lock(&self.pinned_ranges).remove(&(ptr as u64)).is_none() {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} was not registered");
+        }
+        Ok(())
+    }
+    fn is_pinned_host(&self, ptr: *const u8, bytes: u64) -> bool {
+        let start = ptr as u64;
+        let ranges = lock(&self.pinned_ranges);
+        match ranges.range(..=start).next_back() {
+            Some((&base, &len)) => start.checked_add(bytes).is_some_and(|end| end <= base + len),
+            None => false,
+        }
+    }
+    fn create_stream(&self) -> Result<Arc<dyn Stream>> {
+        Ok(HostStream::new()?)
+    }
+    fn create_event(&self) -> Result<Box<dyn Event>> {
+        Ok(Box::new(HostEvent::default()))
+    }
+    fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
+        Ok(Box::new(HostAsyncPool {
+            inner: Arc::new(Mutex::new(AsyncPoolState::default())),
+            release_threshold,
+            max_size,
+        }))
+    }
+}
+
+type Work = Box<dyn FnOnce() + Send>;
+
+/// A stream: a FIFO of closures run by one worker thread.
+pub struct HostStream {
+    id: u64,
+    queue: Mutex<Option<Sender<Work>>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn stream_registry() -> &'static Mutex<HashMap<u64, Weak<HostStream>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<u64, Weak<HostStream>>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Raw ids start high so a small integer passed by mistake is not taken for a stream.
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(0x5000_0001);
+
+impl HostStream {
+    fn new() -> Result<Arc<HostStream>> {
+        let (tx, rx) = channel::<Work>();
+        let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let worker = std::thread::Builder::new()
+            .name(format!("kmm-host-stream-{id:x}"))
+            .spawn(move || {
+                for work in rx {
+                    work();
+                }
+            })
+            .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start a host stream thread: {e}"))?;
+        let stream = Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) });
+        lock(stream_registry()).insert(id, Arc::downgrade(&stream));
+        Ok(stream)
+    }
+
+    fn enqueue(&self, work: Work) -> Result<()> {
+        match lock(&self.queue).as_ref() {
+            Some(tx) if tx.send(work).is_ok() => Ok(()),
+            _ => fail!(KMM_ERROR_BACKEND, "host stream {:#x} has stopped", self.id),
+        }
+    }
+
+    fn find(raw: u64) -> Result<Arc<HostStream>> {
+        match lock(stream_registry()).get(&raw).and_then(Weak::upgrade) {
+            Some(s) => Ok(s),
+            None => fail!(KMM_ERROR_INVALID_ARGUMENT, "stream {raw:#x} is not a live host-backend stream"),
+        }
+    }
+}
+
+impl Drop for HostStream {
+    fn drop(&mut self) {
+        lock(stream_registry()).remove(&self.id);
+        lock(&self.queue).take();
+        if let Some(worker) = lock(&self.worker).take() {
+            // The last reference can be dropped by the worker itself (inside queued work).
+            if worker.thread().id() != std::thread::current().id() {
+                let _ = worker.join();
+            }
+        }
+    }
+}
+
+/// Raw pointers moved into queued work. The caller of the unsafe copy functions guarantees the
+/// memory stays valid until the work has run.
+#[derive(Clone, Copy)]
+struct SendPtr(u64);
+unsafe impl Send for SendPtr {}
+
+impl Stream for HostStream {
+    fn raw(&self) -> u64 {
+        self.id
+    }
+    unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64) -> Result<()> {
+        self.copy_d2d(dst, src as u64, bytes)
+    }
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64) -> Result<()> {
+        self.copy_d2d(dst as u64, src, bytes)
+    }
+    unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
+        let (d, s) = (SendPtr(dst), SendPtr(src));
+        self.enqueue(Box::new(move || {
+            let (d, s) = (d, s);
+            // SAFETY: guaranteed by the caller; ranges may overlap within one buffer.
+            unsafe { std::ptr::copy(s.0 as *const u8, d.0 as *mut u8, bytes as usize) }
+        }))
+    }
+    unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()> {
+        let d = SendPtr(dst);
+        self.enqueue(Box::new(move || {
+            let d = d;
+            // SAFETY: guaranteed by the caller; fills are unaligned-safe byte by byte patterns.
+            unsafe {
+                let bytes = value.to_le_bytes();
+                let pattern = &bytes[..width as usize];
+                let out = std::slice::from_raw_parts_mut(d.0 as *mut u8, (count * width as u64) as usize);
+                if width == 1 {
+                    out.fill(pattern[0]);
+                } else {
+                    for elem in out.chunks_exact_mut(width as usize) {
+                        elem.copy_from_slice(pattern);
+                    }
+                }
+            }
+        }))
+    }
+    fn record(&self, event: &dyn Event) -> Result<()> {
+        let event = host_event(event)?;
+        let target = {
+            let mut st = lock(&event.0.state);
+            st.recorded += 1;
+            st.recorded
+        };
+        let inner = event.0.clone();
+        self.enqueue(Box::new(move || inner.complete(target)))
+    }
+    fn wait_event(&self, event: &dyn Event) -> Result<()> {
+        let event = host_event(event)?;
+        let target = lock(&event.0.state).recorded;
+        let inner = event.0.clone();
+        self.enqueue(Box::new(move || inner.wait_for(target)))
+    }
+    fn wait_raw_stream(&self, foreign: u64) -> Result<()> {
+        if foreign == self.id {
+            return Ok(());
+        }
+        let ev = HostEvent::default();
+        HostStream::find(foreign)?.record(&ev)?;
+        self.wait_event(&ev)
+    }
+    fn signal_raw_stream(&self, foreign: u64) -> Result<()> {
+        if foreign == self.id {
+            return Ok(());
+        }
+        let ev = HostEvent::default();
+        self.record(&ev)?;
+        HostStream::find(foreign)?.wait_event(&ev)
+    }
+    fn synchronize(&self) -> Result<()> {
+        let ev = HostEvent::default();
+        self.record(&ev)?;
+        ev.synchronize()
+    }
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        self.enqueue(f)
+    }
+}
+
+#[derive(Default)]
+struct EventState {
+    recorded: u64,
+    completed: u64,
+}
+
+#[derive(Default)]
+struct EventInner {
+    state: Mutex<EventState>,
+    done: Condvar,
+}
+
+impl EventInner {
+    fn complete(&self, target: u64) {
+        let mut st = lock(&self.state);
+        st.completed = st.completed.max(target);
+        self.done.notify_all();
+    }
+    fn wait_for(&self, target: u64) {
+        let mut st = lock(&self.state);
+        while st.completed < target {
+            st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// An event: complete once the work queued before its latest `record` has run.
+#[derive(Default)]
+pub struct HostEvent(Arc<EventInner>);
+
+fn host_event(event: &dyn Event) -> Result<&HostEvent> {
+    match event.as_any().downcast_ref::<HostEvent>() {
+        Some(e) => Ok(e),
+        None => fail!(KMM_ERROR_INVALID_ARGUMENT, "event of another backend passed to the host backend"),
+    }
+}
+
+impl Event for HostEvent {
+    fn query(&self) -> Result<bool> {
+        let st = lock(&self.0.state);
+        Ok(st.completed >= st.recorded)
+    }
+    fn synchronize(&self) -> Result<()> {
+        let target = lock(&self.0.state).recorded;
+        self.0.wait_for(target);
+        Ok(())
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[derive(Default)]
+struct AsyncPoolState {
+    sizes: HashMap<u64, u64>,
+    cached: HashMap<u64, Vec<u64>>,
+    cached_bytes: u64,
+    reserved: u64,
+    high: u64,
+}
+
+/// Stand-in for `cuMemPool`: caches freed blocks by size, frees are stream-ordered, and cached
+/// bytes above the release threshold go back at once.
+pub struct HostAsyncPool {
+    inner: Arc<Mutex<AsyncPoolState>>,
+    release_threshold: u64,
+    max_size: u64,
+}
+
+fn release_block(ptr: u64, size: u64) {
+    let layout = Layout::from_size_align(size.max(1) as usize, 256).expect("layout was valid at allocation");
+    // SAFETY: allocated below with this layout and no longer referenced.
+    unsafe { std::alloc::dealloc(ptr as *mut u8, layout) }
+}
+
+impl AsyncPool for HostAsyncPool {
+    fn alloc(&self, bytes: u64, _stream: &dyn Stream) -> Result<DevicePtr> {
+        let mut st = lock(&self.inner);
+        if let Some(ptr) = st.cached.get_mut(&bytes).and_then(Vec::pop) {
+            st.cached_bytes -= bytes;
+            return Ok(ptr);
+        }
+        if st.reserved.saturating_add(bytes) > self.max_size {
+            // Give back cached blocks of other sizes before refusing.
+            let cached: Vec<(u64, Vec<u64>)> = st.cached.drain().collect();
+            for (size, ptrs) in cached {
+                for p in ptrs {
+                    st.sizes.remove(&p);
+                    release_block(p, size);
+                }
+            }
+            st.reserved -= st.cached_bytes;
+            st.cached_bytes = 0;
+            if st.reserved.saturating_add(bytes) > self.max_size {
+                fail!(KMM_ERROR_OUT_OF_MEMORY, "async pool maximum size {} reached", self.max_size);
+            }
+        }
+        let layout = match usize::try_from(bytes).ok().and_then(|b| Layout::from_size_align(b.max(1), 256).ok()) {
+            Some(l) => l,
+            None => fail!(KMM_ERROR_OUT_OF_MEMORY, "host backend cannot allocate {bytes} bytes"),
+        };
+        // SAFETY: non-zero layout.
+        let ptr = unsafe { std::alloc::alloc(layout) } as u64;
+        if ptr == 0 {
+            fail!(KMM_ERROR_OUT_OF_MEMORY, "host backend: allocation of {bytes} bytes failed");
+        }
+        st.sizes.insert(ptr, bytes);
+        st.reserved += bytes;
+        st.high = st.high.max(st.reserved);
+        Ok(ptr)
+    }
+    unsafe fn free(&self, ptr: DevicePtr, stream: &dyn Stream) -> Result<()> {
+        let inner = self.inner.clone();
+        let threshold = self.release_threshold;
+        stream.launch_host_fn(Box::new(move || {
+            let mut st = lock(&inner);
+            let Some(&size) = st.sizes.get(&ptr) else { return };
+            if st.cached_bytes + size > threshold {
+                st.sizes.remove(&ptr);
+                st.reserved -= size;
+                release_block(ptr, size);
+            } else {
+                st.cached_bytes += size;
+                st.cached.entry(size).or_default().push(ptr);
+            }
+        }))
+    }
+    fn reserved(&self) -> Result<(u64, u64)> {
+        let st = lock(&self.inner);
+        Ok((st.reserved, st.high))
+    }
+    fn trim(&self, keep_bytes: u64) -> Result<()> {
+        let mut st = lock(&self.inner);
+        let sizes: Vec<u64> = st.cached.keys().copied().collect();
+        for size in sizes {
+            while st.reserved > keep_bytes {
+                let Some(p) = st.cached.get_mut(&size).and_then(Vec::pop) else { break };
+                st.sizes.remove(&p);
+                st.cached_bytes -= size;
+                st.reserved -= size;
+                release_block(p, size);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for HostAsyncPool {
+    fn drop(&mut self) {
+        let mut st = lock(&self.inner);
+        let all: Vec<(u64, u64)> = st.sizes.drain().collect();
+        for (p, size) in all {
+            release_block(p, size);
+        }
+    }
+}

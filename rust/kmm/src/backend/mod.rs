@@ -1,0 +1,133 @@
+//! Backends: the only code that touches a device. The pool and manager layers speak to them
+//! through these traits, so the same logic runs on CUDA and on the host stand-in.
+
+pub mod cuda;
+pub mod host;
+
+use crate::error::Result;
+use std::any::Any;
+use std::sync::Arc;
+
+/// A device address. On the host backend it is a host address.
+pub type DevicePtr = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Host,
+    Cuda,
+}
+
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    fn device(&self) -> i32;
+    fn device_name(&self) -> String;
+    /// (free, total) bytes of device memory.
+    fn memory_info(&self) -> Result<(u64, u64)>;
+
+    fn alloc_device(&self, bytes: u64) -> Result<DevicePtr>;
+    /// # Safety
+    /// `ptr` came from `alloc_device` (or is adopted memory of the same origin) and no queued
+    /// work still uses it.
+    unsafe fn free_device(&self, ptr: DevicePtr) -> Result<()>;
+
+    fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8>;
+    /// # Safety
+    /// `ptr` came from `alloc_pinned` and no queued work still uses it.
+    unsafe fn free_pinned(&self, ptr: *mut u8) -> Result<()>;
+
+    /// Page-locks caller memory so copies from it go direct.
+    /// # Safety
+    /// `ptr..ptr+bytes` is valid host memory until `unregister_host`.
+    unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()>;
+    /// # Safety
+    /// `ptr` was registered with `register_host`.
+    unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()>;
+    /// Whether `ptr..ptr+bytes` is page-locked (Kmm's pinned memory or registered memory).
+    fn is_pinned_host(&self, ptr: *const u8, bytes: u64) -> bool;
+
+    fn create_stream(&self) -> Result<Arc<dyn Stream>>;
+    fn create_event(&self) -> Result<Box<dyn Event>>;
+    /// A stream-ordered pool private to one manager (`cuMemPoolCreate`).
+    fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>>;
+}
+
+/// An in-order work queue. All copies are asynchronous with respect to the caller; callers that
+/// need completion record an event or synchronize.
+pub trait Stream: Send + Sync {
+    /// The raw handle (`CUstream` on CUDA; a registry id on the host backend).
+    fn raw(&self) -> u64;
+    /// # Safety
+    /// The ranges are valid until the copy has run.
+    unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64) -> Result<()>;
+    /// # Safety
+    /// As `copy_h2d`.
+    unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64) -> Result<()>;
+    /// Any pair of device or page-locked addresses (unified addressing).
+    /// # Safety
+    /// As `copy_h2d`.
+    unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
+    /// Fills `count` elements of `width` bytes (1, 2 or 4) with the low bytes of `value`.
+    /// # Safety
+    /// `dst..dst+count*width` is valid until the fill has run.
+    unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()>;
+    fn record(&self, event: &dyn Event) -> Result<()>;
+    fn wait_event(&self, event: &dyn Event) -> Result<()>;
+    /// This stream waits for the work queued so far on the foreign raw stream.
+    fn wait_raw_stream(&self, foreign: u64) -> Result<()>;
+    /// The foreign raw stream waits for the work queued so far on this stream.
+    fn signal_raw_stream(&self, foreign: u64) -> Result<()>;
+    fn synchronize(&self) -> Result<()>;
+    /// Runs `f` on a host thread once the work queued before it has run. `f` must not call the
+    /// backend (CUDA forbids it in host functions).
+    fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()>;
+}
+
+pub trait Event: Send + Sync {
+    /// Whether the work captured by the last `record` has run.
+    fn query(&self) -> Result<bool>;
+    fn synchronize(&self) -> Result<()>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A stream-ordered allocator whose memory the backend keeps (CUDA's `cuMemPool`).
+pub trait AsyncPool: Send + Sync {
+    fn alloc(&self, bytes: u64, stream: &dyn Stream) -> Result<DevicePtr>;
+    /// # Safety
+    /// `ptr` came from `alloc` on this pool.
+    unsafe fn free(&self, ptr: DevicePtr, stream: &dyn Stream) -> Result<()>;
+    /// Bytes held from the device (current, high-water mark).
+    fn reserved(&self) -> Result<(u64, u64)>;
+    fn trim(&self, keep_bytes: u64) -> Result<()>;
+}
+
+/// Which backend a manager asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendChoice {
+    Auto,
+    Host,
+    Cuda,
+}
+
+/// Resolves `Auto` through `KMM_BACKEND` (host|cuda|auto) and then through CUDA's presence.
+pub fn open(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
+    let choice = match choice {
+        BackendChoice::Auto => match std::env::var("KMM_BACKEND").ok().as_deref() {
+            None | Some("") | Some("auto") => BackendChoice::Auto,
+            Some("host") => BackendChoice::Host,
+            Some("cuda") => BackendChoice::Cuda,
+            Some(other) => crate::fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "KMM_BACKEND={other:?} is not one of \"auto\", \"host\", \"cuda\""
+            ),
+        },
+        explicit => explicit,
+    };
+    match choice {
+        BackendChoice::Host => Ok(host::HostBackend::get(device)?),
+        BackendChoice::Cuda => Ok(cuda::CudaBackend::get(device)?),
+        BackendChoice::Auto => match cuda::CudaBackend::get(device) {
+            Ok(b) => Ok(b),
+            Err(_) => Ok(host::HostBackend::get(device)?),
+        },
+    }
+}

@@ -1,0 +1,105 @@
+//! Exported functions on buffers.
+
+use super::types::*;
+use super::{boundary, check_flags, check_out, write_out};
+use crate::error::KmmStatus;
+use crate::fail;
+use crate::manager::registry::with_manager;
+use crate::manager::FreeMode;
+use std::ffi::c_void;
+
+/// Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
+/// `*out`. Zero bytes is valid (a buffer with no memory). On `KMM_ERROR_OUT_OF_MEMORY` the
+/// manager has already synchronized and given its cached memory back once. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, out: *mut KmmBuffer) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let kind = memory_kind(kind, "kind")?;
+        let b = with_manager(manager, |m| m.alloc(bytes, kind))?;
+        write_out(out, "out", b)
+    })
+}
+
+/// Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `KMM_ADOPT`
+/// Kmm frees the memory when the buffer is freed; with `KMM_BORROW` the caller keeps it and
+/// must keep it valid until the buffer is freed and the manager synchronized.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_wrap(
+    manager: KmmManager,
+    ptr: *mut c_void,
+    bytes: u64,
+    kind: u32,
+    ownership: u32,
+    out: *mut KmmBuffer,
+) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let kind = memory_kind(kind, "kind")?;
+        let adopt = match ownership {
+            0 => false,
+            1 => true,
+            v => fail!(KMM_ERROR_INVALID_ARGUMENT, "ownership = {v} is not a KmmOwnership (0 = borrow, 1 = adopt)"),
+        };
+        let b = with_manager(manager, |m| m.wrap(ptr as u64, bytes, kind, adopt))?;
+        write_out(out, "out", b)
+    })
+}
+
+/// Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream
+/// still sees the memory, and later work may reuse it. Callable from any thread and from
+/// finalizers. A mapped buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`.
+/// A second free of the same handle is `KMM_ERROR_INVALID_HANDLE`.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags: u32) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_FREE_FORCE, "flags")?;
+        let mode = if flags & KMM_FREE_FORCE != 0 { FreeMode::Force } else { FreeMode::Checked };
+        with_manager(manager, |m| m.free(buffer, mode))
+    })
+}
+
+/// Writes the buffer's size, kind and pin count to `*out`.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *mut KmmBufferInfo) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let (_, bytes, kind, pins) = with_manager(manager, |m| m.buffer_info(buffer))?;
+        write_out(out, "out", KmmBufferInfo { bytes, kind: kind as u32, pins })
+    })
+}
+
+/// Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
+/// device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
+/// valid until the matching `kmm_buffer_unmap`. Work on other streams that uses it must be
+/// ordered with the manager's stream (`kmm_manager_wait_stream` / `kmm_manager_signal_stream`).
+#[no_mangle]
+pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *mut u64) -> KmmStatus {
+    boundary(|| {
+        check_out(ptr, "ptr")?;
+        let addr = with_manager(manager, |m| m.map(buffer))?;
+        write_out(ptr, "ptr", addr)
+    })
+}
+
+/// Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
+/// `KMM_ERROR_INVALID_ARGUMENT`.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_unmap(manager: KmmManager, buffer: KmmBuffer) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.unmap(buffer)))
+}
+
+/// Page-locks `bytes` of caller memory at `ptr` so copies from and to it go direct. The memory
+/// must stay valid until `kmm_host_unregister`.
+#[no_mangle]
+pub extern "C" fn kmm_host_register(manager: KmmManager, ptr: *mut c_void, bytes: u64) -> KmmStatus {
+    // SAFETY: the caller keeps the range valid until unregistered (documented).
+    boundary(|| with_manager(manager, |m| unsafe { m.register_host(ptr as *mut u8, bytes) }))
+}
+
+/// Undoes `kmm_host_register`. No queued copy may still use the memory.
+#[no_mangle]
+pub extern "C" fn kmm_host_unregister(manager: KmmManager, ptr: *mut c_void) -> KmmStatus {
+    // SAFETY: as documented above.
+    boundary(|| with_manager(manager, |m| unsafe { m.unregister_host(ptr as *mut u8) }))
+}

@@ -1,0 +1,195 @@
+//! Exported functions on managers and events.
+
+use super::types::*;
+use super::{boundary, check_flags, check_out, write_out};
+use crate::backend::BackendKind;
+use crate::error::KmmStatus;
+use crate::fail;
+use crate::manager::registry::{self, with_manager};
+use crate::manager::{Config, Manager};
+use std::ffi::c_char;
+
+/// Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
+/// suballocator, 256-byte alignment, 32 MiB chunks, no limits, everything cached.
+#[no_mangle]
+pub extern "C" fn kmm_config_default(config: *mut KmmConfig) -> KmmStatus {
+    boundary(|| write_out(config, "config", KmmConfig::from(&Config::default())))
+}
+
+/// Creates a manager with its own stream and pools. `config` may be NULL for the defaults.
+/// On success writes the handle to `*out`; destroy it with `kmm_manager_destroy`.
+/// Many managers may coexist, on one device or several. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kmm_manager_create(config: *const KmmConfig, out: *mut KmmManager) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        // SAFETY: non-null config points to a KmmConfig provided by the caller.
+        let config = if config.is_null() { Config::default() } else { Config::try_from(unsafe { &*config })? };
+        let handle = registry::register(|slot, serial| Manager::new(config, slot, serial))?;
+        write_out(out, "out", handle)
+    })
+}
+
+/// Destroys a manager: waits for its stream, frees every buffer and event it still holds and
+/// gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
+/// With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
+/// thread, so the call never waits (for finalizers). Thread-safe; waits for calls in flight on
+/// the same manager.
+#[no_mangle]
+pub extern "C" fn kmm_manager_destroy(manager: KmmManager, flags: u32) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_DESTROY_DEFERRED, "flags")?;
+        let m = registry::unregister(manager)?;
+        if flags & KMM_DESTROY_DEFERRED != 0 {
+            std::thread::Builder::new()
+                .name("kmm-manager-teardown".into())
+                .spawn(move || drop(m))
+                .map(drop)
+                .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start the teardown thread: {e}"))
+        } else {
+            drop(m);
+            Ok(())
+        }
+    })
+}
+
+/// Waits until all work queued on the manager's stream has run, then gives cached device
+/// memory above the release threshold back.
+#[no_mangle]
+pub extern "C" fn kmm_manager_synchronize(manager: KmmManager) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.synchronize()))
+}
+
+/// Writes the manager's backend, device, mode and raw stream to `*out`. The stream (a
+/// `CUstream` on CUDA) stays owned by the manager; others may queue work on it until the
+/// manager is destroyed.
+#[no_mangle]
+pub extern "C" fn kmm_manager_info(manager: KmmManager, out: *mut KmmManagerInfo) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let info = with_manager(manager, |m| {
+            let c = m.config();
+            Ok(KmmManagerInfo {
+                backend: match m.backend_kind() {
+                    BackendKind::Host => KmmBackend::KMM_BACKEND_HOST,
+                    BackendKind::Cuda => KmmBackend::KMM_BACKEND_CUDA,
+                } as u32,
+                device: m.device(),
+                alloc_mode: KmmConfig::from(c).alloc_mode,
+                suballocator: suballocator_code(c.suballocator),
+                stream: m.raw_stream(),
+            })
+        })?;
+        write_out(out, "out", info)
+    })
+}
+
+/// Writes the figures of one memory kind (a `KmmMemoryKind`) to `*out`.
+#[no_mangle]
+pub extern "C" fn kmm_manager_stats(manager: KmmManager, kind: u32, out: *mut KmmMemoryStats) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let kind = memory_kind(kind, "kind")?;
+        let stats = with_manager(manager, |m| Ok(m.stats(kind)))?;
+        write_out(out, "out", stats.into())
+    })
+}
+
+/// Resets the peak counters (in use and reserved) of both kinds to their current values.
+#[no_mangle]
+pub extern "C" fn kmm_manager_reset_peaks(manager: KmmManager) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| Ok(m.reset_peaks())))
+}
+
+/// Waits for the stream, then gives cached memory back until each pool reserves at most
+/// `keep_bytes` (live buffers are never moved or freed).
+#[no_mangle]
+pub extern "C" fn kmm_manager_trim(manager: KmmManager, keep_bytes: u64) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.trim(keep_bytes)))
+}
+
+/// Writes a readable table of the manager's memory (in use, reserved, peaks, counts, largest
+/// free block) into `buf` as a NUL-terminated string, truncated to `len` bytes, and the length
+/// the whole text needs (with its NUL) to `*needed` when `needed` is not NULL. `buf` may be NULL
+/// when `len` is 0, to ask for the length.
+#[no_mangle]
+pub extern "C" fn kmm_manager_summary(manager: KmmManager, buf: *mut c_char, len: usize, needed: *mut usize) -> KmmStatus {
+    boundary(|| {
+        if buf.is_null() && len > 0 {
+            fail!(KMM_ERROR_NULL_POINTER, "buf is NULL but len = {len}");
+        }
+        let text = with_manager(manager, |m| Ok(m.summary()))?;
+        let bytes = text.as_bytes();
+        if len > 0 {
+            let n = bytes.len().min(len - 1);
+            // SAFETY: buf holds len >= n + 1 bytes.
+            unsafe {
+                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
+                *buf.add(n) = 0;
+            }
+        }
+        if !needed.is_null() {
+            write_out(needed, "needed", bytes.len() + 1)?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes the device's free and total memory in bytes.
+#[no_mangle]
+pub extern "C" fn kmm_manager_memory_info(manager: KmmManager, free: *mut u64, total: *mut u64) -> KmmStatus {
+    boundary(|| {
+        check_out(free, "free")?;
+        check_out(total, "total")?;
+        let (f, t) = with_manager(manager, |m| m.memory_info())?;
+        write_out(free, "free", f)?;
+        write_out(total, "total", t)
+    })
+}
+
+/// Makes the manager's stream wait for the work queued so far on `stream` (a `CUstream` of the
+/// same device, e.g. CUDA.jl's or PyTorch's; on the host backend, another manager's stream).
+#[no_mangle]
+pub extern "C" fn kmm_manager_wait_stream(manager: KmmManager, stream: u64) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.wait_for_stream(stream)))
+}
+
+/// Makes `stream` wait for the work queued so far on the manager's stream.
+#[no_mangle]
+pub extern "C" fn kmm_manager_signal_stream(manager: KmmManager, stream: u64) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.order_stream_after(stream)))
+}
+
+/// Records an event after the work queued so far on the manager's stream. Destroy it with
+/// `kmm_event_destroy` (destroying the manager destroys it too).
+#[no_mangle]
+pub extern "C" fn kmm_manager_record_event(manager: KmmManager, out: *mut KmmEvent) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let e = with_manager(manager, |m| m.record_event())?;
+        write_out(out, "out", e)
+    })
+}
+
+/// Writes whether the work before the event has run (non-blocking).
+#[no_mangle]
+pub extern "C" fn kmm_event_query(manager: KmmManager, event: KmmEvent, done: *mut bool) -> KmmStatus {
+    boundary(|| {
+        check_out(done, "done")?;
+        let d = with_manager(manager, |m| m.event_query(event))?;
+        write_out(done, "done", d)
+    })
+}
+
+/// Blocks until the work before the event has run.
+#[no_mangle]
+pub extern "C" fn kmm_event_wait(manager: KmmManager, event: KmmEvent) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.event_wait(event)))
+}
+
+/// Destroys an event; work already queued is unaffected.
+#[no_mangle]
+pub extern "C" fn kmm_event_destroy(manager: KmmManager, event: KmmEvent) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.event_destroy(event)))
+}
+

@@ -1,0 +1,282 @@
+//! Types that cross the C ABI. Enumerations are declared for the header, but functions and
+//! structs carry them as `uint32_t` so an out-of-range value from C is a checked error rather
+//! than undefined behaviour in Rust.
+
+use crate::backend::BackendChoice;
+use crate::error::Result;
+use crate::fail;
+use crate::manager::{AllocMode, Config, KindStats, MemoryKind};
+use crate::pool::SuballocatorKind;
+
+/// Bumped whenever a signature, a struct layout or a constant's meaning changes.
+pub const KMM_ABI_VERSION: u32 = 1;
+
+/// A manager: owns a stream, memory pools, buffers and events. 0 is never a valid handle.
+pub type KmmManager = u64;
+/// A buffer of device or pinned host memory, owned by one manager. 0 is never valid.
+pub type KmmBuffer = u64;
+/// An event recorded on a manager's stream. 0 is never valid.
+pub type KmmEvent = u64;
+
+/// `kmm_buffer_free` flag: free even if the buffer is mapped (its mappings become dangling).
+pub const KMM_FREE_FORCE: u32 = 1;
+/// `kmm_manager_destroy` flag: invalidate the handle now and tear down on a background thread,
+/// so the call never waits for the device (for finalizers).
+pub const KMM_DESTROY_DEFERRED: u32 = 1;
+
+/// Which backend a manager runs on (`KmmConfig.backend`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmBackend {
+    /// CUDA when a device is usable, else host; the `KMM_BACKEND` variable (auto|host|cuda)
+    /// decides first when set.
+    KMM_BACKEND_AUTO = 0,
+    /// The CPU stand-in: host memory with faithful stream semantics.
+    KMM_BACKEND_HOST = 1,
+    /// CUDA through the driver API; an error when no device is usable.
+    KMM_BACKEND_CUDA = 2,
+}
+
+/// How a manager obtains device memory (`KmmConfig.alloc_mode`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmAllocMode {
+    /// Kmm's own suballocator over large chunks (the default).
+    KMM_ALLOC_POOL = 0,
+    /// A private CUDA memory pool (`cuMemAllocFromPoolAsync`) with release threshold and
+    /// maximum size (the hard limit).
+    KMM_ALLOC_CUDA_ASYNC = 1,
+    /// One `cuMemAlloc` per buffer: for debugging and as a baseline.
+    KMM_ALLOC_DIRECT = 2,
+}
+
+/// The suballocator of pool mode (`KmmConfig.suballocator`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmSuballocator {
+    /// Size classes up to 64 KiB, heap above (the default).
+    KMM_SUBALLOC_BINNED = 0,
+    /// Best fit within fine size classes, with splitting and coalescing.
+    KMM_SUBALLOC_HEAP = 1,
+    /// Blocks of `fixed_block_size`; larger requests fail.
+    KMM_SUBALLOC_FIXED = 2,
+    /// A ring for short-lived temporaries freed roughly in allocation order.
+    KMM_SUBALLOC_RING = 3,
+}
+
+/// Where a buffer's memory lives.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmMemoryKind {
+    /// Device memory.
+    KMM_MEMORY_DEVICE = 0,
+    /// Page-locked host memory, addressable by the host and the device.
+    KMM_MEMORY_PINNED = 1,
+}
+
+/// Who frees memory passed to `kmm_buffer_wrap`.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmOwnership {
+    /// The caller keeps ownership and frees the memory after freeing the buffer and
+    /// synchronizing the manager.
+    KMM_BORROW = 0,
+    /// Kmm frees the memory when the buffer is freed: `cuMemFree`/`cuMemFreeHost` on CUDA
+    /// (memory from `cuMemAlloc`/`cuMemHostAlloc`), `free` on the host backend (from `malloc`).
+    KMM_ADOPT = 1,
+}
+
+/// Manager configuration. Fill it with `kmm_config_default`, then change fields.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KmmConfig {
+    /// A `KmmBackend`.
+    pub backend: u32,
+    /// Device ordinal.
+    pub device: i32,
+    /// A `KmmAllocMode`.
+    pub alloc_mode: u32,
+    /// A `KmmSuballocator`.
+    pub suballocator: u32,
+    /// Alignment of every block in bytes: a power of two up to 2 MiB (default 256).
+    pub alignment: u64,
+    /// Bytes the device pool grows by (default 32 MiB; larger requests get a chunk of their own).
+    pub chunk_size: u64,
+    /// Bytes reserved when the manager is created (default 0).
+    pub initial_pool_size: u64,
+    /// Block size of the fixed suballocator (default 1 MiB).
+    pub fixed_block_size: u64,
+    /// Most device bytes the manager may reserve; 0 means no limit (default 0).
+    pub hard_limit: u64,
+    /// Cached device bytes kept across `kmm_manager_synchronize`; UINT64_MAX keeps all (default).
+    pub release_threshold: u64,
+    /// Bytes the pinned pool grows by (default 32 MiB).
+    pub pinned_chunk_size: u64,
+    /// Most pinned bytes the manager may reserve; 0 means no limit (default 0).
+    pub pinned_limit: u64,
+    /// Size of one staging slot for pageable copies (default 8 MiB; 4 KiB to 1 GiB).
+    pub staging_chunk_size: u64,
+    /// Number of staging slots (default 4; 2 to 64).
+    pub staging_chunks: u32,
+    /// Must be zero.
+    pub reserved: u32,
+}
+
+/// Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
+/// are what callers asked for; "reserved" is what the manager holds from the device.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KmmMemoryStats {
+    pub in_use: u64,
+    pub peak_in_use: u64,
+    pub reserved: u64,
+    pub peak_reserved: u64,
+    pub allocs: u64,
+    pub frees: u64,
+    pub failed_allocs: u64,
+    pub live_buffers: u64,
+    pub pool_hits: u64,
+    pub pool_misses: u64,
+    pub upstream_allocs: u64,
+    pub upstream_frees: u64,
+    pub largest_free_block: u64,
+}
+
+/// What `kmm_buffer_info` reports.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KmmBufferInfo {
+    pub bytes: u64,
+    /// A `KmmMemoryKind`.
+    pub kind: u32,
+    /// How many `kmm_buffer_map` calls are not yet matched by `kmm_buffer_unmap`.
+    pub pins: u32,
+}
+
+/// What `kmm_manager_info` reports.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KmmManagerInfo {
+    /// The backend in use: `KMM_BACKEND_HOST` or `KMM_BACKEND_CUDA` (never AUTO).
+    pub backend: u32,
+    pub device: i32,
+    /// A `KmmAllocMode`.
+    pub alloc_mode: u32,
+    /// A `KmmSuballocator`.
+    pub suballocator: u32,
+    /// The manager's stream (`CUstream` on CUDA), for third parties to launch work on.
+    pub stream: u64,
+}
+
+pub(crate) fn memory_kind(value: u32, name: &str) -> Result<MemoryKind> {
+    match value {
+        0 => Ok(MemoryKind::Device),
+        1 => Ok(MemoryKind::Pinned),
+        _ => fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {value} is not a KmmMemoryKind (0 = device, 1 = pinned)"),
+    }
+}
+
+impl From<KindStats> for KmmMemoryStats {
+    fn from(s: KindStats) -> Self {
+        KmmMemoryStats {
+            in_use: s.usage.in_use,
+            peak_in_use: s.usage.peak_in_use,
+            reserved: s.resource.reserved,
+            peak_reserved: s.resource.peak_reserved,
+            allocs: s.usage.allocs,
+            frees: s.usage.frees,
+            failed_allocs: s.usage.failed_allocs,
+            live_buffers: s.usage.live_buffers,
+            pool_hits: s.resource.pool_hits,
+            pool_misses: s.resource.pool_misses,
+            upstream_allocs: s.resource.upstream_allocs,
+            upstream_frees: s.resource.upstream_frees,
+            largest_free_block: s.resource.largest_free,
+        }
+    }
+}
+
+impl From<&Config> for KmmConfig {
+    fn from(c: &Config) -> Self {
+        KmmConfig {
+            backend: match c.backend {
+                BackendChoice::Auto => KmmBackend::KMM_BACKEND_AUTO,
+                BackendChoice::Host => KmmBackend::KMM_BACKEND_HOST,
+                BackendChoice::Cuda => KmmBackend::KMM_BACKEND_CUDA,
+            } as u32,
+            device: c.device,
+            alloc_mode: match c.alloc_mode {
+                AllocMode::Pool => KmmAllocMode::KMM_ALLOC_POOL,
+                AllocMode::CudaAsync => KmmAllocMode::KMM_ALLOC_CUDA_ASYNC,
+                AllocMode::Direct => KmmAllocMode::KMM_ALLOC_DIRECT,
+            } as u32,
+            suballocator: suballocator_code(c.suballocator),
+            alignment: c.alignment,
+            chunk_size: c.chunk_size,
+            initial_pool_size: c.initial_pool_size,
+            fixed_block_size: c.fixed_block_size,
+            hard_limit: c.hard_limit,
+            release_threshold: c.release_threshold,
+            pinned_chunk_size: c.pinned_chunk_size,
+            pinned_limit: c.pinned_limit,
+            staging_chunk_size: c.staging_chunk_size,
+            staging_chunks: c.staging_chunks,
+            reserved: 0,
+        }
+    }
+}
+
+pub(crate) fn suballocator_code(kind: SuballocatorKind) -> u32 {
+    (match kind {
+        SuballocatorKind::Binned => KmmSuballocator::KMM_SUBALLOC_BINNED,
+        SuballocatorKind::Heap => KmmSuballocator::KMM_SUBALLOC_HEAP,
+        SuballocatorKind::Fixed => KmmSuballocator::KMM_SUBALLOC_FIXED,
+        SuballocatorKind::Ring => KmmSuballocator::KMM_SUBALLOC_RING,
+    }) as u32
+}
+
+impl TryFrom<&KmmConfig> for Config {
+    type Error = crate::error::Error;
+    fn try_from(c: &KmmConfig) -> Result<Config> {
+        let backend = match c.backend {
+            0 => BackendChoice::Auto,
+            1 => BackendChoice::Host,
+            2 => BackendChoice::Cuda,
+            v => fail!(KMM_ERROR_INVALID_ARGUMENT, "config.backend = {v} is not a KmmBackend (0 = auto, 1 = host, 2 = cuda)"),
+        };
+        let alloc_mode = match c.alloc_mode {
+            0 => AllocMode::Pool,
+            1 => AllocMode::CudaAsync,
+            2 => AllocMode::Direct,
+            v => fail!(KMM_ERROR_INVALID_ARGUMENT, "config.alloc_mode = {v} is not a KmmAllocMode (0 = pool, 1 = cuda_async, 2 = direct)"),
+        };
+        let suballocator = match c.suballocator {
+            0 => SuballocatorKind::Binned,
+            1 => SuballocatorKind::Heap,
+            2 => SuballocatorKind::Fixed,
+            3 => SuballocatorKind::Ring,
+            v => fail!(KMM_ERROR_INVALID_ARGUMENT, "config.suballocator = {v} is not a KmmSuballocator (0 = binned, 1 = heap, 2 = fixed, 3 = ring)"),
+        };
+        if c.reserved != 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.reserved = {} must be 0", c.reserved);
+        }
+        let config = Config {
+            backend,
+            device: c.device,
+            alloc_mode,
+            suballocator,
+            alignment: c.alignment,
+            chunk_size: c.chunk_size,
+            initial_pool_size: c.initial_pool_size,
+            fixed_block_size: c.fixed_block_size,
+            hard_limit: c.hard_limit,
+            release_threshold: c.release_threshold,
+            pinned_chunk_size: c.pinned_chunk_size,
+            pinned_limit: c.pinned_limit,
+            staging_chunk_size: c.staging_chunk_size,
+            staging_chunks: c.staging_chunks,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}

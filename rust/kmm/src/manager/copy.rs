@@ -1,0 +1,249 @@
+//! Copies and fills. Everything is queued on the manager's stream; synchronous variants wait
+//! for it. A buffer is pinned while a copy looks it up and queues work, so a concurrent free
+//! cannot recycle it in between. Pageable host memory above a small size is staged.
+
+use super::staging::parallel_copy;
+use super::{Manager, MemoryKind};
+use crate::backend::Stream;
+use crate::error::{lock, Result};
+use crate::fail;
+use std::sync::Arc;
+
+/// Up to this size, pageable memory goes to the driver directly: staging would cost more than
+/// it saves.
+const DIRECT_PAGEABLE_MAX: u64 = 256 << 10;
+/// Patterns are expanded on the host to this many bytes before doubling on the device.
+const FILL_SEED_BYTES: u64 = 64 << 10;
+
+/// Keeps a buffer pinned while a copy is being queued.
+struct Lease<'a> {
+    manager: &'a Manager,
+    handle: u64,
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let _ = self.manager.unmap(self.handle);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Return once the copy has run.
+    Wait,
+    /// Return at once with an event that completes when the copy has run.
+    Event,
+    /// Return at once; the caller orders later work through the stream or `synchronize`.
+    Queue,
+}
+
+impl Manager {
+    fn lease(&self, handle: u64, offset: u64, bytes: u64, arg: &str) -> Result<(Lease<'_>, u64, MemoryKind)> {
+        let mut st = lock(&self.state);
+        let r = st.buffers.get_mut(handle)?;
+        match offset.checked_add(bytes) {
+            Some(end) if end <= r.bytes => {}
+            _ => fail!(
+                KMM_ERROR_OUT_OF_RANGE,
+                "{arg}_offset = {offset} + bytes = {bytes} exceeds the {arg} buffer's size of {} bytes",
+                r.bytes
+            ),
+        }
+        r.pins += 1;
+        Ok((Lease { manager: self, handle }, r.addr + offset, r.kind))
+    }
+
+    fn complete(&self, completion: Completion) -> Result<Option<u64>> {
+        match completion {
+            Completion::Wait => self.stream.synchronize().map(|_| None),
+            Completion::Event => self.record_event().map(Some),
+            Completion::Queue => Ok(None),
+        }
+    }
+
+    fn goes_direct(&self, host: *const u8, bytes: u64) -> bool {
+        bytes <= DIRECT_PAGEABLE_MAX || self.backend.is_pinned_host(host, bytes)
+    }
+
+    /// Host to device (or into a pinned buffer). With `Completion::Event`, `src` must stay
+    /// valid until the returned event completes.
+    ///
+    /// # Safety
+    /// `src` is valid for `bytes` bytes.
+    pub unsafe fn copy_to_device(
+        &self,
+        dst: u64,
+        dst_offset: u64,
+        src: *const u8,
+        bytes: u64,
+        completion: Completion,
+    ) -> Result<Option<u64>> {
+        if src.is_null() && bytes > 0 {
+            fail!(KMM_ERROR_NULL_POINTER, "src is NULL but bytes = {bytes}");
+        }
+        let (_lease, addr, _) = self.lease(dst, dst_offset, bytes, "dst")?;
+        if bytes > 0 {
+            if self.goes_direct(src, bytes) {
+                self.stream.copy_h2d(addr, src, bytes)?;
+            } else {
+                let mut staging = lock(&self.staging);
+                let slot = staging.slot_bytes();
+                let mut off = 0;
+                while off < bytes {
+                    let len = slot.min(bytes - off);
+                    let block = staging.acquire(len)?;
+                    parallel_copy(block.addr as *mut u8, src.add(off as usize), len as usize);
+                    self.stream.copy_h2d(addr + off, block.addr as *const u8, len)?;
+                    staging.submit(self.stream.as_ref(), block, None)?;
+                    off += len;
+                }
+            }
+        }
+        self.complete(completion)
+    }
+
+    /// Device (or pinned buffer) to host. With `Completion::Event`, `dst` must stay valid and
+    /// untouched until the returned event completes.
+    ///
+    /// # Safety
+    /// `dst` is valid for `bytes` bytes.
+    pub unsafe fn copy_to_host(
+        &self,
+        dst: *mut u8,
+        src: u64,
+        src_offset: u64,
+        bytes: u64,
+        completion: Completion,
+    ) -> Result<Option<u64>> {
+        if dst.is_null() && bytes > 0 {
+            fail!(KMM_ERROR_NULL_POINTER, "dst is NULL but bytes = {bytes}");
+        }
+        let (_lease, addr, _) = self.lease(src, src_offset, bytes, "src")?;
+        if bytes > 0 {
+            if self.goes_direct(dst, bytes) {
+                self.stream.copy_d2h(dst, addr, bytes)?;
+            } else {
+                let mut staging = lock(&self.staging);
+                let slot = staging.slot_bytes();
+                let mut off = 0;
+                while off < bytes {
+                    let len = slot.min(bytes - off);
+                    let block = staging.acquire(len)?;
+                    self.stream.copy_d2h(block.addr as *mut u8, addr + off, len)?;
+                    let out = dst as u64 + off;
+                    if completion == Completion::Wait {
+                        staging.submit(self.stream.as_ref(), block, Some((out, len)))?;
+                    } else {
+                        let from = block.addr;
+                        self.stream.launch_host_fn(Box::new(move || {
+                            // SAFETY: the caller keeps `dst` valid until the event completes.
+                            unsafe { parallel_copy(out as *mut u8, from as *const u8, len as usize) }
+                        }))?;
+                        staging.submit(self.stream.as_ref(), block, None)?;
+                    }
+                    off += len;
+                }
+                if completion == Completion::Wait {
+                    staging.retire_all()?;
+                }
+            }
+        }
+        self.complete(completion)
+    }
+
+    /// Fills `bytes` bytes at `offset` with copies of `pattern` (1 to 4096 bytes). Queued on the
+    /// stream: later work sees the filled bytes.
+    pub fn fill(&self, handle: u64, offset: u64, bytes: u64, pattern: &[u8]) -> Result<()> {
+        let width = pattern.len() as u64;
+        if width == 0 || width > 4096 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "pattern_size = {width} must be in 1..=4096");
+        }
+        if bytes % width != 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = {bytes} is not a multiple of pattern_size = {width}");
+        }
+        let (_lease, addr, _) = self.lease(handle, offset, bytes, "dst")?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        if matches!(width, 1 | 2 | 4) && addr % width == 0 {
+            let mut value = [0u8; 4];
+            value[..width as usize].copy_from_slice(pattern);
+            // SAFETY: the leased range is live and in bounds.
+            return unsafe { self.stream.memset(addr, u32::from_le_bytes(value), width as u32, bytes / width) };
+        }
+        // Expand the pattern on the host, copy it once, then double it on the device.
+        let seed = bytes.min((FILL_SEED_BYTES / width).max(1) * width);
+        let mut staging = lock(&self.staging);
+        let block = staging.acquire(seed)?;
+        // SAFETY: the staging slot holds at least `seed` bytes and is ours until submitted.
+        unsafe {
+            let out = std::slice::from_raw_parts_mut(block.addr as *mut u8, seed as usize);
+            for chunk in out.chunks_exact_mut(width as usize) {
+                chunk.copy_from_slice(pattern);
+            }
+            self.stream.copy_h2d(addr, block.addr as *const u8, seed)?;
+        }
+        staging.submit(self.stream.as_ref(), block, None)?;
+        drop(staging);
+        let mut filled = seed;
+        while filled < bytes {
+            let n = filled.min(bytes - filled);
+            // SAFETY: both ranges lie inside the leased range and do not overlap.
+            unsafe { self.stream.copy_d2d(addr + filled, addr, n)? };
+            filled += n;
+        }
+        Ok(())
+    }
+}
+
+/// Device to device, within one manager or between two (same backend kind). Queued on the
+/// destination manager's stream, ordered after the source's work so far, and the source's stream
+/// waits for the copy, so a later free on either side cannot recycle memory the copy still reads.
+pub fn copy_buffer(
+    dst_manager: &Manager,
+    dst: u64,
+    dst_offset: u64,
+    src_manager: &Manager,
+    src: u64,
+    src_offset: u64,
+    bytes: u64,
+) -> Result<()> {
+    let same = std::ptr::eq(dst_manager, src_manager);
+    if same && dst == src && bytes > 0 && dst_offset < src_offset.saturating_add(bytes) && src_offset < dst_offset.saturating_add(bytes) {
+        fail!(
+            KMM_ERROR_INVALID_ARGUMENT,
+            "source range {src_offset}..{} and destination range {dst_offset}..{} of one buffer overlap",
+            src_offset.saturating_add(bytes),
+            dst_offset.saturating_add(bytes)
+        );
+    }
+    if dst_manager.backend.kind() != src_manager.backend.kind() {
+        fail!(
+            KMM_ERROR_NOT_SUPPORTED,
+            "copy between a {:?}-backend and a {:?}-backend manager; copy through host memory instead",
+            dst_manager.backend.kind(),
+            src_manager.backend.kind()
+        );
+    }
+    let (_dst_lease, dst_addr, _) = dst_manager.lease(dst, dst_offset, bytes, "dst")?;
+    let (_src_lease, src_addr, _) = src_manager.lease(src, src_offset, bytes, "src")?;
+    if bytes == 0 {
+        return Ok(());
+    }
+    if !same {
+        order(src_manager.backend.as_ref(), &src_manager.stream, &dst_manager.stream)?;
+    }
+    // SAFETY: both leased ranges are live and in bounds.
+    unsafe { dst_manager.stream.copy_d2d(dst_addr, src_addr, bytes)? };
+    if !same {
+        order(dst_manager.backend.as_ref(), &dst_manager.stream, &src_manager.stream)?;
+    }
+    Ok(())
+}
+
+/// `later` waits for the work queued so far on `earlier`.
+fn order(backend: &dyn crate::backend::Backend, earlier: &Arc<dyn Stream>, later: &Arc<dyn Stream>) -> Result<()> {
+    let event = backend.create_event()?;
+    earlier.record(event.as_ref())?;
+    later.wait_event(event.as_ref())
+}

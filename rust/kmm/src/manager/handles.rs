@@ -1,0 +1,152 @@
+//! Generational handle tables. A handle is 64 bits: a 4-bit tag saying what it names, the
+//! 12-bit registry slot of the owning manager, a 20-bit generation and a 28-bit index. Stale
+//! (freed), foreign (another manager's), forged and mistyped handles all fail the lookup.
+
+use crate::error::Result;
+use crate::fail;
+
+pub const TAG_MANAGER: u64 = 0xA;
+pub const TAG_BUFFER: u64 = 0xB;
+pub const TAG_MODULE: u64 = 0xC;
+pub const TAG_EVENT: u64 = 0xE;
+
+const GEN_BITS: u32 = 20;
+const INDEX_BITS: u32 = 28;
+const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+
+pub fn tag_name(tag: u64) -> &'static str {
+    match tag {
+        TAG_MANAGER => "manager",
+        TAG_BUFFER => "buffer",
+        TAG_MODULE => "module",
+        TAG_EVENT => "event",
+        _ => "unknown",
+    }
+}
+
+struct Slot<T> {
+    generation: u32,
+    value: Option<T>,
+}
+
+pub struct HandleTable<T> {
+    tag: u64,
+    owner: u64,
+    seed: u32,
+    slots: Vec<Slot<T>>,
+    free: Vec<u32>,
+    live: usize,
+}
+
+impl<T> HandleTable<T> {
+    /// `seed` differs per manager so a stale handle of an earlier manager that used the same
+    /// registry slot is unlikely to match a live one.
+    pub fn new(tag: u64, owner: u16, seed: u32) -> Self {
+        HandleTable { tag, owner: owner as u64 & 0xFFF, seed: seed & GEN_MASK, slots: Vec::new(), free: Vec::new(), live: 0 }
+    }
+
+    fn encode(&self, index: u32, generation: u32) -> u64 {
+        (self.tag << 60) | (self.owner << 48) | (((generation & GEN_MASK) as u64) << INDEX_BITS) | index as u64
+    }
+
+    pub fn insert(&mut self, value: T) -> Result<u64> {
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                if self.slots.len() as u64 > INDEX_MASK {
+                    fail!(KMM_ERROR_OUT_OF_MEMORY, "more than {} live {}s in one manager", INDEX_MASK, tag_name(self.tag));
+                }
+                self.slots.push(Slot { generation: self.seed, value: None });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[index as usize];
+        slot.value = Some(value);
+        let generation = slot.generation;
+        self.live += 1;
+        Ok(self.encode(index, generation))
+    }
+
+    fn index_of(&self, handle: u64) -> Result<usize> {
+        let what = tag_name(self.tag);
+        let tag = handle >> 60;
+        if tag != self.tag {
+            fail!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not a {what} handle (it looks like a {} handle)", tag_name(tag));
+        }
+        if (handle >> 48) & 0xFFF != self.owner {
+            fail!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} belongs to another manager");
+        }
+        let index = (handle & INDEX_MASK) as usize;
+        let generation = ((handle >> INDEX_BITS) as u32) & GEN_MASK;
+        match self.slots.get(index) {
+            Some(slot) if slot.value.is_some() && slot.generation == generation => Ok(index),
+            _ => fail!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} is not live (freed, stale or never issued)"),
+        }
+    }
+
+    pub fn get(&self, handle: u64) -> Result<&T> {
+        let i = self.index_of(handle)?;
+        Ok(self.slots[i].value.as_ref().expect("checked live"))
+    }
+
+    pub fn get_mut(&mut self, handle: u64) -> Result<&mut T> {
+        let i = self.index_of(handle)?;
+        Ok(self.slots[i].value.as_mut().expect("checked live"))
+    }
+
+    pub fn remove(&mut self, handle: u64) -> Result<T> {
+        let i = self.index_of(handle)?;
+        let slot = &mut self.slots[i];
+        slot.generation = slot.generation.wrapping_add(1) & GEN_MASK;
+        self.free.push(i as u32);
+        self.live -= 1;
+        Ok(slot.value.take().expect("checked live"))
+    }
+
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Every live handle (teardown and leak reports).
+    pub fn handles(&self) -> Vec<u64> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.value.is_some())
+            .map(|(i, s)| self.encode(i as u32, s.generation))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stale_foreign_forged_and_mistyped_handles_are_rejected() {
+        let mut t = HandleTable::new(TAG_BUFFER, 7, 12345);
+        let a = t.insert("a").unwrap();
+        let b = t.insert("b").unwrap();
+        assert_eq!(*t.get(a).unwrap(), "a");
+        assert_eq!(t.remove(a).unwrap(), "a");
+        let msg = t.get(a).unwrap_err().message;
+        assert!(msg.contains("not live"), "{msg}");
+        // The slot is reused with a new generation: the old handle stays dead.
+        let c = t.insert("c").unwrap();
+        assert_ne!(a, c);
+        assert!(t.get(a).is_err());
+        assert_eq!(*t.get(c).unwrap(), "c");
+        let foreign = HandleTable::<&str>::new(TAG_BUFFER, 8, 1).encode(0, 0);
+        assert!(t.get(foreign).unwrap_err().message.contains("another manager"));
+        let mistyped = (TAG_EVENT << 60) | (b & ((1 << 60) - 1));
+        assert!(t.get(mistyped).unwrap_err().message.contains("not a buffer handle"));
+        assert!(t.get(0).is_err());
+        assert!(t.get(u64::MAX).is_err());
+        assert_eq!(t.len(), 2);
+    }
+}

@@ -1,0 +1,527 @@
+//! A manager owns a stream, device and pinned memory resources, and the buffers and events it
+//! handed out. All its bookkeeping sits behind one short-held lock; the lock is never held
+//! while waiting for the device, so frees never block on GPU work.
+
+pub mod copy;
+pub mod handles;
+pub mod registry;
+mod staging;
+
+use crate::backend::{self, Backend, BackendChoice, BackendKind, Event, Stream};
+use crate::error::{lock, KmmStatus, Result};
+use crate::pool::deferred::Deferred;
+use crate::pool::direct::DirectResource;
+use crate::pool::limit::{Limit, LimitedUpstream};
+use crate::pool::pooled::PoolResource;
+use crate::pool::stats::UsageCounters;
+use crate::pool::stream_async::AsyncResource;
+use crate::pool::upstream::{DeviceUpstream, PinnedUpstream};
+use crate::pool::{new_suballocator, Block, MemoryResource, ResourceCounters, SuballocatorKind, Upstream};
+use crate::{err, fail};
+use handles::{HandleTable, TAG_BUFFER, TAG_EVENT};
+use std::sync::{Arc, Mutex};
+
+/// The largest single buffer: 2^48 bytes (256 TiB), beyond any device.
+pub const MAX_BUFFER_BYTES: u64 = 1 << 48;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryKind {
+    Device = 0,
+    Pinned = 1,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocMode {
+    Pool,
+    CudaAsync,
+    Direct,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub backend: BackendChoice,
+    pub device: i32,
+    pub alloc_mode: AllocMode,
+    pub suballocator: SuballocatorKind,
+    pub alignment: u64,
+    pub chunk_size: u64,
+    pub initial_pool_size: u64,
+    pub fixed_block_size: u64,
+    pub hard_limit: u64,
+    pub release_threshold: u64,
+    pub pinned_chunk_size: u64,
+    pub pinned_limit: u64,
+    pub staging_chunk_size: u64,
+    pub staging_chunks: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            backend: BackendChoice::Auto,
+            device: 0,
+            alloc_mode: AllocMode::Pool,
+            suballocator: SuballocatorKind::Binned,
+            alignment: 256,
+            chunk_size: 32 << 20,
+            initial_pool_size: 0,
+            fixed_block_size: 1 << 20,
+            hard_limit: 0,
+            release_threshold: u64::MAX,
+            pinned_chunk_size: 32 << 20,
+            pinned_limit: 0,
+            staging_chunk_size: 8 << 20,
+            staging_chunks: 4,
+        }
+    }
+}
+
+impl Config {
+    pub fn validate(&self) -> Result<()> {
+        if !self.alignment.is_power_of_two() || self.alignment > (1 << 21) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.alignment = {} must be a power of two up to 2 MiB", self.alignment);
+        }
+        if self.chunk_size == 0 || self.chunk_size > MAX_BUFFER_BYTES {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.chunk_size = {} must be in 1..=2^48", self.chunk_size);
+        }
+        if self.pinned_chunk_size == 0 || self.pinned_chunk_size > MAX_BUFFER_BYTES {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.pinned_chunk_size = {} must be in 1..=2^48", self.pinned_chunk_size);
+        }
+        if self.suballocator == SuballocatorKind::Fixed && (self.fixed_block_size == 0 || self.fixed_block_size > self.chunk_size) {
+            fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "config.fixed_block_size = {} must be in 1..=chunk_size ({})",
+                self.fixed_block_size,
+                self.chunk_size
+            );
+        }
+        if self.staging_chunk_size < 4096 || self.staging_chunk_size > (1 << 30) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.staging_chunk_size = {} must be in 4096..=2^30", self.staging_chunk_size);
+        }
+        if !(2..=64).contains(&self.staging_chunks) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.staging_chunks = {} must be in 2..=64", self.staging_chunks);
+        }
+        if self.initial_pool_size > MAX_BUFFER_BYTES {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.initial_pool_size = {} exceeds 2^48", self.initial_pool_size);
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Origin {
+    Empty,
+    Resource(Block),
+    Borrowed,
+    Adopted(Block),
+}
+
+struct BufferRecord {
+    kind: MemoryKind,
+    addr: u64,
+    bytes: u64,
+    origin: Origin,
+    pins: u32,
+}
+
+/// Per-kind figures: what callers hold and what the resources reserve.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KindStats {
+    pub usage: UsageCounters,
+    pub resource: ResourceCounters,
+}
+
+struct State {
+    buffers: HandleTable<BufferRecord>,
+    events: HandleTable<Arc<dyn Event>>,
+    /// Indexed by `MemoryKind`.
+    resources: [Box<dyn MemoryResource>; 2],
+    /// Memory adopted through `wrap`, freed through the backend once the stream passes.
+    adopted: [Deferred<DirectResource>; 2],
+    usage: [UsageCounters; 2],
+}
+
+pub struct Manager {
+    backend: Arc<dyn Backend>,
+    stream: Arc<dyn Stream>,
+    config: Config,
+    state: Mutex<State>,
+    staging: Mutex<staging::Staging>,
+}
+
+/// How `free` treats a mapped buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FreeMode {
+    Checked,
+    Force,
+}
+
+impl Manager {
+    pub fn new(config: Config, slot: u16, serial: u64) -> Result<Manager> {
+        config.validate()?;
+        let backend = backend::open(config.backend, config.device)?;
+        let stream = backend.create_stream()?;
+        let device_upstream: Arc<dyn Upstream> = Arc::new(LimitedUpstream {
+            inner: Arc::new(DeviceUpstream(backend.clone())),
+            limit: Arc::new(Limit::new(config.hard_limit)),
+        });
+        let device: Box<dyn MemoryResource> = match config.alloc_mode {
+            AllocMode::Pool => {
+                let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
+                let mut pool = PoolResource::new(device_upstream, sub, config.chunk_size, config.alignment);
+                pool.reserve(config.initial_pool_size)?;
+                Box::new(pool)
+            }
+            AllocMode::Direct => Box::new(Deferred::new(
+                DirectResource::new(device_upstream, config.alignment),
+                backend.clone(),
+                stream.clone(),
+            )),
+            AllocMode::CudaAsync => {
+                let max = if config.hard_limit == 0 { u64::MAX } else { config.hard_limit };
+                Box::new(AsyncResource::new(backend.create_async_pool(config.release_threshold, max)?, stream.clone()))
+            }
+        };
+        let pinned_upstream: Arc<dyn Upstream> = Arc::new(LimitedUpstream {
+            inner: Arc::new(PinnedUpstream(backend.clone())),
+            limit: Arc::new(Limit::new(config.pinned_limit)),
+        });
+        let pinned = Box::new(Deferred::new(
+            PoolResource::new(
+                pinned_upstream,
+                new_suballocator(SuballocatorKind::Binned, config.alignment, 0),
+                config.pinned_chunk_size,
+                config.alignment,
+            ),
+            backend.clone(),
+            stream.clone(),
+        ));
+        let adopted = |up: Arc<dyn Upstream>| Deferred::new(DirectResource::new(up, 1), backend.clone(), stream.clone());
+        let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
+        let state = State {
+            buffers: HandleTable::new(TAG_BUFFER, slot, seed),
+            events: HandleTable::new(TAG_EVENT, slot, seed),
+            resources: [device, pinned],
+            adopted: [
+                adopted(Arc::new(DeviceUpstream(backend.clone()))),
+                adopted(Arc::new(PinnedUpstream(backend.clone()))),
+            ],
+            usage: [UsageCounters::default(); 2],
+        };
+        let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
+        Ok(Manager { backend, stream, config, state: Mutex::new(state), staging: Mutex::new(staging) })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+    pub fn backend_kind(&self) -> BackendKind {
+        self.backend.kind()
+    }
+    pub fn device(&self) -> i32 {
+        self.backend.device()
+    }
+    pub fn device_name(&self) -> String {
+        self.backend.device_name()
+    }
+    pub fn raw_stream(&self) -> u64 {
+        self.stream.raw()
+    }
+
+    pub fn alloc(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
+        if bytes > MAX_BUFFER_BYTES {
+            lock(&self.state).usage[kind as usize].on_failure();
+            fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
+        }
+        let mut st = lock(&self.state);
+        let origin = if bytes == 0 {
+            Origin::Empty
+        } else {
+            match st.resources[kind as usize].allocate(bytes) {
+                Ok(block) => Origin::Resource(block),
+                Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
+                    drop(st);
+                    let retried = self.release_cached(kind).and_then(|_| lock(&self.state).resources[kind as usize].allocate(bytes));
+                    st = lock(&self.state);
+                    match retried {
+                        Ok(block) => Origin::Resource(block),
+                        Err(e) => {
+                            st.usage[kind as usize].on_failure();
+                            return Err(err!(KMM_ERROR_OUT_OF_MEMORY, "allocating {bytes} bytes of {kind:?} memory: {e}"));
+                        }
+                    }
+                }
+                Err(e) => {
+                    st.usage[kind as usize].on_failure();
+                    return Err(e);
+                }
+            }
+        };
+        let addr = match origin {
+            Origin::Resource(b) => b.addr,
+            _ => 0,
+        };
+        self.insert_buffer(&mut st, BufferRecord { kind, addr, bytes, origin, pins: 0 })
+    }
+
+    fn insert_buffer(&self, st: &mut State, record: BufferRecord) -> Result<u64> {
+        let (kind, bytes) = (record.kind, record.bytes);
+        let origin = record.origin;
+        match st.buffers.insert(record) {
+            Ok(h) => {
+                st.usage[kind as usize].on_alloc(bytes);
+                Ok(h)
+            }
+            Err(e) => {
+                if let Origin::Resource(block) = origin {
+                    st.resources[kind as usize].deallocate(block)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The out-of-memory ladder's last rung inside Kmm: wait for the stream, then give every
+    /// cached chunk back so the retry sees all the device has.
+    fn release_cached(&self, kind: MemoryKind) -> Result<()> {
+        self.stream.synchronize()?;
+        lock(&self.state).resources[kind as usize].trim(0)
+    }
+
+    /// Adopts (`adopt = true`: Kmm frees it) or borrows memory allocated elsewhere.
+    pub fn wrap(&self, ptr: u64, bytes: u64, kind: MemoryKind, adopt: bool) -> Result<u64> {
+        if ptr == 0 && bytes > 0 {
+            fail!(KMM_ERROR_NULL_POINTER, "ptr is NULL but bytes = {bytes}");
+        }
+        if bytes > MAX_BUFFER_BYTES {
+            fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
+        }
+        let mut st = lock(&self.state);
+        let origin = if adopt {
+            let block = Block { addr: ptr, size: bytes, token: 0 };
+            st.adopted[kind as usize].inner_mut().adopt(block);
+            Origin::Adopted(block)
+        } else {
+            Origin::Borrowed
+        };
+        self.insert_buffer(&mut st, BufferRecord { kind, addr: ptr, bytes, origin, pins: 0 })
+    }
+
+    pub fn free(&self, handle: u64, mode: FreeMode) -> Result<()> {
+        let mut st = lock(&self.state);
+        let record = st.buffers.get(handle)?;
+        if record.pins > 0 && mode == FreeMode::Checked {
+            fail!(
+                KMM_ERROR_BUFFER_MAPPED,
+                "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
+                record.pins
+            );
+        }
+        let record = st.buffers.remove(handle)?;
+        st.usage[record.kind as usize].on_free(record.bytes);
+        match record.origin {
+            Origin::Resource(block) => st.resources[record.kind as usize].deallocate(block),
+            Origin::Adopted(block) => st.adopted[record.kind as usize].deallocate(block),
+            Origin::Empty | Origin::Borrowed => Ok(()),
+        }
+    }
+
+    /// (address, bytes, kind) of a live buffer.
+    pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
+        let st = lock(&self.state);
+        let r = st.buffers.get(handle)?;
+        Ok((r.addr, r.bytes, r.kind, r.pins))
+    }
+
+    /// Pins the buffer and returns its address, valid until the matching `unmap`.
+    pub fn map(&self, handle: u64) -> Result<u64> {
+        let mut st = lock(&self.state);
+        let r = st.buffers.get_mut(handle)?;
+        r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
+        Ok(r.addr)
+    }
+
+    pub fn unmap(&self, handle: u64) -> Result<()> {
+        let mut st = lock(&self.state);
+        let r = st.buffers.get_mut(handle)?;
+        if r.pins == 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
+        }
+        r.pins -= 1;
+        Ok(())
+    }
+
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize()?;
+        if self.config.release_threshold != u64::MAX && self.config.alloc_mode == AllocMode::Pool {
+            lock(&self.state).resources[MemoryKind::Device as usize].trim(self.config.release_threshold)?;
+        }
+        Ok(())
+    }
+
+    /// Gives cached memory back until each pool reserves at most `keep_bytes`.
+    pub fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.stream.synchronize()?;
+        let mut st = lock(&self.state);
+        for r in st.resources.iter_mut() {
+            r.trim(keep_bytes)?;
+        }
+        drop(st);
+        lock(&self.staging).release()
+    }
+
+    pub fn stats(&self, kind: MemoryKind) -> KindStats {
+        let st = lock(&self.state);
+        let k = kind as usize;
+        let mut resource = st.resources[k].counters();
+        let adopted = st.adopted[k].counters();
+        resource.reserved += adopted.reserved;
+        resource.peak_reserved = resource.peak_reserved.max(resource.reserved);
+        if kind == MemoryKind::Pinned {
+            let staged = lock(&self.staging).reserved();
+            resource.reserved += staged;
+            resource.peak_reserved += staged;
+        }
+        KindStats { usage: st.usage[k], resource }
+    }
+
+    pub fn reset_peaks(&self) {
+        let mut st = lock(&self.state);
+        for k in 0..2 {
+            st.usage[k].reset_peak();
+            st.resources[k].reset_peak();
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        let mut out = format!(
+            "Kmm manager on {} ({:?} backend, device {}), {:?} mode, {:?} suballocator\n",
+            self.device_name(),
+            self.backend_kind(),
+            self.device(),
+            self.config.alloc_mode,
+            self.config.suballocator
+        );
+        out += &format!(
+            "{:<8} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>8} {:>8} {:>7} {:>12}\n",
+            "kind", "in use", "peak use", "reserved", "peak resv", "live", "allocs", "frees", "misses", "failed", "largest free"
+        );
+        for kind in [MemoryKind::Device, MemoryKind::Pinned] {
+            let s = self.stats(kind);
+            out += &format!(
+                "{:<8} {:>12} {:>12} {:>12} {:>12} {:>8} {:>8} {:>8} {:>8} {:>7} {:>12}\n",
+                format!("{kind:?}").to_lowercase(),
+                human_bytes(s.usage.in_use),
+                human_bytes(s.usage.peak_in_use),
+                human_bytes(s.resource.reserved),
+                human_bytes(s.resource.peak_reserved),
+                s.usage.live_buffers,
+                s.usage.allocs,
+                s.usage.frees,
+                s.resource.pool_misses,
+                s.usage.failed_allocs,
+                human_bytes(s.resource.largest_free)
+            );
+        }
+        out
+    }
+
+    pub fn record_event(&self) -> Result<u64> {
+        let event: Arc<dyn Event> = Arc::from(self.backend.create_event()?);
+        self.stream.record(event.as_ref())?;
+        lock(&self.state).events.insert(event)
+    }
+
+    fn event(&self, handle: u64) -> Result<Arc<dyn Event>> {
+        lock(&self.state).events.get(handle).cloned()
+    }
+
+    pub fn event_query(&self, handle: u64) -> Result<bool> {
+        self.event(handle)?.query()
+    }
+
+    /// Waits without holding the manager's lock.
+    pub fn event_wait(&self, handle: u64) -> Result<()> {
+        self.event(handle)?.synchronize()
+    }
+
+    pub fn event_destroy(&self, handle: u64) -> Result<()> {
+        lock(&self.state).events.remove(handle).map(drop)
+    }
+
+    /// The manager's stream waits for the work queued so far on `foreign`.
+    pub fn wait_for_stream(&self, foreign: u64) -> Result<()> {
+        self.stream.wait_raw_stream(foreign)
+    }
+
+    /// `foreign` waits for the work queued so far on the manager's stream.
+    pub fn order_stream_after(&self, foreign: u64) -> Result<()> {
+        self.stream.signal_raw_stream(foreign)
+    }
+
+    /// # Safety
+    /// `ptr..ptr+bytes` is valid host memory until `unregister_host`.
+    pub unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
+        if ptr.is_null() {
+            fail!(KMM_ERROR_NULL_POINTER, "ptr is NULL");
+        }
+        if bytes == 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = 0: nothing to register");
+        }
+        self.backend.register_host(ptr, bytes)
+    }
+
+    /// # Safety
+    /// `ptr` was registered and no queued copy still reads it.
+    pub unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
+        if ptr.is_null() {
+            fail!(KMM_ERROR_NULL_POINTER, "ptr is NULL");
+        }
+        self.backend.unregister_host(ptr)
+    }
+
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        self.backend.memory_info()
+    }
+
+    pub fn live_buffers(&self) -> usize {
+        lock(&self.state).buffers.len()
+    }
+}
+
+impl Drop for Manager {
+    /// Frees what is still held: waits for the stream, frees every buffer and event, and gives
+    /// every chunk back. Errors here cannot be returned; the device is left as clean as it lets us.
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        let handles = lock(&self.state).buffers.handles();
+        for h in handles {
+            let _ = self.free(h, FreeMode::Force);
+        }
+        let _ = self.stream.synchronize();
+        let mut st = lock(&self.state);
+        for r in st.resources.iter_mut() {
+            let _ = r.trim(0);
+        }
+        for a in st.adopted.iter_mut() {
+            let _ = a.trim(0);
+        }
+        drop(st);
+        let _ = lock(&self.staging).release();
+    }
+}
+
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.2} {}", UNITS[unit])
+    }
+}

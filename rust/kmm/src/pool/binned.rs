@@ -1,0 +1,111 @@
+//! Size classes for small requests, a heap above: each class is a fixed-size suballocator over
+//! slabs carved from the heap, and a slab goes back to the heap once all its blocks are free.
+
+use super::fixed::FixedSuballocator;
+use super::heap::HeapSuballocator;
+use super::{round_up, Block, Suballocator};
+use std::collections::HashMap;
+
+/// Requests up to this size are served from size classes.
+pub const MAX_BINNED: u64 = 64 << 10;
+/// Blocks per slab (slabs are at least 64 KiB).
+const BLOCKS_PER_SLAB: u64 = 64;
+
+struct Bin {
+    fixed: FixedSuballocator,
+    /// Heap block behind each slab, by slab base address.
+    slabs: HashMap<u64, Block>,
+}
+
+pub struct BinnedSuballocator {
+    heap: HeapSuballocator,
+    /// Class sizes ascending: multiples of the alignment, four classes per power of two.
+    sizes: Vec<u64>,
+    bins: Vec<Bin>,
+}
+
+impl BinnedSuballocator {
+    pub fn new(alignment: u64) -> Self {
+        let alignment = alignment.max(1);
+        let mut sizes: Vec<u64> = Vec::new();
+        let mut power = alignment;
+        while power <= MAX_BINNED {
+            for quarter in 0..4 {
+                let size = round_up(power + power * quarter / 4, alignment);
+                if size <= MAX_BINNED && sizes.last() != Some(&size) {
+                    sizes.push(size);
+                }
+            }
+            power *= 2;
+        }
+        let bins = sizes.iter().map(|&s| Bin { fixed: FixedSuballocator::new(s), slabs: HashMap::new() }).collect();
+        BinnedSuballocator { heap: HeapSuballocator::new(alignment), sizes, bins }
+    }
+
+    fn bin_for(&self, size: u64) -> Option<usize> {
+        if size > MAX_BINNED {
+            return None;
+        }
+        Some(self.sizes.partition_point(|&s| s < size))
+    }
+
+    fn slab_size(&self, bin: usize) -> u64 {
+        (self.sizes[bin] * BLOCKS_PER_SLAB).max(64 << 10)
+    }
+}
+
+impl Suballocator for BinnedSuballocator {
+    fn add_chunk(&mut self, base: u64, size: u64) {
+        self.heap.add_chunk(base, size);
+    }
+
+    fn alloc(&mut self, size: u64) -> Option<Block> {
+        let Some(bin) = self.bin_for(size) else {
+            return self.heap.alloc(size);
+        };
+        if let Some(b) = self.bins[bin].fixed.alloc(size) {
+            return Some(b);
+        }
+        let slab = self.heap.alloc(self.slab_size(bin))?;
+        let bin = &mut self.bins[bin];
+        bin.fixed.add_chunk(slab.addr, slab.size);
+        bin.slabs.insert(slab.addr, slab);
+        bin.fixed.alloc(size)
+    }
+
+    fn free(&mut self, block: Block) -> bool {
+        let Some(bin) = self.bin_for(block.size) else {
+            return self.heap.free(block);
+        };
+        let bin = &mut self.bins[bin];
+        // Keep one slab per class so a class at the edge of a slab does not thrash.
+        if bin.fixed.free(block) && bin.slabs.len() > 1 {
+            let mut chunk_empty = false;
+            for (base, _) in bin.fixed.remove_free_chunks(1) {
+                let slab = bin.slabs.remove(&base).expect("slab recorded when added");
+                chunk_empty |= self.heap.free(slab);
+            }
+            return chunk_empty;
+        }
+        false
+    }
+
+    fn remove_free_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        // Empty slabs go back to the heap first so whole chunks can appear.
+        for bin in &mut self.bins {
+            for (base, _) in bin.fixed.remove_free_chunks(u64::MAX) {
+                let slab = bin.slabs.remove(&base).expect("slab recorded when added");
+                self.heap.free(slab);
+            }
+        }
+        self.heap.remove_free_chunks(bytes)
+    }
+
+    fn largest_free(&self) -> u64 {
+        self.heap.largest_free().max(self.bins.iter().map(|b| b.fixed.largest_free()).max().unwrap_or(0))
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.heap.free_bytes() + self.bins.iter().map(|b| b.fixed.free_bytes()).sum::<u64>()
+    }
+}

@@ -1,0 +1,279 @@
+//! Variable-size blocks with splitting and coalescing. Free blocks sit in segregated lists
+//! (two-level, 32 sub-classes per power of two, as TLSF), so finding a fit is O(1); within the
+//! request's own class the smallest fitting block is taken, which keeps the choice close to best
+//! fit. Physical neighbours are linked, so coalescing on free is O(1).
+
+use super::{Block, Suballocator};
+
+const SL_BITS: u32 = 5;
+const SL_COUNT: usize = 1 << SL_BITS;
+const FL_COUNT: usize = 64;
+const NONE: u32 = u32::MAX;
+/// How many blocks of the request's own class are examined for the best fit.
+const BEST_FIT_SCAN: usize = 16;
+
+#[derive(Clone, Copy)]
+struct Node {
+    addr: u64,
+    size: u64,
+    prev_phys: u32,
+    next_phys: u32,
+    prev_free: u32,
+    next_free: u32,
+    free: bool,
+}
+
+pub struct HeapSuballocator {
+    unit: u64,
+    nodes: Vec<Node>,
+    spare_nodes: Vec<u32>,
+    heads: Vec<[u32; SL_COUNT]>,
+    fl_bitmap: u64,
+    sl_bitmap: [u32; FL_COUNT],
+    /// First node of each chunk (stable: merging keeps the lower node).
+    chunks: Vec<u32>,
+    free_bytes: u64,
+}
+
+fn mapping(units: u64) -> (usize, usize) {
+    if units < SL_COUNT as u64 {
+        (0, units as usize)
+    } else {
+        let log = 63 - units.leading_zeros();
+        ((log - SL_BITS + 1) as usize, ((units >> (log - SL_BITS)) as usize) - SL_COUNT)
+    }
+}
+
+impl HeapSuballocator {
+    pub fn new(alignment: u64) -> Self {
+        HeapSuballocator {
+            unit: alignment.max(1),
+            nodes: Vec::new(),
+            spare_nodes: Vec::new(),
+            heads: vec![[NONE; SL_COUNT]; FL_COUNT],
+            fl_bitmap: 0,
+            sl_bitmap: [0; FL_COUNT],
+            chunks: Vec::new(),
+            free_bytes: 0,
+        }
+    }
+
+    fn new_node(&mut self, node: Node) -> u32 {
+        match self.spare_nodes.pop() {
+            Some(id) => {
+                self.nodes[id as usize] = node;
+                id
+            }
+            None => {
+                self.nodes.push(node);
+                (self.nodes.len() - 1) as u32
+            }
+        }
+    }
+
+    fn class_of(&self, size: u64) -> (usize, usize) {
+        mapping(size / self.unit)
+    }
+
+    fn insert_free(&mut self, id: u32) {
+        let (fl, sl) = self.class_of(self.nodes[id as usize].size);
+        let head = self.heads[fl][sl];
+        {
+            let n = &mut self.nodes[id as usize];
+            n.free = true;
+            n.prev_free = NONE;
+            n.next_free = head;
+        }
+        if head != NONE {
+            self.nodes[head as usize].prev_free = id;
+        }
+        self.heads[fl][sl] = id;
+        self.fl_bitmap |= 1 << fl;
+        self.sl_bitmap[fl] |= 1 << sl;
+        self.free_bytes += self.nodes[id as usize].size;
+    }
+
+    fn remove_free(&mut self, id: u32) {
+        let Node { size, prev_free, next_free, .. } = self.nodes[id as usize];
+        let (fl, sl) = self.class_of(size);
+        if prev_free != NONE {
+            self.nodes[prev_free as usize].next_free = next_free;
+        } else {
+            self.heads[fl][sl] = next_free;
+            if next_free == NONE {
+                self.sl_bitmap[fl] &= !(1 << sl);
+                if self.sl_bitmap[fl] == 0 {
+                    self.fl_bitmap &= !(1 << fl);
+                }
+            }
+        }
+        if next_free != NONE {
+            self.nodes[next_free as usize].prev_free = prev_free;
+        }
+        self.nodes[id as usize].free = false;
+        self.free_bytes -= size;
+    }
+
+    /// The smallest block of the request's own class that fits, looking at a bounded number.
+    fn best_in_own_class(&self, size: u64) -> Option<u32> {
+        let (fl, sl) = self.class_of(size);
+        let mut id = self.heads[fl][sl];
+        let mut best: Option<(u64, u32)> = None;
+        for _ in 0..BEST_FIT_SCAN {
+            if id == NONE {
+                break;
+            }
+            let n = &self.nodes[id as usize];
+            if n.size >= size && best.is_none_or(|(s, _)| n.size < s) {
+                best = Some((n.size, id));
+                if n.size == size {
+                    break;
+                }
+            }
+            id = n.next_free;
+        }
+        best.map(|(_, id)| id)
+    }
+
+    /// Any block of a class above the request's: every block there fits.
+    fn first_in_larger_class(&self, size: u64) -> Option<u32> {
+        let (fl, sl) = self.class_of(size);
+        let sl_above = if sl + 1 < SL_COUNT { self.sl_bitmap[fl] & (!0u32 << (sl + 1)) } else { 0 };
+        let (fl, sl) = if sl_above != 0 {
+            (fl, sl_above.trailing_zeros() as usize)
+        } else {
+            let fl_above = if fl + 1 < FL_COUNT { self.fl_bitmap & (!0u64 << (fl + 1)) } else { 0 };
+            if fl_above == 0 {
+                return None;
+            }
+            let fl = fl_above.trailing_zeros() as usize;
+            (fl, self.sl_bitmap[fl].trailing_zeros() as usize)
+        };
+        Some(self.heads[fl][sl])
+    }
+}
+
+impl Suballocator for HeapSuballocator {
+    fn add_chunk(&mut self, base: u64, size: u64) {
+        let size = size / self.unit * self.unit;
+        if size == 0 {
+            return;
+        }
+        let id = self.new_node(Node {
+            addr: base,
+            size,
+            prev_phys: NONE,
+            next_phys: NONE,
+            prev_free: NONE,
+            next_free: NONE,
+            free: false,
+        });
+        self.chunks.push(id);
+        self.insert_free(id);
+    }
+
+    fn alloc(&mut self, size: u64) -> Option<Block> {
+        let size = super::round_up(size.max(1), self.unit);
+        let id = self.best_in_own_class(size).or_else(|| self.first_in_larger_class(size))?;
+        self.remove_free(id);
+        let node = self.nodes[id as usize];
+        if node.size > size {
+            let rest = self.new_node(Node {
+                addr: node.addr + size,
+                size: node.size - size,
+                prev_phys: id,
+                next_phys: node.next_phys,
+                prev_free: NONE,
+                next_free: NONE,
+                free: false,
+            });
+            if node.next_phys != NONE {
+                self.nodes[node.next_phys as usize].prev_phys = rest;
+            }
+            let n = &mut self.nodes[id as usize];
+            n.size = size;
+            n.next_phys = rest;
+            self.insert_free(rest);
+        }
+        Some(Block { addr: node.addr, size, token: id })
+    }
+
+    fn free(&mut self, block: Block) -> bool {
+        let mut id = block.token;
+        debug_assert!(!self.nodes[id as usize].free && self.nodes[id as usize].addr == block.addr);
+        let next = self.nodes[id as usize].next_phys;
+        if next != NONE && self.nodes[next as usize].free {
+            self.remove_free(next);
+            let absorbed = self.nodes[next as usize];
+            let n = &mut self.nodes[id as usize];
+            n.size += absorbed.size;
+            n.next_phys = absorbed.next_phys;
+            if absorbed.next_phys != NONE {
+                self.nodes[absorbed.next_phys as usize].prev_phys = id;
+            }
+            self.spare_nodes.push(next);
+        }
+        let prev = self.nodes[id as usize].prev_phys;
+        if prev != NONE && self.nodes[prev as usize].free {
+            self.remove_free(prev);
+            let absorbed = self.nodes[id as usize];
+            let p = &mut self.nodes[prev as usize];
+            p.size += absorbed.size;
+            p.next_phys = absorbed.next_phys;
+            if absorbed.next_phys != NONE {
+                self.nodes[absorbed.next_phys as usize].prev_phys = prev;
+            }
+            self.spare_nodes.push(id);
+            id = prev;
+        }
+        self.insert_free(id);
+        let n = &self.nodes[id as usize];
+        n.prev_phys == NONE && n.next_phys == NONE
+    }
+
+    fn remove_free_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        let mut whole: Vec<u32> = self
+            .chunks
+            .iter()
+            .copied()
+            .filter(|&id| {
+                let n = &self.nodes[id as usize];
+                n.free && n.next_phys == NONE
+            })
+            .collect();
+        whole.sort_by_key(|&id| std::cmp::Reverse(self.nodes[id as usize].size));
+        let mut removed = Vec::new();
+        let mut total = 0;
+        for id in whole {
+            if total >= bytes {
+                break;
+            }
+            self.remove_free(id);
+            let n = self.nodes[id as usize];
+            self.spare_nodes.push(id);
+            self.chunks.retain(|&c| c != id);
+            removed.push((n.addr, n.size));
+            total += n.size;
+        }
+        removed
+    }
+
+    fn largest_free(&self) -> u64 {
+        if self.fl_bitmap == 0 {
+            return 0;
+        }
+        let fl = 63 - self.fl_bitmap.leading_zeros() as usize;
+        let sl = 31 - self.sl_bitmap[fl].leading_zeros() as usize;
+        let mut id = self.heads[fl][sl];
+        let mut largest = 0;
+        while id != NONE {
+            largest = largest.max(self.nodes[id as usize].size);
+            id = self.nodes[id as usize].next_free;
+        }
+        largest
+    }
+
+    fn free_bytes(&self) -> u64 {
+        self.free_bytes
+    }
+}

@@ -1,0 +1,115 @@
+//! Memory resources that compose, after RMM and the OptiX Toolkit's pools: an upstream
+//! allocator hands out chunks, a suballocator carves blocks from them, and adaptors add one
+//! concern each (limits, deferred reuse, statistics). Nothing here calls CUDA: leaves reach the
+//! device only through the [`crate::backend`] traits.
+
+pub mod binned;
+pub mod deferred;
+pub mod direct;
+pub mod fixed;
+pub mod heap;
+pub mod limit;
+pub mod pooled;
+pub mod ring;
+pub mod stats;
+pub mod stream_async;
+pub mod upstream;
+
+#[cfg(test)]
+mod conformance;
+
+use crate::error::Result;
+
+/// A block handed out by a resource. `size` is what the resource set aside (the request rounded
+/// up); `token` is the resource's own bookkeeping index, given back on free.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    pub addr: u64,
+    pub size: u64,
+    pub token: u32,
+}
+
+/// Bookkeeping over address ranges: no memory is touched, so every suballocator is tested on
+/// made-up addresses.
+pub trait Suballocator: Send {
+    /// Adds `[base, base + size)` to the ranges blocks are carved from.
+    fn add_chunk(&mut self, base: u64, size: u64);
+    /// A block of at least `size` bytes (`size` is a multiple of the alignment), or `None`.
+    fn alloc(&mut self, size: u64) -> Option<Block>;
+    /// Takes a block back. Returns true when the block's chunk became entirely free.
+    fn free(&mut self, block: Block) -> bool;
+    /// Removes entirely free chunks, largest first, until at least `bytes` were removed or none
+    /// is left; returns them as (base, size).
+    fn remove_free_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)>;
+    fn largest_free(&self) -> u64;
+    fn free_bytes(&self) -> u64;
+    /// The largest request this suballocator can ever serve.
+    fn max_request(&self) -> u64 {
+        u64::MAX
+    }
+    /// The chunk size that serves a request of `size` bytes when the pool grows by `chunk_size`.
+    fn chunk_for(&self, size: u64, chunk_size: u64) -> u64 {
+        chunk_size.max(round_up(size, 2 << 20))
+    }
+}
+
+/// Hands out chunks of memory: the device, pinned host memory, or another resource.
+pub trait Upstream: Send + Sync {
+    fn allocate(&self, bytes: u64) -> Result<u64>;
+    /// # Safety
+    /// `addr` came from `allocate(bytes)` and nothing uses it any more.
+    unsafe fn deallocate(&self, addr: u64, bytes: u64) -> Result<()>;
+}
+
+/// Counters a resource keeps about itself (seed 004's reserved and high-water figures).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceCounters {
+    pub reserved: u64,
+    pub peak_reserved: u64,
+    pub pool_hits: u64,
+    pub pool_misses: u64,
+    pub upstream_allocs: u64,
+    pub upstream_frees: u64,
+    pub largest_free: u64,
+}
+
+impl ResourceCounters {
+    pub fn add_reserved(&mut self, bytes: u64) {
+        self.reserved += bytes;
+        self.peak_reserved = self.peak_reserved.max(self.reserved);
+    }
+}
+
+/// A source of blocks, as the manager sees one.
+pub trait MemoryResource: Send {
+    fn allocate(&mut self, bytes: u64) -> Result<Block>;
+    /// Stream-ordered: later work on the manager's stream may reuse the block at once.
+    fn deallocate(&mut self, block: Block) -> Result<()>;
+    /// Gives cached memory back upstream until at most `keep_bytes` stay reserved. Called only
+    /// when the manager's stream is idle.
+    fn trim(&mut self, keep_bytes: u64) -> Result<()>;
+    fn counters(&self) -> ResourceCounters;
+    fn reset_peak(&mut self);
+}
+
+pub fn round_up(value: u64, multiple: u64) -> u64 {
+    value.div_ceil(multiple).saturating_mul(multiple)
+}
+
+/// Which suballocator a pool uses (`KmmSuballocator` in the C ABI).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SuballocatorKind {
+    Heap,
+    Binned,
+    Fixed,
+    Ring,
+}
+
+pub fn new_suballocator(kind: SuballocatorKind, alignment: u64, fixed_block_size: u64) -> Box<dyn Suballocator> {
+    match kind {
+        SuballocatorKind::Heap => Box::new(heap::HeapSuballocator::new(alignment)),
+        SuballocatorKind::Binned => Box::new(binned::BinnedSuballocator::new(alignment)),
+        SuballocatorKind::Fixed => Box::new(fixed::FixedSuballocator::new(round_up(fixed_block_size, alignment))),
+        SuballocatorKind::Ring => Box::new(ring::RingSuballocator::new()),
+    }
+}
