@@ -85,7 +85,7 @@ macro_rules! err {
 }
 
 impl KmmStatus {
-    pub const ALL: [KmmStatus; 14] = [KmmStatus::KMM_OK, KmmStatus::KMM_ERROR_NULL_POINTER, KmmStatus::KMM_ERROR_INVALID_ARGUMENT, KmmStatus::KMM_ERROR_OUT_OF_RANGE, KmmStatus::KMM_ERROR_SIZE_OVERFLOW, KmmStatus::KMM_ERROR_INVALID_HANDLE, KmmStatus::KMM_ERROR_BUFFER_MAPPED, KmmStatus::KMM_ERROR_WRONG_KIND, KmmStatus::KMM_ERROR_OUT_OF_MEMORY, KmmStatus::KMM_ERROR_BACKEND_UNAVAILABLE, KmmStatus::KMM_ERROR_BACKEND, KmmStatus::KMM_ERROR_NOT_SUPPORTED, KmmStatus::KMM_ERROR_COMPILE, KmmStatus::KMM_ERROR_INTERNAL];
+    const ALL: [KmmStatus; 14] = [KmmStatus::KMM_OK, KmmStatus::KMM_ERROR_NULL_POINTER, KmmStatus::KMM_ERROR_INVALID_ARGUMENT, KmmStatus::KMM_ERROR_OUT_OF_RANGE, KmmStatus::KMM_ERROR_SIZE_OVERFLOW, KmmStatus::KMM_ERROR_INVALID_HANDLE, KmmStatus::KMM_ERROR_BUFFER_MAPPED, KmmStatus::KMM_ERROR_WRONG_KIND, KmmStatus::KMM_ERROR_OUT_OF_MEMORY, KmmStatus::KMM_ERROR_BACKEND_UNAVAILABLE, KmmStatus::KMM_ERROR_BACKEND, KmmStatus::KMM_ERROR_NOT_SUPPORTED, KmmStatus::KMM_ERROR_COMPILE, KmmStatus::KMM_ERROR_INTERNAL];
 
     pub fn from_u32(value: u32) -> Option<KmmStatus> {
         Self::ALL.iter().copied().find(|s| *s as u32 == value)

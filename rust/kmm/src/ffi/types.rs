@@ -11,6 +11,9 @@ use crate::pool::SuballocatorKind;
 /// Bumped whenever a signature, a struct layout or a constant's meaning changes.
 pub const KMM_ABI_VERSION: u32 = 1;
 
+/// The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
+pub const KMM_MAX_BUFFER_BYTES: u64 = 281_474_976_710_656;
+
 /// A manager: owns a stream, memory pools, buffers and events. 0 is never a valid handle.
 pub type KmmManager = u64;
 /// A buffer of device or pinned host memory, owned by one manager. 0 is never valid.

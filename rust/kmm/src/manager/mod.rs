@@ -21,8 +21,7 @@ use crate::{err, fail};
 use handles::{HandleTable, TAG_BUFFER, TAG_EVENT};
 use std::sync::{Arc, Mutex};
 
-/// The largest single buffer: 2^48 bytes (256 TiB), beyond any device.
-pub const MAX_BUFFER_BYTES: u64 = 1 << 48;
+pub use crate::ffi::types::KMM_MAX_BUFFER_BYTES as MAX_BUFFER_BYTES;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MemoryKind {

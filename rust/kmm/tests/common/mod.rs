@@ -1,0 +1,103 @@
+//! Helpers for tests that drive libkmm through its exported functions, as Julia and Python do.
+#![allow(dead_code)]
+
+pub use kmm::ffi::buffer::*;
+pub use kmm::ffi::copy::*;
+pub use kmm::ffi::manager::*;
+pub use kmm::ffi::types::*;
+pub use kmm::ffi::*;
+pub use kmm::KmmStatus::{self, *};
+use std::ffi::CStr;
+
+pub const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
+pub const PINNED: u32 = KmmMemoryKind::KMM_MEMORY_PINNED as u32;
+
+/// True when the GPU suite is asked for (KMM_TEST_GPU=1): tests then run on the CUDA backend.
+pub fn gpu() -> bool {
+    std::env::var("KMM_TEST_GPU").is_ok_and(|v| v == "1")
+}
+
+pub fn default_config() -> KmmConfig {
+    let mut c = std::mem::MaybeUninit::<KmmConfig>::uninit();
+    assert_eq!(kmm_config_default(c.as_mut_ptr()), KMM_OK);
+    let mut c = unsafe { c.assume_init() };
+    c.backend = if gpu() { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
+    c
+}
+
+pub fn last_error() -> String {
+    unsafe { CStr::from_ptr(kmm_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// Asserts a status and that the last error mentions each of `words`.
+#[track_caller]
+pub fn expect_err(status: KmmStatus, want: KmmStatus, words: &[&str]) {
+    assert_eq!(status, want, "last error: {}", last_error());
+    let msg = last_error();
+    for w in words {
+        assert!(msg.contains(w), "error message {msg:?} lacks {w:?}");
+    }
+}
+
+#[track_caller]
+pub fn ok(status: KmmStatus) {
+    assert_eq!(status, KMM_OK, "{}", last_error());
+}
+
+pub struct Mgr(pub KmmManager);
+
+impl Mgr {
+    pub fn new() -> Mgr {
+        Mgr::with(|_| {})
+    }
+    pub fn with(f: impl FnOnce(&mut KmmConfig)) -> Mgr {
+        let mut c = default_config();
+        f(&mut c);
+        let mut m = 0;
+        ok(kmm_manager_create(&c, &mut m));
+        Mgr(m)
+    }
+    pub fn alloc(&self, bytes: u64, kind: u32) -> KmmBuffer {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(self.0, bytes, kind, &mut b));
+        b
+    }
+    pub fn upload(&self, b: KmmBuffer, offset: u64, data: &[u8]) {
+        ok(kmm_copy_to_device(self.0, b, offset, data.as_ptr().cast(), data.len() as u64));
+    }
+    pub fn download(&self, b: KmmBuffer, offset: u64, len: usize) -> Vec<u8> {
+        let mut out = vec![0u8; len];
+        ok(kmm_copy_to_host(self.0, out.as_mut_ptr().cast(), b, offset, len as u64));
+        out
+    }
+    pub fn stats(&self, kind: u32) -> KmmMemoryStats {
+        let mut s = KmmMemoryStats::default();
+        ok(kmm_manager_stats(self.0, kind, &mut s));
+        s
+    }
+    pub fn free(&self, b: KmmBuffer) {
+        ok(kmm_buffer_free(self.0, b, 0));
+    }
+    pub fn sync(&self) {
+        ok(kmm_manager_synchronize(self.0));
+    }
+}
+
+impl Drop for Mgr {
+    fn drop(&mut self) {
+        kmm_manager_destroy(self.0, 0);
+    }
+}
+
+/// Deterministic bytes that differ per seed and position.
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
