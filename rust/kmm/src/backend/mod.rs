@@ -2,6 +2,7 @@
 //! through these traits, so the same logic runs on CUDA and on the host stand-in.
 
 pub mod cuda;
+pub mod faulty;
 pub mod host;
 
 use crate::error::Result;
@@ -122,12 +123,14 @@ pub fn open(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
         },
         explicit => explicit,
     };
-    match choice {
-        BackendChoice::Host => Ok(host::HostBackend::get(device)?),
-        BackendChoice::Cuda => Ok(cuda::CudaBackend::get(device)?),
+    let backend = match choice {
+        BackendChoice::Host => host::HostBackend::get(device)?,
+        BackendChoice::Cuda => cuda::CudaBackend::get(device)?,
         BackendChoice::Auto => match cuda::CudaBackend::get(device) {
-            Ok(b) => Ok(b),
-            Err(_) => Ok(host::HostBackend::get(device)?),
+            Ok(b) => b,
+            Err(_) => host::HostBackend::get(device)?,
         },
-    }
+    };
+    // Tests (and KMM_FAULTS) may install a fault plan; without one this is the backend itself.
+    Ok(faulty::wrap_if_planned(backend))
 }

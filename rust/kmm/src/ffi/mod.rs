@@ -6,6 +6,7 @@
 pub mod buffer;
 pub mod copy;
 pub mod manager;
+pub mod plugins;
 pub mod types;
 
 use crate::error::{Error, KmmStatus, Result};

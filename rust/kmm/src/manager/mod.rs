@@ -226,6 +226,13 @@ impl Manager {
     pub fn raw_stream(&self) -> u64 {
         self.stream.raw()
     }
+    /// The manager's stream, for layers that queue their own work on it (kernels, tests).
+    pub fn stream(&self) -> &Arc<dyn Stream> {
+        &self.stream
+    }
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
 
     pub fn alloc(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
         if bytes > MAX_BUFFER_BYTES {
@@ -350,10 +357,16 @@ impl Manager {
         Ok(())
     }
 
+    /// Waits for the stream; then memory whose free the stream has now passed goes back:
+    /// adopted memory is freed and device chunks above the release threshold are released.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()?;
+        let mut st = lock(&self.state);
+        for adopted in st.adopted.iter_mut() {
+            adopted.trim(u64::MAX)?;
+        }
         if self.config.release_threshold != u64::MAX && self.config.alloc_mode == AllocMode::Pool {
-            lock(&self.state).resources[MemoryKind::Device as usize].trim(self.config.release_threshold)?;
+            st.resources[MemoryKind::Device as usize].trim(self.config.release_threshold)?;
         }
         Ok(())
     }
@@ -364,6 +377,9 @@ impl Manager {
         let mut st = lock(&self.state);
         for r in st.resources.iter_mut() {
             r.trim(keep_bytes)?;
+        }
+        for adopted in st.adopted.iter_mut() {
+            adopted.trim(u64::MAX)?;
         }
         drop(st);
         lock(&self.staging).release()

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 /// Requests up to this size are served from size classes.
 pub const MAX_BINNED: u64 = 64 << 10;
-/// Blocks per slab (slabs are at least 64 KiB).
+/// Blocks per slab at least (slabs are at least 64 KiB and a whole number of blocks).
 const BLOCKS_PER_SLAB: u64 = 64;
 
 struct Bin {
@@ -50,7 +50,8 @@ impl BinnedSuballocator {
     }
 
     fn slab_size(&self, bin: usize) -> u64 {
-        (self.sizes[bin] * BLOCKS_PER_SLAB).max(64 << 10)
+        let size = self.sizes[bin];
+        size * BLOCKS_PER_SLAB.max((64u64 << 10).div_ceil(size))
     }
 }
 

@@ -1,0 +1,237 @@
+//! Exported functions for allocator plugins of other libraries (Numba, CuPy, PyTorch): one call
+//! that allocates and maps, one that frees, both ordered with the caller's stream, and the two
+//! functions PyTorch's `CUDAPluggableAllocator` loads.
+//!
+//! Stream ordering. A plugin allocates for work on a foreign stream S (CuPy's current stream,
+//! PyTorch's stream) while Kmm's pool reuses freed memory in the order of the manager's stream.
+//! While every plugin call on a manager names the same stream S, reuse is ordered by S itself
+//! and no synchronization is needed (as in CuPy's and PyTorch's per-stream pools). When a second
+//! stream appears, the manager's stream first waits for everything queued on S so far, and from
+//! then on every free makes the manager's stream wait for the freeing stream and every allocation
+//! makes the allocating stream wait for the manager's stream. Pinned memory and the non-pool
+//! modes (whose frees run on the manager's stream) are always ordered that way.
+
+use super::types::*;
+use super::{boundary, check_out, write_out};
+use crate::backend::BackendKind;
+use crate::error::{lock, KmmStatus, Result};
+use crate::fail;
+use crate::manager::registry::{self, with_manager};
+use crate::manager::{AllocMode, Config, FreeMode, Manager, MemoryKind};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
+use std::sync::{Mutex, OnceLock};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StreamUse {
+    Bound(u64),
+    Multi,
+}
+
+/// Per manager handle: which foreign stream its plugin calls have used so far.
+fn stream_use() -> &'static Mutex<HashMap<u64, StreamUse>> {
+    static MAP: OnceLock<Mutex<HashMap<u64, StreamUse>>> = OnceLock::new();
+    MAP.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Whether `stream` needs ordering with the manager's stream for `kind` memory, after noting it.
+/// Returns true when the caller must order (wait on free, signal on alloc).
+fn needs_order(handle: u64, m: &Manager, kind: MemoryKind, stream: u64) -> Result<bool> {
+    let own = m.raw_stream();
+    // The host backend has no foreign streams but other managers' ones; 0 stands for "none".
+    if stream == own || (stream == 0 && m.backend_kind() == BackendKind::Host) {
+        return Ok(false);
+    }
+    if kind == MemoryKind::Pinned || m.config().alloc_mode != AllocMode::Pool {
+        return Ok(true);
+    }
+    let mut map = lock(stream_use());
+    match map.get(&handle).copied() {
+        None => {
+            map.insert(handle, StreamUse::Bound(stream));
+            Ok(false)
+        }
+        Some(StreamUse::Bound(s)) if s == stream => Ok(false),
+        Some(StreamUse::Bound(s)) => {
+            // Everything freed so far was freed by work on `s`: order it before any reuse.
+            m.wait_for_stream(s)?;
+            map.insert(handle, StreamUse::Multi);
+            Ok(true)
+        }
+        Some(StreamUse::Multi) => Ok(true),
+    }
+}
+
+fn plugin_alloc(handle: u64, m: &Manager, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
+    let buffer = m.alloc(bytes, kind)?;
+    let ptr = match m.map(buffer) {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = m.free(buffer, FreeMode::Force);
+            return Err(e);
+        }
+    };
+    let ordered = needs_order(handle, m, kind, stream).and_then(|o| if o { m.order_stream_after(stream) } else { Ok(()) });
+    if let Err(e) = ordered {
+        let _ = m.free(buffer, FreeMode::Force);
+        return Err(e);
+    }
+    Ok((buffer, ptr))
+}
+
+fn plugin_free(handle: u64, m: &Manager, buffer: u64, stream: u64) -> Result<()> {
+    let (_, _, kind, _) = m.buffer_info(buffer)?;
+    if needs_order(handle, m, kind, stream)? {
+        m.wait_for_stream(stream)?;
+    }
+    m.free(buffer, FreeMode::Force)
+}
+
+/// For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's
+/// handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
+/// the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
+/// the manager's own stream on the host backend); the memory is ready for work queued on it.
+/// Free with `kmm_plugin_free` (the buffer stays mapped until then).
+#[no_mangle]
+pub extern "C" fn kmm_plugin_alloc(
+    manager: KmmManager,
+    bytes: u64,
+    kind: u32,
+    stream: u64,
+    buffer: *mut KmmBuffer,
+    ptr: *mut u64,
+) -> KmmStatus {
+    boundary(|| {
+        check_out(buffer, "buffer")?;
+        check_out(ptr, "ptr")?;
+        let kind = memory_kind(kind, "kind")?;
+        let (b, p) = with_manager(manager, |m| plugin_alloc(manager, m, bytes, kind, stream))?;
+        write_out(buffer, "buffer", b)?;
+        write_out(ptr, "ptr", p)
+    })
+}
+
+/// For allocator plugins: frees a buffer from `kmm_plugin_alloc` (mapped or not) after the work
+/// queued so far on `stream` (the stream that last used it). Non-blocking; callable from any
+/// thread and from finalizers.
+#[no_mangle]
+pub extern "C" fn kmm_plugin_free(manager: KmmManager, buffer: KmmBuffer, stream: u64) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| plugin_free(manager, m, buffer, stream)))
+}
+
+// ---------------------------------------------------------------------------------------------
+// PyTorch's CUDAPluggableAllocator
+
+/// `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
+/// (the default: PyTorch does not check for NULL and would use address 0).
+pub const KMM_TORCH_OOM_ABORT: u32 = 0;
+/// `kmm_torch_set_oom_policy` value: on out-of-memory, return NULL (the error stays readable
+/// with `kmm_last_error` on the allocating thread).
+pub const KMM_TORCH_OOM_NULL: u32 = 1;
+
+static TORCH_OOM_POLICY: AtomicU32 = AtomicU32::new(KMM_TORCH_OOM_ABORT);
+
+struct TorchState {
+    /// Device ordinal -> the lazily created default manager of that device.
+    managers: HashMap<i32, u64>,
+    /// Address -> (manager, buffer) of every live allocation.
+    live: HashMap<u64, (u64, u64)>,
+}
+
+fn torch_state() -> &'static Mutex<TorchState> {
+    static STATE: OnceLock<Mutex<TorchState>> = OnceLock::new();
+    STATE.get_or_init(|| Mutex::new(TorchState { managers: HashMap::new(), live: HashMap::new() }))
+}
+
+fn torch_manager(device: i32) -> Result<u64> {
+    let mut st = lock(torch_state());
+    if let Some(&h) = st.managers.get(&device) {
+        return Ok(h);
+    }
+    if device < 0 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "device = {device} is negative");
+    }
+    let config = Config { device, ..Config::default() };
+    let h = registry::register(|slot, serial| Manager::new(config, slot, serial))?;
+    st.managers.insert(device, h);
+    Ok(h)
+}
+
+/// Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
+/// it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
+#[no_mangle]
+pub extern "C" fn kmm_torch_manager(device: i32, out: *mut KmmManager) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        write_out(out, "out", torch_manager(device)?)
+    })
+}
+
+/// Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
+/// or `KMM_TORCH_OOM_NULL`.
+#[no_mangle]
+pub extern "C" fn kmm_torch_set_oom_policy(policy: u32) -> KmmStatus {
+    boundary(|| {
+        if policy > KMM_TORCH_OOM_NULL {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "policy = {policy} is not KMM_TORCH_OOM_ABORT (0) or KMM_TORCH_OOM_NULL (1)");
+        }
+        TORCH_OOM_POLICY.store(policy, AtomicOrdering::Relaxed);
+        Ok(())
+    })
+}
+
+/// The allocation function of PyTorch's `CUDAPluggableAllocator`: `size` bytes of device memory
+/// of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero bytes. On failure
+/// the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
+#[no_mangle]
+pub extern "C" fn kmm_torch_malloc(size: usize, device: i32, stream: *mut c_void) -> *mut c_void {
+    if size == 0 {
+        return std::ptr::null_mut();
+    }
+    let mut addr = 0u64;
+    let status = boundary(|| {
+        let mgr = torch_manager(device)?;
+        let (b, p) = with_manager(mgr, |m| plugin_alloc(mgr, m, size as u64, MemoryKind::Device, stream as u64))?;
+        lock(torch_state()).live.insert(p, (mgr, b));
+        addr = p;
+        Ok(())
+    });
+    if status != KmmStatus::KMM_OK {
+        if TORCH_OOM_POLICY.load(AtomicOrdering::Relaxed) == KMM_TORCH_OOM_ABORT {
+            let msg = unsafe { std::ffi::CStr::from_ptr(super::kmm_last_error()) };
+            eprintln!(
+                "kmm_torch_malloc: cannot allocate {size} bytes on device {device}: {} ({}); aborting \
+                 because PyTorch would use a NULL pointer (kmm.torch.allocator(on_oom=\"null\") returns NULL instead)",
+                msg.to_string_lossy(),
+                status.name().to_string_lossy()
+            );
+            std::process::abort();
+        }
+        return std::ptr::null_mut();
+    }
+    addr as *mut c_void
+}
+
+/// The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
+/// `kmm_torch_malloc` after the work queued so far on `stream`. Unknown pointers and NULL are
+/// ignored (the error is readable with `kmm_last_error`).
+#[no_mangle]
+pub extern "C" fn kmm_torch_free(ptr: *mut c_void, size: usize, device: i32, stream: *mut c_void) {
+    let _ = (size, device);
+    if ptr.is_null() {
+        return;
+    }
+    let _ = boundary(|| {
+        let Some((mgr, b)) = lock(torch_state()).live.remove(&(ptr as u64)) else {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:p} was not allocated by kmm_torch_malloc (or is freed)");
+        };
+        with_manager(mgr, |m| plugin_free(mgr, m, b, stream as u64))
+    });
+}
+
+/// How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
+#[no_mangle]
+pub extern "C" fn kmm_torch_live_allocations(out: *mut u64) -> KmmStatus {
+    boundary(|| write_out(out, "out", lock(torch_state()).live.len() as u64))
+}
