@@ -10,6 +10,18 @@
 #include <stdbool.h>
 
 /**
+ * `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
+ * (the default: PyTorch does not check for NULL and would use address 0).
+ */
+#define KMM_TORCH_OOM_ABORT 0
+
+/**
+ * `kmm_torch_set_oom_policy` value: on out-of-memory, return NULL (the error stays readable
+ * with `kmm_last_error` on the allocating thread).
+ */
+#define KMM_TORCH_OOM_NULL 1
+
+/**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
  */
 #define KMM_ABI_VERSION 1
@@ -640,6 +652,58 @@ KmmStatus kmm_event_wait(KmmManager manager, KmmEvent event);
  * Destroys an event; work already queued is unaffected.
  */
 KmmStatus kmm_event_destroy(KmmManager manager, KmmEvent event);
+
+/**
+ * For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's
+ * handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
+ * the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
+ * the manager's own stream on the host backend); the memory is ready for work queued on it.
+ * Free with `kmm_plugin_free` (the buffer stays mapped until then).
+ */
+KmmStatus kmm_plugin_alloc(KmmManager manager,
+                           uint64_t bytes,
+                           uint32_t kind,
+                           uint64_t stream,
+                           KmmBuffer *buffer,
+                           uint64_t *ptr);
+
+/**
+ * For allocator plugins: frees a buffer from `kmm_plugin_alloc` (mapped or not) after the work
+ * queued so far on `stream` (the stream that last used it). Non-blocking; callable from any
+ * thread and from finalizers.
+ */
+KmmStatus kmm_plugin_free(KmmManager manager, KmmBuffer buffer, uint64_t stream);
+
+/**
+ * Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
+ * it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
+ */
+KmmStatus kmm_torch_manager(int32_t device, KmmManager *out);
+
+/**
+ * Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
+ * or `KMM_TORCH_OOM_NULL`.
+ */
+KmmStatus kmm_torch_set_oom_policy(uint32_t policy);
+
+/**
+ * The allocation function of PyTorch's `CUDAPluggableAllocator`: `size` bytes of device memory
+ * of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero bytes. On failure
+ * the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
+ */
+void *kmm_torch_malloc(size_t size, int32_t device, void *stream);
+
+/**
+ * The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
+ * `kmm_torch_malloc` after the work queued so far on `stream`. Unknown pointers and NULL are
+ * ignored (the error is readable with `kmm_last_error`).
+ */
+void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
+
+/**
+ * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
+ */
+KmmStatus kmm_torch_live_allocations(uint64_t *out);
 
 #ifdef __cplusplus
 }  // extern "C"
