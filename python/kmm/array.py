@@ -1,0 +1,271 @@
+"""`kmm.DeviceArray`: a typed, strided view (shape, dtype, strides in bytes, byte offset) of a
+Kmm `Buffer`, exchanged without copies through `__cuda_array_interface__` (v3) and DLPack."""
+
+import ctypes
+import math
+
+import numpy as np
+
+from . import _lib, dlpack
+from .buffer import Buffer, _Imported
+from .manager import default_manager, kind_code
+
+
+def c_strides(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def extent(shape, strides, itemsize):
+    """(lowest, highest+1) byte offsets an array touches, relative to its first element."""
+    if any(n == 0 for n in shape):
+        return 0, 0
+    lo = sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    hi = sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + itemsize
+    return lo, hi
+
+
+def _foreign_stream_wait(manager, stream):
+    """The manager's stream waits for a producer's stream (CAI / DLPack conventions)."""
+    if stream is None or stream == manager.stream:
+        return
+    if manager.backend == "host" and stream in (1, 2):
+        return  # no legacy or per-thread default stream exists on the host backend
+    manager.wait_stream(stream)
+
+
+class DeviceArray:
+    """An n-dimensional array in Kmm memory. Create with `DeviceArray.empty`, `zeros`,
+    `from_host`, `Manager.empty`/`asarray`, or import with `from_cuda_array_interface` /
+    `from_dlpack` (no copy; the producer stays alive as long as the array)."""
+
+    __slots__ = ("buffer", "shape", "dtype", "strides", "offset", "__weakref__")
+
+    def __init__(self, buffer, shape, dtype, strides=None, offset=0):
+        dtype = np.dtype(dtype)
+        shape = tuple(int(n) for n in shape)
+        if any(n < 0 for n in shape):
+            raise ValueError("negative dimension in shape %s" % (shape,))
+        strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(int(s) for s in strides)
+        if len(strides) != len(shape):
+            raise ValueError("strides %s do not match shape %s" % (strides, shape))
+        lo, hi = extent(shape, strides, dtype.itemsize)
+        if offset + lo < 0 or offset + hi > buffer.nbytes:
+            raise ValueError(
+                "an array of shape %s, strides %s, offset %d reaches bytes %d..%d of a %d-byte buffer"
+                % (shape, strides, offset, offset + lo, offset + hi, buffer.nbytes))
+        self.buffer = buffer
+        self.shape = shape
+        self.dtype = dtype
+        self.strides = strides
+        self.offset = int(offset)
+
+    # -- creation -------------------------------------------------------------------------
+    @classmethod
+    def empty(cls, shape, dtype="float32", manager=None, kind="device"):
+        if isinstance(shape, int):
+            shape = (shape,)
+        dtype = np.dtype(dtype)
+        manager = manager or default_manager()
+        nbytes = math.prod(shape) * dtype.itemsize
+        return cls(Buffer._alloc(manager, nbytes, kind_code(kind)), shape, dtype)
+
+    @classmethod
+    def zeros(cls, shape, dtype="float32", manager=None, kind="device"):
+        a = cls.empty(shape, dtype, manager, kind)
+        if a.nbytes:
+            a.buffer.fill(b"\0")
+        return a
+
+    @classmethod
+    def from_host(cls, host, manager=None, kind="device"):
+        """A copy of a host array (anything `numpy.asarray` accepts)."""
+        host = np.ascontiguousarray(host)
+        a = cls.empty(host.shape, host.dtype, manager, kind)
+        a.buffer.copy_from_host(host)
+        return a
+
+    @classmethod
+    def from_cuda_array_interface(cls, obj, manager=None):
+        """A view of `obj`'s memory (`__cuda_array_interface__` v0 to v3, or the dict itself)
+        without copying; the array keeps `obj` alive. The manager's stream waits for the
+        producer's `stream`."""
+        cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
+        manager = manager or default_manager()
+        if cai.get("mask") is not None:
+            raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
+        dtype = np.dtype(cai["typestr"])
+        shape = tuple(cai["shape"])
+        strides = cai.get("strides")
+        strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(strides)
+        ptr = int(cai["data"][0] or 0)
+        lo, hi = extent(shape, strides, dtype.itemsize)
+        _foreign_stream_wait(manager, cai.get("stream"))
+        base = ptr + lo if hi > lo else 0
+        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, obj)
+        return cls(buf, shape, dtype, strides=strides, offset=-lo)
+
+    @classmethod
+    def from_dlpack(cls, obj, manager=None):
+        """A view of a DLPack producer's memory (an object with `__dlpack__`, or a capsule)
+        without copying; keeps the producer's tensor alive until the array is collected."""
+        manager = manager or default_manager()
+        if hasattr(obj, "__dlpack__"):
+            dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else dlpack.kDLCUDA
+            if dev_type == dlpack.kDLCPU:
+                stream = None
+            elif manager.backend == "host":
+                raise BufferError("a host-backend manager cannot import device memory (DLPack device %d)" % dev_type)
+            else:
+                stream = manager.stream
+            try:
+                capsule = obj.__dlpack__(stream=stream, max_version=dlpack.VERSION)
+            except TypeError:
+                capsule = obj.__dlpack__(stream=stream)
+        else:
+            capsule = obj
+        t, owner, readonly = dlpack.consume(capsule, obj)
+        dev_type = t.device.device_type
+        if manager.backend == "host":
+            if dev_type != dlpack.kDLCPU:
+                raise BufferError("a host-backend manager cannot import DLPack device type %d" % dev_type)
+            kind = _lib.KMM_MEMORY_DEVICE
+        elif dev_type in (dlpack.kDLCUDA, dlpack.kDLCUDAManaged):
+            if t.device.device_id != manager.device:
+                raise BufferError("the tensor is on device %d, the manager on device %d" % (t.device.device_id, manager.device))
+            kind = _lib.KMM_MEMORY_DEVICE
+        elif dev_type == dlpack.kDLCUDAHost:
+            kind = _lib.KMM_MEMORY_PINNED
+        else:
+            raise BufferError("DLPack device type %d cannot be used by a CUDA manager" % dev_type)
+        dtype = dlpack.dl_to_dtype(t.dtype)
+        shape = tuple(t.shape[i] for i in range(t.ndim))
+        if t.strides:
+            strides = tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
+        else:
+            strides = c_strides(shape, dtype.itemsize)
+        ptr = (t.data or 0) + t.byte_offset
+        lo, hi = extent(shape, strides, dtype.itemsize)
+        base = ptr + lo if hi > lo else 0
+        buf = _Imported._wrap(manager, base, hi - lo, kind, owner)
+        return cls(buf, shape, dtype, strides=strides, offset=-lo)
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def manager(self):
+        return self.buffer.manager
+
+    @property
+    def ptr(self):
+        """Address of the first element."""
+        return self.buffer.ptr + self.offset if self.buffer.nbytes else 0
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        return self.size * self.dtype.itemsize
+
+    @property
+    def is_c_contiguous(self):
+        return self.size <= 1 or all(
+            n == 1 or s == c for n, s, c in zip(self.shape, self.strides, c_strides(self.shape, self.itemsize)))
+
+    def __len__(self):
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    # -- copies ---------------------------------------------------------------------------
+    def get(self):
+        """A NumPy copy of the content."""
+        out = np.empty(self.shape, self.dtype)
+        if self.size == 0:
+            return out
+        if self.is_c_contiguous:
+            self.buffer.copy_to_host(out, offset=self.offset)
+            return out
+        lo, hi = extent(self.shape, self.strides, self.itemsize)
+        raw = np.empty(hi - lo, np.uint8)
+        self.buffer.copy_to_host(raw, offset=self.offset + lo)
+        view = np.ndarray(self.shape, self.dtype, buffer=raw, offset=-lo, strides=self.strides)
+        out[...] = view
+        return out
+
+    copy_to_host = get
+
+    def set(self, host):
+        """Copies a host array of the same shape (C-contiguous arrays only)."""
+        if not self.is_c_contiguous:
+            raise ValueError("set() needs a C-contiguous DeviceArray")
+        host = np.ascontiguousarray(host, dtype=self.dtype)
+        if host.shape != self.shape:
+            raise ValueError("shape %s does not match %s" % (host.shape, self.shape))
+        self.buffer.copy_from_host(host, offset=self.offset)
+        return self
+
+    copy_from_host = set
+
+    def view(self, dtype):
+        """The same memory read as another dtype of the same item size."""
+        dtype = np.dtype(dtype)
+        if dtype.itemsize != self.itemsize:
+            raise ValueError("view() needs a dtype of the same item size")
+        return DeviceArray(self.buffer, self.shape, dtype, self.strides, self.offset)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and not isinstance(shape[0], int):
+            shape = tuple(shape[0])
+        if not self.is_c_contiguous or math.prod(shape) != self.size:
+            raise ValueError("cannot reshape %s to %s" % (self.shape, shape))
+        return DeviceArray(self.buffer, shape, self.dtype, None, self.offset)
+
+    # -- exchange -------------------------------------------------------------------------
+    @property
+    def __cuda_array_interface__(self):
+        self.buffer._live()
+        stream = self.buffer.manager.stream
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": None if self.is_c_contiguous else self.strides,
+            "descr": [("", self.dtype.str)],
+            "stream": stream if stream else None,
+        }
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        return dlpack.export(self, stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        return dlpack.device_of(self.buffer)
+
+    def close(self):
+        """Frees the underlying buffer (other views of it become invalid)."""
+        self.buffer.close()
+
+    def __repr__(self):
+        return "<kmm.DeviceArray shape=%s dtype=%s %s at %#x>" % (
+            self.shape, self.dtype, self.buffer.kind, self.ptr if not self.buffer.closed else 0)
+
+
+def from_dlpack(obj, manager=None):
+    return DeviceArray.from_dlpack(obj, manager)
+
+
+def from_cuda_array_interface(obj, manager=None):
+    return DeviceArray.from_cuda_array_interface(obj, manager)

@@ -1,0 +1,229 @@
+"""DLPack capsules (producer and consumer) with ctypes: the legacy `dltensor` and the
+versioned `dltensor_versioned` (DLPack 1.0) forms."""
+
+import ctypes
+import threading
+from ctypes import POINTER, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
+
+import numpy as np
+
+kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
+kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
+FLAG_READ_ONLY, FLAG_IS_COPIED = 1, 2
+VERSION = (1, 0)
+
+
+class DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("device", DLDevice),
+        ("ndim", c_int32),
+        ("dtype", DLDataType),
+        ("shape", POINTER(c_int64)),
+        ("strides", POINTER(c_int64)),
+        ("byte_offset", c_uint64),
+    ]
+
+
+DELETER = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+class DLManagedTensor(ctypes.Structure):
+    _fields_ = [("dl_tensor", DLTensor), ("manager_ctx", c_void_p), ("deleter", DELETER)]
+
+
+class DLPackVersion(ctypes.Structure):
+    _fields_ = [("major", c_uint32), ("minor", c_uint32)]
+
+
+class DLManagedTensorVersioned(ctypes.Structure):
+    _fields_ = [
+        ("version", DLPackVersion),
+        ("manager_ctx", c_void_p),
+        ("deleter", DELETER),
+        ("flags", c_uint64),
+        ("dl_tensor", DLTensor),
+    ]
+
+
+_api = ctypes.pythonapi
+_api.PyCapsule_New.restype = ctypes.py_object
+_api.PyCapsule_New.argtypes = [c_void_p, c_char_p, c_void_p]
+_api.PyCapsule_IsValid.restype = ctypes.c_int
+_api.PyCapsule_IsValid.argtypes = [ctypes.py_object, c_char_p]
+_api.PyCapsule_GetPointer.restype = c_void_p
+_api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, c_char_p]
+_api.PyCapsule_SetName.restype = ctypes.c_int
+_api.PyCapsule_SetName.argtypes = [ctypes.py_object, c_char_p]
+_api.PyCapsule_GetName.restype = c_void_p
+_api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+
+# Capsule names must outlive the capsules: module-level bytes.
+NAME_LEGACY = b"dltensor"
+NAME_VERSIONED = b"dltensor_versioned"
+NAME_USED_LEGACY = b"used_dltensor"
+NAME_USED_VERSIONED = b"used_dltensor_versioned"
+
+# Exported tensors alive in C: struct address -> (struct, shape, strides, owner).
+_exports = {}
+_exports_lock = threading.Lock()
+
+
+@DELETER
+def _deleter(address):
+    with _exports_lock:
+        _exports.pop(address, None)
+
+
+_capsule_destructor_raw = ctypes.CFUNCTYPE(None, c_void_p)
+
+
+# The destructor gets the dying capsule as a raw pointer: never turn it into a Python object.
+_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, c_void_p, c_char_p)(("PyCapsule_IsValid", _api))
+_raw_get_pointer = ctypes.PYFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointer", _api))
+
+
+@_capsule_destructor_raw
+def _capsule_destructor(capsule):
+    # Runs when a capsule dies; a consumer that took the tensor renamed it to "used_*".
+    for name in (NAME_LEGACY, NAME_VERSIONED):
+        if _raw_is_valid(capsule, name):
+            with _exports_lock:
+                _exports.pop(_raw_get_pointer(capsule, name), None)
+            return
+
+
+_DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, c_void_p).value
+
+
+def dtype_to_dl(dtype):
+    dtype = np.dtype(dtype)
+    kind = dtype.kind
+    code = {"i": kDLInt, "u": kDLUInt, "f": kDLFloat, "c": kDLComplex, "b": kDLBool}.get(kind)
+    if code is None or not dtype.isnative:
+        raise BufferError("dtype %s has no DLPack equivalent" % dtype)
+    return DLDataType(code, dtype.itemsize * 8, 1)
+
+
+def dl_to_dtype(dl):
+    if dl.lanes != 1:
+        raise BufferError("DLPack vector types (lanes = %d) are not supported" % dl.lanes)
+    kind = {kDLInt: "i", kDLUInt: "u", kDLFloat: "f", kDLComplex: "c", kDLBool: "b"}.get(dl.code)
+    if kind is None:
+        raise BufferError("DLPack type code %d is not supported (bfloat16 and opaque types are not)" % dl.code)
+    if kind == "b":
+        return np.dtype(bool)
+    return np.dtype("%s%d" % (kind, dl.bits // 8))
+
+
+def device_of(buffer):
+    """(device_type, device_id) of a Buffer's memory."""
+    m = buffer.manager
+    if m.backend == "host":
+        return (kDLCPU, 0)
+    if buffer.kind == "pinned":
+        return (kDLCUDAHost, 0)
+    return (kDLCUDA, m.device)
+
+
+def order_for_consumer(manager, device_type, stream):
+    """Makes the consumer's `stream` (DLPack's convention) wait for the manager's work."""
+    if device_type == kDLCPU:
+        if stream is not None and stream != -1 and stream != manager.stream:
+            if manager.backend == "host" and stream not in (1, 2):
+                manager.signal_stream(stream)  # another Kmm host manager's stream
+                return
+            raise BufferError("stream = %r is not allowed for CPU memory (must be None)" % (stream,))
+        if stream is None:
+            manager.synchronize()  # a CPU consumer reads at once
+        return
+    if stream == -1:
+        return
+    if stream == 0:
+        raise BufferError("stream = 0 is ambiguous and not allowed by DLPack; use 1 (legacy default) or 2 (per-thread)")
+    if stream is None:
+        stream = 1  # the legacy default stream
+    if stream != manager.stream:
+        manager.signal_stream(stream)
+
+
+def export(array, stream=None, max_version=None, dl_device=None, copy=None):
+    """A DLPack capsule for a DeviceArray (the DeviceArray stays alive until the consumer deletes it)."""
+    buffer = array.buffer
+    dev_type, dev_id = device_of(buffer)
+    if dl_device is not None and tuple(dl_device) != (dev_type, dev_id):
+        raise BufferError("cannot export to device %r: the memory is on %r" % (tuple(dl_device), (dev_type, dev_id)))
+    if copy:
+        raise BufferError("kmm exports without copying only (copy=True is not supported)")
+    buffer._live()
+    order_for_consumer(buffer.manager, dev_type, stream)
+    ndim = len(array.shape)
+    itemsize = array.dtype.itemsize
+    shape = (c_int64 * max(ndim, 1))(*array.shape)
+    for s in array.strides:
+        if s % itemsize:
+            raise BufferError("stride %d is not a multiple of the item size %d" % (s, itemsize))
+    strides = (c_int64 * max(ndim, 1))(*[s // itemsize for s in array.strides])
+    versioned = max_version is not None and tuple(max_version) >= VERSION
+    t = DLManagedTensorVersioned() if versioned else DLManagedTensor()
+    dl = t.dl_tensor
+    dl.data = buffer._ptr or None
+    dl.device = DLDevice(dev_type, dev_id)
+    dl.ndim = ndim
+    dl.dtype = dtype_to_dl(array.dtype)
+    dl.shape = ctypes.cast(shape, POINTER(c_int64))
+    dl.strides = ctypes.cast(strides, POINTER(c_int64))
+    dl.byte_offset = array.offset
+    t.deleter = _deleter
+    if versioned:
+        t.version = DLPackVersion(*VERSION)
+        t.flags = 0
+    address = ctypes.addressof(t)
+    with _exports_lock:
+        _exports[address] = (t, shape, strides, array)
+    return _api.PyCapsule_New(address, NAME_VERSIONED if versioned else NAME_LEGACY, _DESTRUCTOR_ADDR)
+
+
+class _Imported:
+    """Owns a consumed DLPack tensor: calls its deleter when garbage collected."""
+
+    def __init__(self, address, deleter_offset, producer):
+        self.address = address
+        self.producer = producer  # the object __dlpack__ was called on
+        fn = ctypes.cast(address + deleter_offset, POINTER(c_void_p)).contents.value
+        self.deleter = DELETER(fn) if fn else None
+
+    def __del__(self):
+        if self.deleter is not None:
+            d, self.deleter = self.deleter, None
+            try:
+                d(self.address)
+            except Exception:
+                pass
+
+
+def consume(capsule, producer):
+    """(DLTensor, owner, readonly) from a capsule; the capsule is marked used."""
+    if _api.PyCapsule_IsValid(capsule, NAME_VERSIONED):
+        address = _api.PyCapsule_GetPointer(capsule, NAME_VERSIONED)
+        t = DLManagedTensorVersioned.from_address(address)
+        if t.version.major > VERSION[0]:
+            raise BufferError("DLPack version %d.%d is newer than kmm understands" % (t.version.major, t.version.minor))
+        _api.PyCapsule_SetName(capsule, NAME_USED_VERSIONED)
+        owner = _Imported(address, DLManagedTensorVersioned.deleter.offset, producer)
+        return t.dl_tensor, owner, bool(t.flags & FLAG_READ_ONLY)
+    if _api.PyCapsule_IsValid(capsule, NAME_LEGACY):
+        address = _api.PyCapsule_GetPointer(capsule, NAME_LEGACY)
+        t = DLManagedTensor.from_address(address)
+        _api.PyCapsule_SetName(capsule, NAME_USED_LEGACY)
+        owner = _Imported(address, DLManagedTensor.deleter.offset, producer)
+        return t.dl_tensor, owner, False
+    raise BufferError("not a live DLPack capsule (already consumed?)")

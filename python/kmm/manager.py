@@ -1,0 +1,236 @@
+"""`kmm.Manager`: a stream, device and pinned pools, and the buffers allocated from them."""
+
+import ctypes
+import threading
+
+from . import _lib
+from ._errors import InvalidHandleError, check
+
+_lib_ = _lib.lib
+
+BACKENDS = {"auto": _lib.KMM_BACKEND_AUTO, "host": _lib.KMM_BACKEND_HOST, "cuda": _lib.KMM_BACKEND_CUDA}
+ALLOC_MODES = {"pool": _lib.KMM_ALLOC_POOL, "cuda_async": _lib.KMM_ALLOC_CUDA_ASYNC, "direct": _lib.KMM_ALLOC_DIRECT}
+SUBALLOCATORS = {
+    "binned": _lib.KMM_SUBALLOC_BINNED,
+    "heap": _lib.KMM_SUBALLOC_HEAP,
+    "fixed": _lib.KMM_SUBALLOC_FIXED,
+    "ring": _lib.KMM_SUBALLOC_RING,
+}
+KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
+KIND_NAMES = {v: k for k, v in KINDS.items()}
+_ENUMS = {"backend": BACKENDS, "alloc_mode": ALLOC_MODES, "suballocator": SUBALLOCATORS}
+
+
+def _name(table, value):
+    return next((k for k, v in table.items() if v == value), value)
+
+
+def kind_code(kind):
+    """"device" | "pinned" (or the KmmMemoryKind integer) -> the integer."""
+    if isinstance(kind, int) and kind in KIND_NAMES:
+        return kind
+    try:
+        return KINDS[kind]
+    except (KeyError, TypeError):
+        raise ValueError("kind = %r must be \"device\" or \"pinned\"" % (kind,)) from None
+
+
+def make_config(**config):
+    """A KmmConfig from keyword arguments named like its fields; enums as strings or integers."""
+    c = _lib.KmmConfig()
+    check(_lib_.kmm_config_default(ctypes.byref(c)))
+    fields = {name for name, _ in _lib.KmmConfig._fields_} - {"reserved"}
+    for key, value in config.items():
+        if key not in fields:
+            raise TypeError("unknown Kmm config option %r (options: %s)" % (key, ", ".join(sorted(fields))))
+        if key in _ENUMS and isinstance(value, str):
+            try:
+                value = _ENUMS[key][value]
+            except KeyError:
+                raise ValueError("%s = %r must be one of %s" % (key, value, ", ".join(_ENUMS[key]))) from None
+        if value is None and key == "release_threshold":
+            value = (1 << 64) - 1
+        setattr(c, key, int(value))
+    return c
+
+
+class Manager:
+    """A Kmm manager: owns a stream and memory pools. Options are KmmConfig's fields:
+    `backend` ("auto" | "host" | "cuda"), `device`, `alloc_mode` ("pool" | "cuda_async" |
+    "direct"), `suballocator` ("binned" | "heap" | "fixed" | "ring"), `alignment`,
+    `chunk_size`, `initial_pool_size`, `fixed_block_size`, `hard_limit`, `release_threshold`,
+    `pinned_chunk_size`, `pinned_limit`, `staging_chunk_size`, `staging_chunks`.
+
+    Destroyed by `close()` (waits for the stream), on garbage collection (deferred, never
+    blocks) or at the end of a `with` block. Buffers keep their manager alive."""
+
+    def __init__(self, **config):
+        self._handle = 0
+        self._owned = True
+        cfg = make_config(**config)
+        out = ctypes.c_uint64()
+        check(_lib_.kmm_manager_create(ctypes.byref(cfg), ctypes.byref(out)))
+        self._handle = out.value
+        self._init_info()
+
+    @classmethod
+    def _borrow(cls, handle):
+        """A Manager object for a handle Kmm owns (e.g. PyTorch's default manager); never destroyed here."""
+        self = cls.__new__(cls)
+        self._handle = handle
+        self._owned = False
+        self._init_info()
+        return self
+
+    def _init_info(self):
+        info = _lib.KmmManagerInfo()
+        check(_lib_.kmm_manager_info(self._handle, ctypes.byref(info)))
+        self._stream = info.stream
+        self._backend = _name(BACKENDS, info.backend)
+        self._device = info.device
+        self._alloc_mode = _name(ALLOC_MODES, info.alloc_mode)
+        self._suballocator = _name(SUBALLOCATORS, info.suballocator)
+        self._local = threading.local()
+
+    # -- identity -------------------------------------------------------------------------
+    @property
+    def handle(self):
+        """The raw KmmManager handle (0 once closed)."""
+        return self._handle
+
+    @property
+    def stream(self):
+        """The manager's raw stream: a CUstream (as an int) on CUDA, an opaque id on the host backend."""
+        return self._stream
+
+    @property
+    def backend(self):
+        """"host" or "cuda"."""
+        return self._backend
+
+    @property
+    def device(self):
+        return self._device
+
+    @property
+    def alloc_mode(self):
+        return self._alloc_mode
+
+    @property
+    def suballocator(self):
+        return self._suballocator
+
+    @property
+    def closed(self):
+        return self._handle == 0
+
+    def _live(self):
+        if not self._handle:
+            raise InvalidHandleError("the manager is closed")
+        return self._handle
+
+    # -- memory ---------------------------------------------------------------------------
+    def alloc(self, nbytes, kind="device"):
+        """A new `Buffer` of `nbytes` bytes of "device" or "pinned" memory."""
+        from .buffer import Buffer
+
+        return Buffer._alloc(self, int(nbytes), kind_code(kind))
+
+    def empty(self, shape, dtype="float32", kind="device"):
+        """A new uninitialized `DeviceArray`."""
+        from .array import DeviceArray
+
+        return DeviceArray.empty(shape, dtype, manager=self, kind=kind)
+
+    def asarray(self, host, kind="device"):
+        """A `DeviceArray` holding a copy of a host array (anything NumPy accepts)."""
+        from .array import DeviceArray
+
+        return DeviceArray.from_host(host, manager=self, kind=kind)
+
+    def stats(self, kind=None):
+        """Counters as a dict: {"device": {...}, "pinned": {...}} or one kind's dict."""
+        if kind is not None:
+            s = _lib.KmmMemoryStats()
+            check(_lib_.kmm_manager_stats(self._live(), kind_code(kind), ctypes.byref(s)))
+            return {name: getattr(s, name) for name, _ in s._fields_}
+        return {name: self.stats(name) for name in KINDS}
+
+    def summary(self):
+        """A readable table of the manager's memory (in use, reserved, peaks, counts)."""
+        needed = ctypes.c_size_t()
+        check(_lib_.kmm_manager_summary(self._live(), None, 0, ctypes.byref(needed)))
+        buf = ctypes.create_string_buffer(needed.value)
+        check(_lib_.kmm_manager_summary(self._live(), buf, needed.value, None))
+        return buf.value.decode("utf-8", "replace")
+
+    def memory_info(self):
+        """(free, total) bytes of the device."""
+        free, total = ctypes.c_uint64(), ctypes.c_uint64()
+        check(_lib_.kmm_manager_memory_info(self._live(), ctypes.byref(free), ctypes.byref(total)))
+        return free.value, total.value
+
+    def reset_peaks(self):
+        check(_lib_.kmm_manager_reset_peaks(self._live()))
+
+    def trim(self, keep_bytes=0):
+        """Waits for the stream, then gives cached memory back down to `keep_bytes` per pool."""
+        check(_lib_.kmm_manager_trim(self._live(), int(keep_bytes)))
+
+    def synchronize(self):
+        """Waits for all work queued on the manager's stream."""
+        check(_lib_.kmm_manager_synchronize(self._live()))
+
+    def wait_stream(self, stream):
+        """The manager's stream waits for the work queued so far on the raw `stream`."""
+        check(_lib_.kmm_manager_wait_stream(self._live(), int(stream)))
+
+    def signal_stream(self, stream):
+        """The raw `stream` waits for the work queued so far on the manager's stream."""
+        check(_lib_.kmm_manager_signal_stream(self._live(), int(stream)))
+
+    # -- lifetime -------------------------------------------------------------------------
+    def close(self):
+        """Destroys the manager (waits for its stream, frees what is left). Idempotent."""
+        h, self._handle = self._handle, 0
+        if h and self._owned:
+            check(_lib_.kmm_manager_destroy(h, 0))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        h = getattr(self, "_handle", 0)
+        if h and getattr(self, "_owned", False):
+            self._handle = 0
+            try:
+                _lib_.kmm_manager_destroy(h, _lib.KMM_DESTROY_DEFERRED)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def __repr__(self):
+        if not self._handle:
+            return "<kmm.Manager closed>"
+        return "<kmm.Manager %#x backend=%s device=%d mode=%s stream=%#x>" % (
+            self._handle, self._backend, self._device, self._alloc_mode, self._stream)
+
+    def __str__(self):
+        return self.summary() if self._handle else repr(self)
+
+
+_default = {}
+_default_lock = threading.Lock()
+
+
+def default_manager(device=0):
+    """The process-wide manager of `device` (default configuration; created on first use)."""
+    m = _default.get(device)
+    if m is None or m.closed:
+        with _default_lock:
+            m = _default.get(device)
+            if m is None or m.closed:
+                m = _default[device] = Manager(device=device)
+    return m
