@@ -1,0 +1,30 @@
+"""
+    Kmm
+
+GPU memory manager for quantitative MRI: Julia bindings to libkmm. `KmmManager` owns a stream
+and memory pools; `KmmArray` is an array in its memory; `PinnedArray` is page-locked host
+memory. Without a GPU the host backend stands in. See docs/julia-getting-started.md.
+"""
+module Kmm
+
+using Libdl
+import Pkg.Artifacts
+
+export KmmManager, KmmArray, PinnedArray, KmmCopyTask, KmmError, KmmOutOfMemoryError,
+       memory_status, trim!, copyto_async!
+
+include("errors.jl")
+include("LibKmm.jl")
+include("library.jl")
+include("manager.jl")
+include("storage.jl")
+include("array.jl")
+include("scalar.jl")
+include("pinned.jl")
+include("async.jl")
+
+function __init__()
+    load_libkmm!()
+end
+
+end # module Kmm

@@ -1,0 +1,277 @@
+# KmmArray{T,N}: device memory of a libkmm buffer, shared by views and reshapes (one KmmStorage,
+# a byte offset, the dims). Content crosses to the host only through copies.
+
+"""
+    KmmArray{T,N} <: AbstractArray{T,N}
+
+An array in memory owned by a `KmmManager` (device memory, or pinned host memory with
+`kind = :pinned`), for isbits element types `T`.
+
+    KmmArray{T}(undef, dims...; manager = Kmm.default_manager(), kind = :device)
+    KmmArray(a::AbstractArray; manager, kind)      # a copy of host data
+    KmmArray{T}(a::AbstractArray; manager, kind)   # with conversion to T
+
+Reading back: `Array(x)` or `collect(x)`; copies: `copyto!` in every direction. `reshape` and
+contiguous `view`s share the memory. Scalar indexing is an error unless allowed (see
+`Kmm.@allowscalar`). The memory is freed when the array (and every view of it) is unreachable,
+or at once by `Kmm.unsafe_free!`.
+"""
+struct KmmArray{T,N} <: AbstractArray{T,N}
+    storage::KmmStorage
+    offset::Int               # bytes from the start of the buffer
+    dims::NTuple{N,Int}
+    function KmmArray{T,N}(storage::KmmStorage, offset::Int, dims::NTuple{N,Int}) where {T,N}
+        check_eltype(T)
+        new{T,N}(storage, offset, dims)
+    end
+end
+
+@noinline function check_eltype(T)
+    isbitstype(T) || throw(ArgumentError("KmmArray needs an isbits element type, got $T"))
+end
+
+function checked_bytes(::Type{T}, dims::Dims) where {T}
+    n = 1
+    for d in dims
+        d >= 0 || throw(ArgumentError("invalid array dimensions $dims: negative dimension"))
+        n = Base.checked_mul(n, d)
+    end
+    Base.checked_mul(n, sizeof(T))
+end
+
+function KmmArray{T,N}(::UndefInitializer, dims::Dims{N}; manager::KmmManager = default_manager(),
+                       kind::Symbol = :device) where {T,N}
+    check_eltype(T)
+    bytes = try
+        checked_bytes(T, dims)
+    catch err
+        err isa OverflowError || rethrow()
+        throw(ArgumentError("invalid array dimensions $dims: the size overflows"))
+    end
+    s = alloc_storage(manager, bytes, enum_value(KINDS, kind, "kind"))
+    KmmArray{T,N}(s, 0, dims)
+end
+KmmArray{T,N}(::UndefInitializer, dims::Integer...; kw...) where {T,N} =
+    KmmArray{T,N}(undef, convert(Dims{N}, dims); kw...)
+KmmArray{T}(::UndefInitializer, dims::Dims{N}; kw...) where {T,N} = KmmArray{T,N}(undef, dims; kw...)
+KmmArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} =
+    KmmArray{T,length(dims)}(undef, convert(Dims, dims); kw...)
+
+KmmArray{T,N}(a::AbstractArray{S,N}; kw...) where {T,N,S} =
+    copyto!(KmmArray{T,N}(undef, size(a); kw...), host_dense(T, a))
+KmmArray{T}(a::AbstractArray{S,N}; kw...) where {T,N,S} = KmmArray{T,N}(a; kw...)
+KmmArray(a::AbstractArray{T,N}; kw...) where {T,N} = KmmArray{T,N}(a; kw...)
+
+Base.size(x::KmmArray) = x.dims
+Base.sizeof(x::KmmArray{T}) where {T} = length(x) * sizeof(T)
+Base.IndexStyle(::Type{<:KmmArray}) = IndexLinear()
+Base.elsize(::Type{<:KmmArray{T}}) where {T} = sizeof(T)
+
+"""
+    Kmm.manager(x) -> KmmManager
+
+The manager that owns an array's memory.
+"""
+manager(x::KmmArray) = x.storage.manager
+
+"""
+    Kmm.isfreed(x) -> Bool
+
+Whether the array's memory has been freed (by `unsafe_free!` or by closing its manager).
+"""
+isfreed(x::KmmArray) = x.storage.handle == 0 || x.storage.manager.handle == 0
+
+"""
+    Kmm.unsafe_free!(x)
+
+Frees the memory of `x` now (stream-ordered: copies already queued still see it), instead of
+when the garbage collector finds `x` unreachable. Views and reshapes of `x` share the memory and
+are freed with it. Using a freed array is a `KmmError`. Freeing twice is allowed.
+"""
+unsafe_free!(x::KmmArray) = (free!(x.storage); nothing)
+
+"""
+    Kmm.kind(x) -> Symbol
+
+The memory kind of an array: `:device` or `:pinned`.
+"""
+kind(x::KmmArray) = x.storage.kind == LibKmm.KMM_MEMORY_PINNED ? :pinned : :device
+
+Base.similar(x::KmmArray, ::Type{S}, dims::Dims{M}) where {S,M} =
+    KmmArray{S,M}(undef, dims; manager = manager(x), kind = kind(x))
+
+Base.copy(x::KmmArray) = copyto!(similar(x), x)
+
+function Base.summary(io::IO, x::KmmArray)
+    print(io, Base.dims2string(size(x)), " ", typeof(x))
+    if isfreed(x)
+        print(io, " (freed)")
+    elseif kind(x) == :pinned
+        print(io, " (pinned)")
+    end
+end
+
+function Base.show(io::IO, ::MIME"text/plain", x::KmmArray)
+    summary(io, x)
+    (isfreed(x) || isempty(x)) && return
+    println(io, ":")
+    Base.print_array(IOContext(io, :typeinfo => eltype(x), :limit => true), Array(x))
+end
+Base.show(io::IO, x::KmmArray) = isfreed(x) ? summary(io, x) : show(io, Array(x))
+
+# ---- host side of copies -------------------------------------------------------------------
+
+"Contiguous host memory with a pointer: what copies read from and write to directly."
+const HostDense{T} = Union{Array{T},Base.FastContiguousSubArray{T,<:Any,<:Array{T}}}
+
+"`a` as contiguous host memory of eltype T (itself when it already is)."
+host_dense(::Type{T}, a::HostDense{T}) where {T} = a
+host_dense(::Type{T}, a::AbstractArray) where {T} = convert(Array{T}, collect(a))
+
+byteoffset(x::KmmArray{T}, i::Integer) where {T} = x.offset + (Int(i) - 1) * sizeof(T)
+
+@noinline function check_range(a, offs::Integer, n::Integer)
+    n >= 0 || throw(ArgumentError("copyto!: negative number of elements $n"))
+    n == 0 && return nothing
+    (offs >= 1 && offs + n - 1 <= length(a)) || throw(BoundsError(a, offs:offs+n-1))
+    nothing
+end
+
+@noinline function check_lengths(dest, src)
+    length(dest) >= length(src) || throw(BoundsError(dest, length(src)))
+    nothing
+end
+
+# host -> Kmm
+function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    n == 0 && return dest
+    mh, h = handles(dest.storage)
+    GC.@preserve src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
+                                               pointer(src, soffs), n * sizeof(T))
+    dest
+end
+Base.copyto!(dest::KmmArray{T}, src::HostDense{T}) where {T} =
+    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+Base.copyto!(dest::KmmArray{T}, src::AbstractArray) where {T} = copyto!(dest, host_dense(T, src))
+function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::AbstractArray, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(src, soffs, n)
+    copyto!(dest, doffs, host_dense(T, vec(collect(src))[soffs:soffs+n-1]), 1, n)
+end
+
+# Kmm -> host
+function Base.copyto!(dest::HostDense{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    n == 0 && return dest
+    mh, h = handles(src.storage)
+    GC.@preserve dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
+                                              n * sizeof(T))
+    dest
+end
+Base.copyto!(dest::HostDense{T}, src::KmmArray{T}) where {T} =
+    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+function Base.copyto!(dest::AbstractArray, src::KmmArray)
+    check_lengths(dest, src)
+    copyto!(dest, 1, Array(src), 1, length(src))
+end
+function Base.copyto!(dest::AbstractArray, doffs::Integer, src::KmmArray, soffs::Integer,
+                      n::Integer)
+    check_range(src, soffs, n)
+    copyto!(dest, doffs, Array(view(src, soffs:soffs+n-1)), 1, n)
+end
+
+# Kmm -> Kmm (one manager or two): stream-ordered on the destination's stream
+function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    n == 0 && return dest
+    dmh, dh = handles(dest.storage)
+    smh, sh = handles(src.storage)
+    bytes = n * sizeof(T)
+    doff, soff = byteoffset(dest, doffs), byteoffset(src, soffs)
+    if dest.storage === src.storage && doff < soff + bytes && soff < doff + bytes
+        doff == soff && return dest
+        tmp = KmmArray{T,1}(undef, (n,); manager = manager(src))   # overlapping: through a copy
+        copyto!(tmp, 1, src, soffs, n)
+        return copyto!(dest, doffs, tmp, 1, n)
+    end
+    LibKmm.kmm_copy_buffer(dmh, dh, doff, smh, sh, soff, bytes)
+    dest
+end
+Base.copyto!(dest::KmmArray{T}, src::KmmArray{T}) where {T} =
+    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+Base.copyto!(dest::KmmArray{T}, src::KmmArray) where {T} = copyto!(dest, Array{T}(src))
+Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray, soffs::Integer,
+             n::Integer) where {T} =
+    copyto!(dest, doffs, Array{T}(view(src, soffs:soffs+n-1)), 1, n)
+
+# ---- reading back --------------------------------------------------------------------------
+
+Base.Array{T,N}(x::KmmArray{T,N}) where {T,N} = copyto!(Array{T,N}(undef, size(x)), x)
+Base.Array{T,N}(x::KmmArray{S,N}) where {T,N,S} = convert(Array{T,N}, Array(x))
+Base.Array{T}(x::KmmArray{S,N}) where {T,S,N} = Array{T,N}(x)
+Base.Array(x::KmmArray{T,N}) where {T,N} = Array{T,N}(x)
+Base.collect(x::KmmArray) = Array(x)
+
+function Base.fill!(x::KmmArray{T}, v) where {T}
+    pattern = Ref{T}(convert(T, v))
+    (isempty(x) || sizeof(T) == 0) && return x
+    mh, h = handles(x.storage)
+    if sizeof(T) <= 4096
+        GC.@preserve pattern LibKmm.kmm_fill(mh, h, x.offset, sizeof(x),
+                                             Base.unsafe_convert(Ptr{T}, pattern), sizeof(T))
+    else
+        copyto!(x, fill(pattern[], size(x)))
+    end
+    x
+end
+
+# ---- views and reshapes that share the buffer ---------------------------------------------
+
+function Base.reshape(x::KmmArray{T}, dims::Dims{M}) where {T,M}
+    any(d -> d < 0, dims) && throw(ArgumentError("negative dimension in $dims"))
+    prod(dims) == length(x) || throw(DimensionMismatch(
+        "new dimensions $dims must be consistent with array size $(length(x))"))
+    KmmArray{T,M}(x.storage, x.offset, dims)
+end
+Base.reshape(x::KmmArray, dims::Tuple{Vararg{Union{Int,Colon}}}) =
+    reshape(x, Base._reshape_uncolon(x, dims))
+Base.vec(x::KmmArray) = reshape(x, (length(x),))
+
+@noinline throw_noncontiguous(I) = throw(ArgumentError(
+    "a view of a KmmArray must be contiguous (leading whole dimensions, then one unit range, " *
+    "then scalars); got indices $I. Copy through Array(x) for other selections."))
+
+unitlike(i) = i isa Integer || i isa AbstractUnitRange || (i isa AbstractRange && step(i) == 1)
+
+"""
+    view(x::KmmArray, I...)
+
+A `KmmArray` sharing `x`'s memory, for contiguous selections only: leading dimensions taken
+whole, then one unit range, then scalars (`view(x, :, 2:3)`, `view(x, :, :, 4)`), or one unit
+range over the linear index (`view(x, 3:10)`). Other selections throw an `ArgumentError`.
+"""
+function Base.view(x::KmmArray{T,N}, I::Vararg{Any,M}) where {T,N,M}
+    M == 0 && return x
+    J = Base.to_indices(x, I)
+    checkbounds(x, J...)
+    all(unitlike, J) || throw_noncontiguous(I)
+    if length(J) == 1
+        j = J[1]
+        j isa Integer && return KmmArray{T,0}(x.storage, byteoffset(x, j), ())
+        return KmmArray{T,1}(x.storage, byteoffset(x, isempty(j) ? 1 : first(j)), (length(j),))
+    end
+    length(J) == N || throw_noncontiguous(I)
+    lens = map(length, J)
+    dims = Tuple(length(j) for j in J if !(j isa Integer))
+    any(iszero, lens) && return KmmArray{T,length(dims)}(x.storage, x.offset, dims)
+    k = something(findlast(l -> l > 1, collect(lens)), 0)
+    for d in 1:k-1
+        lens[d] == x.dims[d] || throw_noncontiguous(I)
+    end
+    first_index = LinearIndices(x)[map(first, J)...]
+    KmmArray{T,length(dims)}(x.storage, byteoffset(x, first_index), dims)
+end

@@ -1,0 +1,115 @@
+# Asynchronous copies: they return a KmmCopyTask that `wait` completes. Until then the task, and
+# the manager's list of pending copies, keep the host and device arrays alive, so dropping the
+# task early is safe.
+
+"""
+    KmmCopyTask
+
+What `copyto_async!` returns: `wait(t)` blocks until the copy has run; `Kmm.isdone(t)` asks
+without blocking. Until the copy has run, the task (and its manager) keep both arrays alive.
+"""
+mutable struct KmmCopyTask
+    manager::KmmManager
+    event::UInt64                 # 0 once completed
+    host::Any
+    device::Any
+end
+
+"""
+    copyto_async!(dest, src) -> KmmCopyTask
+
+Queues a copy between a `KmmArray` and host memory (`Array`, a contiguous view of one, or a
+`PinnedArray`) in either direction, and returns at once. The host array must not be changed
+(host to device) or read (device to host) before `wait` returns. Lengths must match.
+"""
+function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
+    length(dest) == length(src) || throw(DimensionMismatch(
+        "copyto_async!: lengths differ ($(length(dest)) and $(length(src)))"))
+    mh, h = handles(dest.storage)
+    ev = Ref{UInt64}(0)
+    if !isempty(src)
+        GC.@preserve src LibKmm.kmm_copy_to_device_async(mh, h, dest.offset, pointer(src),
+                                                         sizeof(T) * length(src), ev)
+    end
+    register_task!(KmmCopyTask(manager(dest), ev[], src, dest))
+end
+
+function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
+    length(dest) == length(src) || throw(DimensionMismatch(
+        "copyto_async!: lengths differ ($(length(dest)) and $(length(src)))"))
+    mh, h = handles(src.storage)
+    ev = Ref{UInt64}(0)
+    if !isempty(src)
+        GC.@preserve dest LibKmm.kmm_copy_to_host_async(mh, pointer(dest), h, src.offset,
+                                                        sizeof(T) * length(src), ev)
+    end
+    register_task!(KmmCopyTask(manager(src), ev[], dest, src))
+end
+
+function register_task!(t::KmmCopyTask)
+    t.event == 0 && return t
+    m = t.manager
+    complete_pending!(m, false)
+    lock(m.lock) do
+        push!(m.pending, t)
+    end
+    t
+end
+
+"Destroys the event and drops the references of a task whose copy has run."
+function finish!(t::KmmCopyTask)
+    ev = t.event
+    t.event = 0
+    mh = t.manager.handle
+    ev != 0 && mh != 0 && LibKmm.unchecked_kmm_event_destroy(mh, ev)
+    t.host = nothing
+    t.device = nothing
+    nothing
+end
+
+"""
+Completes the manager's pending copies that have run (all of them when `all`, after the stream
+was synchronized).
+"""
+function complete_pending!(m::KmmManager, all::Bool)
+    lock(m.lock) do
+        filter!(m.pending) do t
+            t.event == 0 && return false
+            if all || isdone(t)
+                finish!(t)
+                return false
+            end
+            true
+        end
+    end
+    nothing
+end
+
+"""
+    Kmm.isdone(t::KmmCopyTask) -> Bool
+
+Whether the copy has run (non-blocking).
+"""
+function isdone(t::KmmCopyTask)
+    t.event == 0 && return true
+    mh = t.manager.handle
+    mh == 0 && return true           # the manager was closed: its stream was drained
+    done = Ref{Bool}(false)
+    LibKmm.kmm_event_query(mh, t.event, done)
+    done[]
+end
+
+function Base.wait(t::KmmCopyTask)
+    t.event == 0 && return nothing
+    mh = t.manager.handle
+    mh != 0 && LibKmm.kmm_event_wait(mh, t.event)
+    m = t.manager
+    lock(m.lock) do
+        filter!(x -> x !== t, m.pending)
+    end
+    finish!(t)
+    nothing
+end
+
+Base.show(io::IO, t::KmmCopyTask) =
+    print(io, "KmmCopyTask(", t.event == 0 ? "done" : "pending", ")")

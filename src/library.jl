@@ -1,0 +1,107 @@
+# Finding libkmm, in this order: the KMM_LIBRARY variable, a local build of rust/, the libkmm
+# artifact of Artifacts.toml. The choice is kept for `libkmm_path()` / `libkmm_source()`.
+
+const PKGROOT = normpath(joinpath(@__DIR__, ".."))
+const LIBNAME = Sys.iswindows() ? "kmm.dll" : "libkmm." * Libdl.dlext
+
+const _libkmm_path = Ref{String}("")
+const _libkmm_source = Ref{Symbol}(:none)
+const _libkmm_handle = Ref{Ptr{Cvoid}}(C_NULL)
+
+"""
+    Kmm.libkmm_path() -> String
+
+The path of the libkmm that this session loaded. `Kmm.libkmm_source()` says how it was chosen:
+`:env` (the `KMM_LIBRARY` variable), `:local` (a build of `rust/` in this repository) or
+`:artifact` (the `libkmm` artifact of `Artifacts.toml`).
+"""
+libkmm_path() = _libkmm_path[]
+
+"""
+    Kmm.libkmm_source() -> Symbol
+
+How the loaded libkmm was found: `:env`, `:local` or `:artifact` (see [`Kmm.libkmm_path`](@ref)).
+"""
+libkmm_source() = _libkmm_source[]
+
+"The local builds of rust/ that are looked for, release first."
+local_build_paths() =
+    [joinpath(PKGROOT, "rust", "target", p, LIBNAME) for p in ("release", "debug")]
+
+"The path of the libkmm artifact for this platform when it is installed, else `nothing`."
+function artifact_library()
+    toml = joinpath(PKGROOT, "Artifacts.toml")
+    isfile(toml) || return nothing
+    hash = try
+        Artifacts.artifact_hash("libkmm", toml)
+    catch
+        nothing
+    end
+    hash === nothing && return nothing
+    Artifacts.artifact_exists(hash) || return nothing
+    dir = Artifacts.artifact_path(hash)
+    for sub in ("lib", "bin")
+        p = joinpath(dir, sub, LIBNAME)
+        isfile(p) && return p
+    end
+    return nothing
+end
+
+"""
+    Kmm.find_libkmm() -> (path, source)
+
+Chooses libkmm: `KMM_LIBRARY` when set (it must name an existing file), else a local build of
+`rust/` (release, then debug), else the `libkmm` artifact. Throws a `KmmLibraryError` saying what
+to do when none is found.
+"""
+function find_libkmm()
+    env = get(ENV, "KMM_LIBRARY", "")
+    if !isempty(env)
+        isfile(env) || throw(KmmLibraryError("KMM_LIBRARY=$env is not a file"))
+        return (abspath(env), :env)
+    end
+    for p in local_build_paths()
+        isfile(p) && return (p, :local)
+    end
+    art = artifact_library()
+    art === nothing || return (art, :artifact)
+    throw(KmmLibraryError("libkmm not found: set KMM_LIBRARY to a libkmm, build rust/ " *
+        "(`cargo build --release --manifest-path rust/Cargo.toml -p kmm` or `Pkg.build(\"Kmm\")`), " *
+        "or install a release that provides the libkmm artifact"))
+end
+
+"""
+    Kmm.check_abi_version(found; expected = LibKmm.KMM_ABI_VERSION, path = libkmm_path())
+
+Throws a `KmmLibraryError` unless the library's ABI version `found` equals the version of the
+header the bindings were generated from.
+"""
+function check_abi_version(found::Integer; expected::Integer = LibKmm.KMM_ABI_VERSION,
+                           path::AbstractString = libkmm_path())
+    found == expected && return nothing
+    throw(KmmLibraryError("libkmm at $path has ABI version $found, but these bindings " *
+        "(src/LibKmm.jl, from gen/kmm.h) need ABI version $expected: rebuild the library from " *
+        "this checkout or use a Kmm.jl release that matches it"))
+end
+
+"Loads libkmm (see `find_libkmm`), resolves every function and checks the ABI version."
+function load_libkmm!()
+    path, source = find_libkmm()
+    handle = try
+        LibKmm.load!(path)
+    catch err
+        throw(KmmLibraryError("cannot load libkmm from $path ($source): " * sprint(showerror, err)))
+    end
+    _libkmm_path[] = path
+    _libkmm_source[] = source
+    _libkmm_handle[] = handle
+    check_abi_version(LibKmm.kmm_abi_version(); path = path)
+    return path
+end
+
+"""
+    Kmm.version() -> VersionNumber
+
+The version of the loaded libkmm.
+"""
+version() = VersionNumber(unsafe_string(LibKmm.kmm_version()))

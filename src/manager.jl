@@ -1,0 +1,235 @@
+# KmmManager: owns a libkmm manager handle (a stream and pools). Finalizer-backed; `close` is
+# explicit, idempotent and blocking; the finalizer uses the deferred (non-blocking) destroy.
+
+"""
+    KmmManager(; backend = :auto, device = 0, alloc_mode = :pool, suballocator = :binned,
+               alignment, chunk_size, initial_pool_size, fixed_block_size, hard_limit,
+               release_threshold, pinned_chunk_size, pinned_limit, staging_chunk_size,
+               staging_chunks)
+
+Creates a manager: its own stream and memory pools on one device. Keywords mirror `KmmConfig`
+of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
+
+- `backend`: `:auto` (CUDA when usable, else host; `KMM_BACKEND` decides first), `:host`, `:cuda`
+- `alloc_mode`: `:pool` (Kmm's suballocator), `:cuda_async` (a private CUDA pool), `:direct`
+- `suballocator`: `:binned`, `:heap`, `:fixed`, `:ring`
+- sizes in bytes; `hard_limit = 0` means none; `release_threshold` is the cached memory kept
+  across `synchronize`.
+
+Arrays keep their manager alive. The manager is destroyed by `close(mgr)` (waits for its stream)
+or, once unreachable, by its finalizer (never waits). Many managers may coexist.
+"""
+mutable struct KmmManager
+    handle::UInt64
+    device::Int
+    lock::ReentrantLock
+    pending::Vector{Any}      # async copies in flight (KmmCopyTask), see async.jl
+    function KmmManager(handle::UInt64, device::Integer)
+        m = new(handle, device, ReentrantLock(), Any[])
+        finalizer(finalize_manager, m)
+        return m
+    end
+end
+
+const BACKENDS = Dict(:auto => LibKmm.KMM_BACKEND_AUTO, :host => LibKmm.KMM_BACKEND_HOST,
+                      :cuda => LibKmm.KMM_BACKEND_CUDA)
+const ALLOC_MODES = Dict(:pool => LibKmm.KMM_ALLOC_POOL, :cuda_async => LibKmm.KMM_ALLOC_CUDA_ASYNC,
+                         :direct => LibKmm.KMM_ALLOC_DIRECT)
+const SUBALLOCATORS = Dict(:binned => LibKmm.KMM_SUBALLOC_BINNED, :heap => LibKmm.KMM_SUBALLOC_HEAP,
+                           :fixed => LibKmm.KMM_SUBALLOC_FIXED, :ring => LibKmm.KMM_SUBALLOC_RING)
+
+function enum_value(table, name, what)
+    haskey(table, name) && return table[name]
+    throw(ArgumentError("$what must be one of $(sort!(collect(keys(table)))), got $(repr(name))"))
+end
+
+"The default `KmmConfig` with the given fields replaced (`nothing` keeps the default)."
+function make_config(; kw...)
+    ref = Ref{LibKmm.KmmConfig}()
+    LibKmm.kmm_config_default(ref)
+    cfg = ref[]
+    names = fieldnames(LibKmm.KmmConfig)
+    for k in keys(kw)
+        k in names || throw(ArgumentError("unknown KmmManager keyword `$k`"))
+    end
+    vals = map(names) do f
+        v = get(kw, f, nothing)
+        T = fieldtype(LibKmm.KmmConfig, f)
+        v === nothing ? getfield(cfg, f) : convert(T, v)
+    end
+    LibKmm.KmmConfig(vals...)
+end
+
+function KmmManager(; backend::Symbol = :auto, device::Integer = 0, alloc_mode::Symbol = :pool,
+                    suballocator::Symbol = :binned, kw...)
+    cfg = make_config(; backend = enum_value(BACKENDS, backend, "backend"), device = device,
+                      alloc_mode = enum_value(ALLOC_MODES, alloc_mode, "alloc_mode"),
+                      suballocator = enum_value(SUBALLOCATORS, suballocator, "suballocator"), kw...)
+    out = Ref{UInt64}(0)
+    LibKmm.kmm_manager_create(Ref(cfg), out)
+    KmmManager(out[], device)
+end
+
+function finalize_manager(m::KmmManager)
+    h = m.handle
+    m.handle = 0
+    # never blocks: the handle dies now, the teardown runs on a background thread
+    h == 0 || LibKmm.unchecked_kmm_manager_destroy(h, LibKmm.KMM_DESTROY_DEFERRED)
+    return nothing
+end
+
+"""
+    close(mgr::KmmManager)
+
+Destroys the manager now: waits for its stream and frees every buffer it still holds. Arrays of
+a closed manager throw a `KmmError` when used. Closing twice is allowed.
+"""
+function Base.close(m::KmmManager)
+    h = m.handle
+    h == 0 && return nothing
+    m.handle = 0
+    lock(m.lock) do
+        empty!(m.pending)
+    end
+    LibKmm.kmm_manager_destroy(h, 0)
+    return nothing
+end
+
+Base.isopen(m::KmmManager) = m.handle != 0
+
+@noinline throw_closed() = throw_kmm_error(LibKmm.KMM_ERROR_INVALID_HANDLE,
+                                           "the manager has been closed")
+
+"The raw handle of an open manager (a `KmmError` for a closed one)."
+@inline function handle(m::KmmManager)
+    h = m.handle
+    h == 0 && throw_closed()
+    return h
+end
+
+Base.unsafe_convert(::Type{UInt64}, m::KmmManager) = handle(m)
+
+function info(m::KmmManager)
+    out = Ref{LibKmm.KmmManagerInfo}()
+    LibKmm.kmm_manager_info(handle(m), out)
+    out[]
+end
+
+"""
+    Kmm.backend(mgr) -> Symbol
+
+The backend the manager runs on: `:host` or `:cuda`.
+"""
+backend(m::KmmManager) = info(m).backend == LibKmm.KMM_BACKEND_CUDA ? :cuda : :host
+
+"""
+    Kmm.stream(mgr = Kmm.default_manager()) -> UInt64
+
+The manager's raw stream handle (a `CUstream` on CUDA), for third parties to queue work on. It
+stays owned by the manager.
+"""
+stream(m::KmmManager = default_manager()) = info(m).stream
+
+"""
+    Kmm.synchronize(mgr = Kmm.default_manager())
+
+Waits until all work queued on the manager's stream has run (then cached memory above the
+release threshold is given back). Completes the manager's pending asynchronous copies.
+"""
+function synchronize(m::KmmManager = default_manager())
+    LibKmm.kmm_manager_synchronize(handle(m))
+    complete_pending!(m, true)
+    return nothing
+end
+
+"""
+    trim!(mgr = Kmm.default_manager(), keep_bytes = 0)
+
+Waits for the stream, then gives cached memory back until each pool reserves at most
+`keep_bytes`. Live arrays are never moved or freed.
+"""
+function trim!(m::KmmManager = default_manager(), keep_bytes::Integer = 0)
+    LibKmm.kmm_manager_trim(handle(m), keep_bytes)
+    return m
+end
+
+"""
+    Kmm.reset_peaks!(mgr = Kmm.default_manager())
+
+Resets the peak counters (in use and reserved) to the current values.
+"""
+reset_peaks!(m::KmmManager = default_manager()) = (LibKmm.kmm_manager_reset_peaks(handle(m)); m)
+
+const KINDS = Dict(:device => LibKmm.KMM_MEMORY_DEVICE, :pinned => LibKmm.KMM_MEMORY_PINNED)
+
+"""
+    Kmm.memory_stats(mgr = Kmm.default_manager(), kind = :device) -> LibKmm.KmmMemoryStats
+
+The counters of one memory kind (`:device` or `:pinned`): `in_use`, `peak_in_use`, `reserved`,
+`peak_reserved`, `allocs`, `frees`, `failed_allocs`, `live_buffers`, `pool_hits`,
+`pool_misses`, `upstream_allocs`, `upstream_frees`, `largest_free_block`.
+"""
+function memory_stats(m::KmmManager = default_manager(), kind::Symbol = :device)
+    out = Ref{LibKmm.KmmMemoryStats}()
+    LibKmm.kmm_manager_stats(handle(m), enum_value(KINDS, kind, "kind"), out)
+    out[]
+end
+
+"""
+    MemoryStatus
+
+What `memory_status` returns: the `device` and `pinned` counters (`LibKmm.KmmMemoryStats`)
+and the library's readable table (`text`), which is how it displays.
+"""
+struct MemoryStatus
+    device::LibKmm.KmmMemoryStats
+    pinned::LibKmm.KmmMemoryStats
+    text::String
+end
+Base.show(io::IO, s::MemoryStatus) = print(io, s.text)
+Base.show(io::IO, ::MIME"text/plain", s::MemoryStatus) = print(io, s.text)
+
+"""
+    memory_status(mgr = Kmm.default_manager()) -> MemoryStatus
+
+A readable table of the manager's memory: in use, reserved, peaks, counts and the largest free
+block, for device and pinned memory. Its fields hold the numbers (`memory_status(m).device.in_use`).
+"""
+function memory_status(m::KmmManager = default_manager())
+    h = handle(m)
+    needed = Ref{Csize_t}(0)
+    LibKmm.kmm_manager_summary(h, C_NULL, 0, needed)
+    buf = Vector{UInt8}(undef, needed[] + 64)
+    LibKmm.kmm_manager_summary(h, buf, length(buf), needed)
+    text = unsafe_string(pointer(buf))
+    MemoryStatus(memory_stats(m, :device), memory_stats(m, :pinned), rstrip(text))
+end
+
+function Base.show(io::IO, m::KmmManager)
+    if m.handle == 0
+        print(io, "KmmManager(closed)")
+    else
+        print(io, "KmmManager(", backend(m), ", device ", m.device, ", handle 0x",
+              string(m.handle, base = 16), ")")
+    end
+end
+
+const _default_managers = Dict{Int,KmmManager}()
+const _default_lock = ReentrantLock()
+
+"""
+    Kmm.default_manager(device = 0) -> KmmManager
+
+The manager used when none is given: one per device, created on first use with the defaults.
+If it was closed, a new one is created.
+"""
+function default_manager(device::Integer = 0)
+    lock(_default_lock) do
+        m = get(_default_managers, device, nothing)
+        if m === nothing || m.handle == 0
+            m = KmmManager(device = device)
+            _default_managers[device] = m
+        end
+        m
+    end
+end

@@ -1,0 +1,110 @@
+# PinnedArray: page-locked host memory from a manager's pinned pool, mapped for its whole life,
+# so the CPU reads and writes it like an Array and copies from and to it go direct.
+
+"""
+    PinnedArray{T,N} <: DenseArray{T,N}
+
+Page-locked host memory owned by a `KmmManager`, usable from the CPU like an `Array` and a fast
+source or destination for copies to and from `KmmArray`s.
+
+    PinnedArray{T}(undef, dims...; manager = Kmm.default_manager())
+    PinnedArray(a::AbstractArray; manager)
+
+`pointer(p)` is its host address, valid while `p` is reachable (use `GC.@preserve`);
+`unsafe_wrap(Array, pointer(p), size(p))` gives an `Array` over it. Freed by the garbage
+collector or `Kmm.unsafe_free!`; a freed one throws on access.
+"""
+struct PinnedArray{T,N} <: DenseArray{T,N}
+    storage::KmmStorage
+    dims::NTuple{N,Int}
+end
+
+function PinnedArray{T,N}(::UndefInitializer, dims::Dims{N};
+                          manager::KmmManager = default_manager()) where {T,N}
+    check_eltype(T)
+    bytes = try
+        checked_bytes(T, dims)
+    catch err
+        err isa OverflowError || rethrow()
+        throw(ArgumentError("invalid array dimensions $dims: the size overflows"))
+    end
+    s = alloc_storage(manager, bytes, LibKmm.KMM_MEMORY_PINNED)
+    s.hostptr = Ptr{Cvoid}(map_storage(s))   # stays mapped; the free (FORCE) drops the pin
+    PinnedArray{T,N}(s, dims)
+end
+PinnedArray{T,N}(::UndefInitializer, dims::Integer...; kw...) where {T,N} =
+    PinnedArray{T,N}(undef, convert(Dims{N}, dims); kw...)
+PinnedArray{T}(::UndefInitializer, dims::Dims{N}; kw...) where {T,N} =
+    PinnedArray{T,N}(undef, dims; kw...)
+PinnedArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} =
+    PinnedArray{T,length(dims)}(undef, convert(Dims, dims); kw...)
+PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} =
+    copyto!(PinnedArray{T,N}(undef, size(a); kw...), a)
+
+Base.size(p::PinnedArray) = p.dims
+Base.IndexStyle(::Type{<:PinnedArray}) = IndexLinear()
+Base.elsize(::Type{<:PinnedArray{T}}) where {T} = sizeof(T)
+Base.sizeof(p::PinnedArray{T}) where {T} = length(p) * sizeof(T)
+manager(p::PinnedArray) = p.storage.manager
+isfreed(p::PinnedArray) = p.storage.handle == 0 || p.storage.manager.handle == 0
+unsafe_free!(p::PinnedArray) = (free!(p.storage); nothing)
+
+@inline function hostptr(p::PinnedArray{T}) where {T}
+    handles(p.storage)          # a clear error when freed or when the manager is closed
+    Ptr{T}(p.storage.hostptr)
+end
+
+Base.unsafe_convert(::Type{Ptr{T}}, p::PinnedArray{T}) where {T} = hostptr(p)
+Base.pointer(p::PinnedArray{T}, i::Integer = 1) where {T} = hostptr(p) + (Int(i) - 1) * sizeof(T)
+
+Base.@propagate_inbounds function Base.getindex(p::PinnedArray{T}, i::Int) where {T}
+    @boundscheck checkbounds(p, i)
+    GC.@preserve p unsafe_load(hostptr(p), i)
+end
+Base.@propagate_inbounds function Base.setindex!(p::PinnedArray{T}, v, i::Int) where {T}
+    @boundscheck checkbounds(p, i)
+    GC.@preserve p unsafe_store!(hostptr(p), convert(T, v), i)
+    p
+end
+
+Base.similar(p::PinnedArray, ::Type{S}, dims::Dims{M}) where {S,M} =
+    PinnedArray{S,M}(undef, dims; manager = manager(p))
+
+function Base.summary(io::IO, p::PinnedArray)
+    print(io, Base.dims2string(size(p)), " ", typeof(p))
+    isfreed(p) && print(io, " (freed)")
+end
+Base.show(io::IO, m::MIME"text/plain", p::PinnedArray) =
+    isfreed(p) ? summary(io, p) : invoke(show, Tuple{IO,MIME"text/plain",AbstractArray}, io, m, p)
+
+const HostMem{T} = Union{HostDense{T},PinnedArray{T}}
+
+function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    n == 0 && return dest
+    mh, h = handles(dest.storage)
+    GC.@preserve src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
+                                               pointer(src, soffs), n * sizeof(T))
+    dest
+end
+Base.copyto!(dest::KmmArray{T}, src::PinnedArray{T}) where {T} =
+    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+
+function Base.copyto!(dest::PinnedArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    n == 0 && return dest
+    mh, h = handles(src.storage)
+    GC.@preserve dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
+                                              n * sizeof(T))
+    dest
+end
+Base.copyto!(dest::PinnedArray{T}, src::KmmArray{T}) where {T} =
+    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+
+function Base.copyto!(dest::PinnedArray{T}, src::Array{T}) where {T}
+    check_lengths(dest, src)
+    GC.@preserve dest src unsafe_copyto!(pointer(dest), pointer(src), length(src))
+    dest
+end

@@ -1,0 +1,123 @@
+# KmmStorage: one libkmm buffer, owned by Julia. Arrays, views and reshapes share it; its
+# finalizer hands the handle to libkmm's non-blocking free and never blocks, switches tasks or
+# throws.
+
+mutable struct KmmStorage
+    manager::KmmManager     # keeps the manager alive as long as the buffer
+    handle::UInt64          # 0 once freed
+    bytes::Int
+    kind::UInt32
+    hostptr::Ptr{Cvoid}     # pinned storages stay mapped: their host address, else C_NULL
+    function KmmStorage(m::KmmManager, handle::UInt64, bytes::Int, kind::UInt32)
+        s = new(m, handle, bytes, kind, C_NULL)
+        finalizer(finalize_storage, s)
+        return s
+    end
+end
+
+"Counts failures inside finalizers (they cannot throw or print); see `Kmm.finalizer_failures()`."
+const _finalizer_failures = Threads.Atomic{Int}(0)
+
+"""
+    Kmm.finalizer_failures() -> Int
+
+How many frees from finalizers libkmm refused for a reason other than a manager that was
+already gone (which is expected and ignored). Zero unless something is wrong.
+"""
+finalizer_failures() = _finalizer_failures[]
+
+function finalize_storage(s::KmmStorage)
+    h = s.handle
+    s.handle = 0
+    mh = s.manager.handle
+    if h != 0 && mh != 0
+        st = LibKmm.unchecked_kmm_buffer_free(mh, h, LibKmm.KMM_FREE_FORCE)
+        # INVALID_HANDLE: the manager was destroyed (or is being) in the same collection
+        if st != LibKmm.KMM_OK && st != LibKmm.KMM_ERROR_INVALID_HANDLE
+            Threads.atomic_add!(_finalizer_failures, 1)
+        end
+    end
+    return nothing
+end
+
+@noinline throw_freed() = throw_kmm_error(LibKmm.KMM_ERROR_INVALID_HANDLE,
+                                          "the array has been freed (unsafe_free!)")
+@noinline throw_manager_closed() = throw_kmm_error(LibKmm.KMM_ERROR_INVALID_HANDLE,
+                                                   "the array's manager has been closed")
+
+"(manager handle, buffer handle) of a live storage, or a clear `KmmError`."
+@inline function handles(s::KmmStorage)
+    h = s.handle
+    h == 0 && throw_freed()
+    mh = s.manager.handle
+    mh == 0 && throw_manager_closed()
+    return (mh, h)
+end
+
+function free!(s::KmmStorage)
+    h = s.handle
+    h == 0 && return nothing
+    s.handle = 0
+    s.hostptr = C_NULL
+    mh = s.manager.handle
+    mh == 0 && return nothing   # the manager's destruction freed it
+    LibKmm.kmm_buffer_free(mh, h, LibKmm.KMM_FREE_FORCE)
+    return nothing
+end
+
+# Julia's GC does not see device memory. After this many bytes have been allocated through
+# Kmm.jl since the last collection it triggers, a quick collection runs so that dropped arrays
+# give their memory back (as CUDA.jl does).
+const GC_INTERVAL_BYTES = Ref{Int}(256 * 2^20)
+const _bytes_since_gc = Threads.Atomic{Int}(0)
+
+@inline function maybe_collect(bytes::Int)
+    if Threads.atomic_add!(_bytes_since_gc, bytes) + bytes > GC_INTERVAL_BYTES[]
+        _bytes_since_gc[] = 0
+        GC.gc(false)
+    end
+end
+
+"""
+Allocates a buffer of `bytes` of `kind`. On out of memory: `GC.gc(false)`, `GC.gc(true)`,
+`trim!`, retrying after each; then a `KmmOutOfMemoryError` with the manager's memory status.
+"""
+function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
+    bytes >= 0 || throw(ArgumentError("negative size $bytes"))
+    maybe_collect(bytes)
+    out = Ref{UInt64}(0)
+    st = LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
+    st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
+    st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
+    msg = last_error_message()
+    for step in 1:3
+        if step == 1
+            GC.gc(false)
+        elseif step == 2
+            GC.gc(true)
+        else
+            trim!(m, 0)
+        end
+        st = LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
+        st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
+        st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
+        msg = last_error_message()
+    end
+    throw(KmmOutOfMemoryError(bytes, msg, memory_status(m)))
+end
+
+"Pins the buffer and returns its address (device pointer, or host pointer for pinned memory)."
+function map_storage(s::KmmStorage)
+    mh, h = handles(s)
+    out = Ref{UInt64}(0)
+    LibKmm.kmm_buffer_map(mh, h, out)
+    out[]
+end
+
+"Drops one pin taken by `map_storage`; never throws (used by finalizers of views)."
+function unmap_storage(s::KmmStorage)
+    h = s.handle
+    mh = s.manager.handle
+    (h == 0 || mh == 0) && return LibKmm.KMM_OK
+    LibKmm.unchecked_kmm_buffer_unmap(mh, h)
+end
