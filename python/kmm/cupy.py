@@ -1,0 +1,117 @@
+"""CuPy allocators backed by Kmm.
+
+    import cupy, kmm.cupy
+    cupy.cuda.set_allocator(kmm.cupy.allocator)
+    cupy.cuda.set_pinned_memory_allocator(kmm.cupy.pinned_allocator)
+
+Device memory comes from one Kmm manager per CUDA device (`manager(device)`, created on first
+use with the options of `configure(**config)`), stream-ordered on CuPy's current stream: an
+allocation is ready for work on that stream, and its free is ordered after the work queued on
+that stream when CuPy drops it. Out of memory raises `cupy.cuda.memory.OutOfMemoryError`.
+"""
+
+import ctypes
+import threading
+
+import cupy
+
+from . import _lib
+from ._errors import error
+from .manager import Manager
+
+__all__ = ["allocator", "pinned_allocator", "manager", "configure"]
+
+_plugin_alloc = _lib.lib.kmm_plugin_alloc
+_plugin_free = _lib.lib.kmm_plugin_free
+_OOM = 3001
+_DEVICE, _PINNED = _lib.KMM_MEMORY_DEVICE, _lib.KMM_MEMORY_PINNED
+
+_UnownedMemory = cupy.cuda.memory.UnownedMemory
+_MemoryPointer = cupy.cuda.memory.MemoryPointer
+_PinnedMemoryPointer = cupy.cuda.pinned_memory.PinnedMemoryPointer
+_get_current_stream = cupy.cuda.get_current_stream
+_get_device_id = cupy.cuda.runtime.getDevice
+
+_managers = {}
+_lock = threading.Lock()
+_config = {}
+_local = threading.local()
+
+
+def configure(**config):
+    """Options (as for `kmm.Manager`) of the managers created from now on (call before the
+    first allocation)."""
+    _config.clear()
+    _config.update(config)
+
+
+def manager(device=None):
+    """The Kmm manager serving CuPy on `device` (default: CuPy's current device)."""
+    if device is None:
+        device = _get_device_id()
+    m = _managers.get(device)
+    if m is None:
+        with _lock:
+            m = _managers.get(device)
+            if m is None:
+                config = dict(_config)
+                config["device"] = device
+                m = _managers[device] = Manager(**config)
+    return m
+
+
+def _scratch():
+    s = getattr(_local, "scratch", None)
+    if s is None:
+        s = _local.scratch = (ctypes.c_uint64 * 2)()
+        _local.addr = ctypes.addressof(s)
+    return s, _local.addr
+
+
+class _Allocation:
+    """Owner of one Kmm buffer; frees it (ordered after `stream`) when CuPy drops it."""
+
+    __slots__ = ("manager", "handle", "buffer", "stream", "ptr", "size")
+
+    def __del__(self):
+        _plugin_free(self.handle, self.buffer, self.stream)
+
+
+def _alloc(nbytes, kind, device):
+    m = manager(device)
+    stream = _get_current_stream().ptr
+    scratch, addr = _scratch()
+    status = _plugin_alloc(m._handle, nbytes, kind, stream, addr, addr + 8)
+    if status:
+        e = error(status)
+        if status == _OOM:
+            total = m.stats("device" if kind == _DEVICE else "pinned")["reserved"]
+            try:
+                raise cupy.cuda.memory.OutOfMemoryError(nbytes, total, m.memory_info()[1]) from e
+            except TypeError:
+                raise cupy.cuda.memory.OutOfMemoryError(str(e)) from e
+        raise e
+    a = _Allocation()
+    a.manager = m  # keeps the manager (and its handle) alive
+    a.handle = m._handle
+    a.buffer = scratch[0]
+    a.ptr = scratch[1]
+    a.size = nbytes
+    a.stream = stream
+    return a
+
+
+def allocator(nbytes):
+    """For `cupy.cuda.set_allocator`: `nbytes` of device memory on CuPy's current device and
+    stream, as a `cupy.cuda.MemoryPointer`."""
+    device = _get_device_id()
+    a = _alloc(nbytes, _DEVICE, device)
+    return _MemoryPointer(_UnownedMemory(a.ptr, nbytes, a, device), 0)
+
+
+def pinned_allocator(nbytes):
+    """For `cupy.cuda.set_pinned_memory_allocator`: `nbytes` of page-locked host memory from
+    Kmm's pinned pool, as a `cupy.cuda.PinnedMemoryPointer`. Its free is ordered after the
+    work queued on CuPy's current stream of the allocation (pinned frees always wait for it)."""
+    a = _alloc(nbytes, _PINNED, _get_device_id())
+    return _PinnedMemoryPointer(a, 0)

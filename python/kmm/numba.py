@@ -1,0 +1,190 @@
+"""Numba External Memory Management (NBEP 7) plugin: Numba's device arrays in Kmm memory.
+
+    NUMBA_CUDA_MEMORY_MANAGER=kmm.numba python script.py
+    # or, before any CUDA allocation:
+    from numba import cuda; import kmm.numba
+    cuda.set_memory_manager(kmm.numba.KmmNumbaMemoryManager)
+
+Device memory comes from one Kmm manager per Numba context (its device), created by
+`initialize()` with the options of `configure(**config)`. Pinned and mapped host memory stays
+Numba's (the plugin subclasses `HostOnlyCUDAMemoryManager`).
+"""
+
+import contextlib
+import threading
+import weakref
+
+from numba import cuda
+from numba.cuda.cudadrv import driver as _driver
+
+from . import _lib
+from ._errors import InvalidHandleError, NotSupportedError, OutOfMemoryError, check, error
+from .manager import Manager
+
+__all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
+
+_plugin_alloc = _lib.lib.kmm_plugin_alloc
+_plugin_free = _lib.lib.kmm_plugin_free
+_OOM = 3001
+_INVALID_HANDLE = 2001
+#: Numba allocates without a stream; its default stream is the legacy default stream.
+_STREAM = 0
+
+if getattr(_driver, "USE_NV_BINDING", True):
+    _devptr = _driver.binding.CUdeviceptr
+else:  # Numba's ctypes binding
+    import ctypes
+
+    _devptr = ctypes.c_uint64
+
+_SizeNotSet = getattr(_driver, "_SizeNotSet", None)
+_config = {}
+
+
+def configure(**config):
+    """Options (as for `kmm.Manager`) of the managers that plugins create from now on."""
+    _config.clear()
+    _config.update(config)
+
+
+class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManager):
+    """An NBEP 7 EMM plugin allocating Numba's device memory from a Kmm pool.
+
+    - `memalloc`: one call into libkmm (allocate and map); freed, stream-ordered, when Numba
+      drops the pointer, or later when `defer_cleanup` is active.
+    - `get_memory_info`: device free memory plus what Kmm's pool holds unused; total is the
+      device's (or Kmm's hard limit).
+    - `get_ipc_handle`: `cuIpcGetMemHandle` of the pool chunk holding the allocation plus the
+      allocation's offset in it (pool and direct modes; not on the host backend).
+    - `reset`: destroys the manager, freeing all its memory (pointers still held dangle, as
+      with Numba's own `reset`); the next allocation starts a fresh one.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._manager = None
+        self._ctx_proxy = None
+        self._lock = threading.Lock()
+        self._defer_depth = 0
+        self._pending = []
+        self._local = threading.local()
+
+    # -- NBEP 7 -----------------------------------------------------------------------------
+    @property
+    def interface_version(self):
+        return 1
+
+    @property
+    def manager(self):
+        """The Kmm manager serving this context (created on first use)."""
+        return self._manager or self._create()
+
+    def _create(self):
+        with self._lock:
+            if self._manager is None:
+                config = dict(_config)
+                if self.context is not None:
+                    config.setdefault("device", self.context.device.id)
+                self._manager = Manager(**config)
+                self._ctx_proxy = weakref.proxy(self.context) if self.context is not None else None
+            return self._manager
+
+    def initialize(self):
+        """Creates the Kmm manager (once; later calls do nothing)."""
+        self._create()
+        if _SizeNotSet is not None and self.deallocations.memory_capacity is _SizeNotSet:
+            self.deallocations.memory_capacity = self.get_memory_info().total
+
+    def memalloc(self, size):
+        m = self._manager or self._create()
+        local = self._local
+        scratch = getattr(local, "scratch", None)
+        if scratch is None:
+            import ctypes
+
+            scratch = local.scratch = (ctypes.c_uint64 * 2)()
+            local.addr = ctypes.addressof(scratch)
+        addr = local.addr
+        handle = m._handle
+        status = _plugin_alloc(handle, size, 0, _STREAM, addr, addr + 8)
+        if status == _OOM and self._pending:
+            self._flush()
+            status = _plugin_alloc(handle, size, 0, _STREAM, addr, addr + 8)
+        if status:
+            raise error(status)
+        buf, ptr = scratch[0], scratch[1]
+        return _driver.MemoryPointer(self._ctx_proxy, _devptr(ptr), size, finalizer=self._finalizer(handle, buf))
+
+    def _finalizer(self, manager, buffer):
+        def free():
+            if self._defer_depth:
+                with self._lock:
+                    if self._defer_depth:
+                        self._pending.append((manager, buffer))
+                        return
+            _plugin_free(manager, buffer, _STREAM)  # an INVALID_HANDLE after reset() is expected
+
+        return free
+
+    def _flush(self):
+        with self._lock:
+            pending, self._pending = self._pending, []
+        for manager, buffer in pending:
+            _plugin_free(manager, buffer, _STREAM)
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        """While active, device memory dropped by Numba is not freed (Numba holds it for
+        asynchronous work); the frees happen when the outermost block exits."""
+        with super().defer_cleanup():
+            with self._lock:
+                self._defer_depth += 1
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._defer_depth -= 1
+                    flush = self._defer_depth == 0
+                if flush:
+                    self._flush()
+
+    def get_memory_info(self):
+        m = self.manager
+        free, total = m.memory_info()
+        s = m.stats("device")
+        cached = s["reserved"] - s["in_use"]
+        free = min(free + cached, total)
+        limit = _config.get("hard_limit", 0)
+        if limit:
+            total = min(total, limit)
+            free = min(free, max(limit - s["in_use"], 0))
+        return _driver.MemoryInfo(free=free, total=total)
+
+    def get_ipc_handle(self, memory):
+        m = self.manager
+        if m.backend != "cuda":
+            raise NotSupportedError(
+                "IPC handles need the CUDA backend; this Kmm manager runs on the %s backend" % m.backend)
+        try:
+            return super().get_ipc_handle(memory)
+        except Exception as e:
+            raise NotSupportedError(
+                "cannot export an IPC handle for Kmm memory (alloc_mode=%s; cuda_async pools are "
+                "not IPC-exportable): %s" % (m.alloc_mode, e)) from e
+
+    def reset(self):
+        super().reset()
+        with self._lock:
+            m, self._manager = self._manager, None
+            self._pending = []
+        if m is not None:
+            m.close()
+
+    def __del__(self):
+        m = getattr(self, "_manager", None)
+        if m is not None:
+            m.__del__()
+
+
+#: The class Numba loads for NUMBA_CUDA_MEMORY_MANAGER=kmm.numba.
+_numba_memory_manager = KmmNumbaMemoryManager

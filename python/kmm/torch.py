@@ -1,0 +1,65 @@
+"""PyTorch allocator backed by Kmm, through `torch.cuda.memory.CUDAPluggableAllocator`.
+
+    import torch, kmm.torch
+    torch.cuda.memory.change_current_allocator(kmm.torch.allocator())   # before any CUDA tensor
+
+libkmm exports the two functions PyTorch loads: `kmm_torch_malloc(size, device, stream)` and
+`kmm_torch_free(ptr, size, device, stream)`. Each device gets a default Kmm manager
+(`manager(device)`), and the pointer -> buffer map lives in libkmm. Allocations are ready for
+work on the stream PyTorch passes; frees are ordered after the work queued on it.
+
+Out of memory: PyTorch does not check the pointer its allocator returns, so by default
+`kmm_torch_malloc` prints the error to stderr and aborts the process (after Kmm has already
+synchronized and returned its cached memory once). `allocator(on_oom="null")` returns NULL
+instead, for PyTorch builds that check it.
+"""
+
+import ctypes
+
+from . import _lib
+from ._errors import check
+from .manager import Manager
+
+__all__ = ["allocator", "manager", "set_oom_policy", "live_allocations", "library_path"]
+
+_POLICIES = {"abort": _lib.KMM_TORCH_OOM_ABORT, "null": _lib.KMM_TORCH_OOM_NULL}
+_allocator = None
+
+#: The shared library holding kmm_torch_malloc / kmm_torch_free.
+library_path = _lib.path
+
+
+def set_oom_policy(on_oom):
+    """"abort" (default: message and abort, since PyTorch would use NULL) or "null"."""
+    try:
+        code = _POLICIES[on_oom]
+    except KeyError:
+        raise ValueError("on_oom = %r must be \"abort\" or \"null\"" % (on_oom,)) from None
+    check(_lib.lib.kmm_torch_set_oom_policy(code))
+
+
+def allocator(on_oom="abort"):
+    """The `CUDAPluggableAllocator` to pass to `torch.cuda.memory.change_current_allocator`
+    (one object per process: PyTorch accepts one allocator change before the first CUDA
+    allocation)."""
+    global _allocator
+    set_oom_policy(on_oom)
+    if _allocator is None:
+        import torch
+
+        _allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path, "kmm_torch_malloc", "kmm_torch_free")
+    return _allocator
+
+
+def manager(device=0):
+    """The Kmm manager serving PyTorch on `device` (owned by libkmm; `close()` does nothing)."""
+    out = ctypes.c_uint64()
+    check(_lib.lib.kmm_torch_manager(int(device), ctypes.byref(out)))
+    return Manager._borrow(out.value)
+
+
+def live_allocations():
+    """How many PyTorch allocations through Kmm are live."""
+    out = ctypes.c_uint64()
+    check(_lib.lib.kmm_torch_live_allocations(ctypes.byref(out)))
+    return out.value

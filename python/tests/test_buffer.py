@@ -1,0 +1,88 @@
+import numpy as np
+import pytest
+
+import kmm
+
+
+def test_alloc_and_info(manager):
+    b = manager.alloc(1 << 20)
+    assert isinstance(b, kmm.Buffer)
+    assert len(b) == b.nbytes == 1 << 20
+    assert b.kind == "device"
+    assert b.ptr != 0 and b.ptr % 256 == 0
+    info = b.info()
+    assert info == {"bytes": 1 << 20, "kind": "device", "pins": 1}
+    assert "device" in repr(b)
+    b.close()
+    assert b.closed and "closed" in repr(b)
+    with pytest.raises(kmm.InvalidHandleError):
+        b.ptr
+
+
+def test_zero_bytes(manager):
+    b = manager.alloc(0)
+    assert b.nbytes == 0
+    assert b.copy_to_host() == bytearray()
+
+
+@pytest.mark.parametrize("kind", ["device", "pinned"])
+def test_copies_roundtrip(manager, kind):
+    src = np.arange(1000, dtype=np.float64)
+    b = manager.alloc(src.nbytes, kind=kind)
+    b.copy_from_host(src)
+    out = np.empty_like(src)
+    b.copy_to_host(out)
+    np.testing.assert_array_equal(out, src)
+    assert bytes(b.copy_to_host(offset=8, nbytes=8)) == src[1:2].tobytes()
+
+
+def test_copies_from_any_buffer_protocol(manager):
+    b = manager.alloc(16)
+    b.copy_from_host(b"0123456789abcdef")
+    assert bytes(b.copy_to_host()) == b"0123456789abcdef"
+    b.copy_from_host(bytearray(b"XY"), offset=4)
+    b.copy_from_host(memoryview(b"zz"), offset=14)
+    assert bytes(b.copy_to_host()) == b"0123XY6789abcdzz"
+    import array
+    a = array.array("i", [0, 0])
+    b.copy_to_host(a)
+    assert a.tobytes() == b"0123XY67"
+
+
+def test_copy_errors(manager):
+    b = manager.alloc(8)
+    with pytest.raises(IndexError):
+        b.copy_from_host(b"123456789")
+    with pytest.raises(IndexError):
+        b.copy_to_host(bytearray(4), offset=6)
+    with pytest.raises(ValueError, match="read-only"):
+        b.copy_to_host(b"12345678")
+    with pytest.raises(ValueError, match="contiguous"):
+        b.copy_from_host(np.zeros(4, np.int32)[::2])
+
+
+def test_fill_and_buffer_copies(manager):
+    a = manager.alloc(64).fill(b"\xab")
+    b = manager.alloc(64).fill(b"\x01\x02\x03\x04")
+    a.copy_from(b, dst_offset=8, src_offset=0, nbytes=16)
+    out = bytes(a.copy_to_host())
+    assert out[:8] == b"\xab" * 8 and out[8:24] == b"\x01\x02\x03\x04" * 4 and out[24:] == b"\xab" * 40
+    with kmm.Manager(backend=manager.backend) as other:
+        c = other.alloc(64)
+        c.copy_from(b)
+        assert bytes(c.copy_to_host()) == b"\x01\x02\x03\x04" * 16
+        c.close()
+
+
+def test_pinned_host_view(manager):
+    p = manager.alloc(32, kind="pinned")
+    v = p.host_view()
+    v[:4] = b"kmm!"
+    assert bytes(p.copy_to_host(nbytes=4)) == b"kmm!"
+
+
+def test_context_manager(manager):
+    with manager.alloc(10) as b:
+        assert not b.closed
+    assert b.closed
+    assert manager.stats("device")["live_buffers"] == 0
