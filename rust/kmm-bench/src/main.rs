@@ -1,1 +1,365 @@
-fn main() {}
+//! Allocation, copy and pinned-memory benchmarks of Kmm's C ABI against the CUDA driver's own
+//! allocators, all in one run so figures are compared as ratios on one machine.
+//!
+//! `kmm-bench [--quick]`: on a machine without CUDA only Kmm's host backend is measured.
+
+use cudarc::driver::sys;
+use kmm::ffi::buffer::*;
+use kmm::ffi::copy::*;
+use kmm::ffi::manager::*;
+use kmm::ffi::types::*;
+use kmm::KmmStatus;
+use std::time::Instant;
+
+const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
+const PINNED: u32 = KmmMemoryKind::KMM_MEMORY_PINNED as u32;
+
+fn ok(s: KmmStatus) {
+    if s != KmmStatus::KMM_OK {
+        let msg = unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) };
+        panic!("{s:?}: {}", msg.to_string_lossy());
+    }
+}
+
+fn cu(r: sys::CUresult) {
+    assert_eq!(r, sys::CUresult::CUDA_SUCCESS, "CUDA call failed");
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Op {
+    Alloc(u64),
+    /// Free the live block at this position (modulo the live count).
+    Free(u64),
+}
+
+/// RMM's random_allocations shape: alloc or free with equal chance, at most `max_live` blocks,
+/// sizes log-uniform in [min, max].
+fn trace(n: usize, max_live: usize, min: u64, max: u64, seed: u64) -> Vec<Op> {
+    let mut rng = Rng(seed | 1);
+    let (lmin, lmax) = ((min as f64).ln(), (max as f64).ln());
+    let mut live = 0usize;
+    (0..n)
+        .map(|_| {
+            let alloc = live == 0 || (live < max_live && rng.next() & 1 == 0);
+            if alloc {
+                live += 1;
+                Op::Alloc((lmin + rng.unit() * (lmax - lmin)).exp() as u64)
+            } else {
+                live -= 1;
+                Op::Free(rng.next())
+            }
+        })
+        .collect()
+}
+
+trait Allocator {
+    fn alloc(&mut self, bytes: u64) -> u64;
+    fn free(&mut self, h: u64);
+    fn finish(&mut self) {}
+}
+
+struct KmmAlloc(KmmManager);
+impl Allocator for KmmAlloc {
+    fn alloc(&mut self, bytes: u64) -> u64 {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(self.0, bytes, DEVICE, &mut b));
+        b
+    }
+    fn free(&mut self, h: u64) {
+        ok(kmm_buffer_free(self.0, h, 0));
+    }
+}
+
+struct CuAsync(sys::CUstream);
+impl Allocator for CuAsync {
+    fn alloc(&mut self, bytes: u64) -> u64 {
+        let mut p = 0;
+        cu(unsafe { sys::cuMemAllocAsync(&mut p, bytes as usize, self.0) });
+        p
+    }
+    fn free(&mut self, h: u64) {
+        cu(unsafe { sys::cuMemFreeAsync(h, self.0) });
+    }
+    fn finish(&mut self) {
+        cu(unsafe { sys::cuStreamSynchronize(self.0) });
+    }
+}
+
+struct CuDirect;
+impl Allocator for CuDirect {
+    fn alloc(&mut self, bytes: u64) -> u64 {
+        let mut p = 0;
+        cu(unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) });
+        p
+    }
+    fn free(&mut self, h: u64) {
+        cu(unsafe { sys::cuMemFree_v2(h) });
+    }
+}
+
+/// Runs the trace; returns nanoseconds per operation.
+fn run(ops: &[Op], a: &mut dyn Allocator) -> f64 {
+    let mut live: Vec<u64> = Vec::with_capacity(1024);
+    let start = Instant::now();
+    for op in ops {
+        match *op {
+            Op::Alloc(bytes) => live.push(a.alloc(bytes)),
+            Op::Free(pos) => {
+                let h = live.swap_remove((pos % live.len() as u64) as usize);
+                a.free(h);
+            }
+        }
+    }
+    for h in live.drain(..) {
+        a.free(h);
+    }
+    a.finish();
+    start.elapsed().as_nanos() as f64 / (ops.len() as f64)
+}
+
+fn manager(backend: u32, f: impl FnOnce(&mut KmmConfig)) -> KmmManager {
+    let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
+    ok(kmm_config_default(&mut c));
+    c.backend = backend;
+    f(&mut c);
+    let mut m = 0;
+    ok(kmm_manager_create(&c, &mut m));
+    m
+}
+
+fn stats(m: KmmManager, kind: u32) -> KmmMemoryStats {
+    let mut s = KmmMemoryStats::default();
+    ok(kmm_manager_stats(m, kind, &mut s));
+    s
+}
+
+struct Report {
+    lines: Vec<String>,
+}
+impl Report {
+    fn row(&mut self, what: &str, figure: String, target: &str) {
+        let line = format!("| {what} | {figure} | {target} |");
+        println!("{line}");
+        self.lines.push(line);
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let cuda = unsafe { sys::is_culib_present() } && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
+    let backend = if cuda { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
+    let mut stream: sys::CUstream = std::ptr::null_mut();
+    if cuda {
+        unsafe {
+            let mut dev = 0;
+            cu(sys::cuDeviceGet(&mut dev, 0));
+            let mut ctx = std::ptr::null_mut();
+            cu(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev));
+            cu(sys::cuCtxSetCurrent(ctx));
+            cu(sys::cuStreamCreate(&mut stream, 1));
+            // Default pool keeps everything (release threshold at its maximum), as in the issue.
+            let mut pool = std::ptr::null_mut();
+            cu(sys::cuDeviceGetDefaultMemPool(&mut pool, dev));
+            let mut max = u64::MAX;
+            cu(sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut max as *mut u64 as *mut _,
+            ));
+        }
+    }
+    let probe = manager(backend, |_| {});
+    let mut needed = 0;
+    ok(kmm_manager_summary(probe, std::ptr::null_mut(), 0, &mut needed));
+    let mut text = vec![0u8; needed];
+    ok(kmm_manager_summary(probe, text.as_mut_ptr().cast(), needed, std::ptr::null_mut()));
+    let device_line = String::from_utf8_lossy(&text).lines().next().unwrap_or("").to_string();
+    ok(kmm_manager_destroy(probe, 0));
+    println!("# kmm-bench: {device_line}");
+    let mut r = Report { lines: Vec::new() };
+    println!("| measure | figure | target |\n|---|---|---|");
+
+    let n = if quick { 20_000 } else { 100_000 };
+    for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 5x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
+        let ops = trace(n, 1000, min, max, 42);
+        let m = manager(backend, |_| {});
+        let mut kmm = KmmAlloc(m);
+        run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be
+        ok(kmm_manager_reset_peaks(m));
+        let kmm_ns = median((0..5).map(|_| run(&ops, &mut kmm)).collect());
+        let s = stats(m, DEVICE);
+        r.row(&format!("trace {name}: Kmm pool (C ABI)"), format!("{kmm_ns:.1} ns/op"), target);
+        if name == "R" {
+            let frag = s.peak_reserved as f64 / s.peak_in_use as f64;
+            r.row(
+                "trace R: peak reserved / peak in use",
+                format!("{frag:.3} ({} / {} bytes)", s.peak_reserved, s.peak_in_use),
+                "<= 1.10",
+            );
+        }
+        ok(kmm_manager_destroy(m, 0));
+        if cuda {
+            let mut a = CuAsync(stream);
+            run(&ops, &mut a);
+            let async_ns = median((0..5).map(|_| run(&ops, &mut a)).collect());
+            r.row(&format!("trace {name}: cuMemAllocAsync"), format!("{async_ns:.1} ns/op (Kmm {:.1}x faster)", async_ns / kmm_ns), "");
+            let direct_ns = run(&ops[..ops.len().min(20_000)], &mut CuDirect);
+            r.row(&format!("trace {name}: cuMemAlloc"), format!("{direct_ns:.1} ns/op (Kmm {:.1}x faster)", direct_ns / kmm_ns), "");
+        }
+    }
+
+    // Threads: each with its own manager, then all sharing one.
+    let threads = 16;
+    let ops_per_thread = if quick { 10_000 } else { 50_000 };
+    let traces: Vec<Vec<Op>> = (0..threads).map(|t| trace(ops_per_thread, 1000, 256, 4 << 20, 100 + t as u64)).collect();
+    let one = {
+        let m = manager(backend, |_| {});
+        let mut a = KmmAlloc(m);
+        run(&traces[0], &mut a);
+        let ns = median((0..3).map(|_| run(&traces[0], &mut a)).collect());
+        ok(kmm_manager_destroy(m, 0));
+        1e9 / ns
+    };
+    let parallel = |shared: bool| -> f64 {
+        let common = if shared { manager(backend, |_| {}) } else { 0 };
+        let managers: Vec<KmmManager> = (0..threads).map(|_| if shared { common } else { manager(backend, |_| {}) }).collect();
+        for (m, t) in managers.iter().zip(&traces) {
+            run(t, &mut KmmAlloc(*m)); // warm-up
+        }
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+        let start = Instant::now();
+        std::thread::scope(|s| {
+            for (m, t) in managers.iter().zip(&traces) {
+                let barrier = barrier.clone();
+                s.spawn(move || {
+                    barrier.wait();
+                    run(t, &mut KmmAlloc(*m));
+                });
+            }
+        });
+        let secs = start.elapsed().as_secs_f64();
+        let mut destroyed = managers.clone();
+        destroyed.dedup();
+        for m in destroyed {
+            ok(kmm_manager_destroy(m, 0));
+        }
+        (threads * ops_per_thread) as f64 / secs
+    };
+    let separate = parallel(false);
+    let shared = parallel(true);
+    r.row("1 thread, trace R", format!("{:.2} Mops/s", one / 1e6), "");
+    r.row("16 threads, own managers", format!("{:.2} Mops/s ({:.1}x one thread)", separate / 1e6, separate / one), ">= 8x");
+    r.row("16 threads, one shared manager", format!("{:.2} Mops/s ({:.1}x one thread)", shared / 1e6, shared / one), "report");
+
+    copies(backend, cuda, quick, &mut r);
+    pinned_alloc(backend, cuda, &mut r);
+}
+
+fn gbps(bytes: u64, secs: f64) -> f64 {
+    bytes as f64 / secs / 1e9
+}
+
+fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
+    f();
+    (0..reps)
+        .map(|_| {
+            let t = Instant::now();
+            f();
+            t.elapsed().as_secs_f64()
+        })
+        .fold(f64::MAX, f64::min)
+}
+
+fn copies(backend: u32, cuda: bool, quick: bool, r: &mut Report) {
+    let bytes: u64 = if quick { 64 << 20 } else { 256 << 20 };
+    let reps = if quick { 2 } else { 5 };
+    let m = manager(backend, |_| {});
+    let mut d = 0;
+    ok(kmm_buffer_alloc(m, bytes, DEVICE, &mut d));
+    let mut pageable = vec![1u8; bytes as usize];
+    let mut pin = 0;
+    ok(kmm_buffer_alloc(m, bytes, PINNED, &mut pin));
+    let mut pin_ptr = 0;
+    ok(kmm_buffer_map(m, pin, &mut pin_ptr));
+    let h2d_pageable = best_of(reps, || ok(kmm_copy_to_device(m, d, 0, pageable.as_ptr().cast(), bytes)));
+    let d2h_pageable = best_of(reps, || ok(kmm_copy_to_host(m, pageable.as_mut_ptr().cast(), d, 0, bytes)));
+    let h2d_pinned = best_of(reps, || ok(kmm_copy_to_device(m, d, 0, pin_ptr as *const _, bytes)));
+    let d2h_pinned = best_of(reps, || ok(kmm_copy_to_host(m, pin_ptr as *mut _, d, 0, bytes)));
+    let mut dptr = 0;
+    ok(kmm_buffer_map(m, d, &mut dptr));
+    let (mut ref_h2d, mut ref_d2h, mut raw_h2d) = (f64::NAN, f64::NAN, f64::NAN);
+    if cuda {
+        unsafe {
+            let mut host = std::ptr::null_mut();
+            cu(sys::cuMemHostAlloc(&mut host, bytes as usize, 0));
+            ref_h2d = best_of(reps, || cu(sys::cuMemcpyHtoD_v2(dptr, host, bytes as usize)));
+            ref_d2h = best_of(reps, || cu(sys::cuMemcpyDtoH_v2(host, dptr, bytes as usize)));
+            raw_h2d = best_of(reps, || cu(sys::cuMemcpyHtoD_v2(dptr, pageable.as_ptr().cast(), bytes as usize)));
+            cu(sys::cuMemFreeHost(host));
+        }
+    }
+    let mib = bytes >> 20;
+    let rate = |secs: f64| gbps(bytes, secs);
+    let vs = |secs: f64, reference: f64| if reference.is_nan() { String::new() } else { format!(" ({:.2}x pinned cuMemcpy)", reference / secs) };
+    r.row(&format!("H2D {mib} MiB pageable via Kmm"), format!("{:.1} GB/s{}", rate(h2d_pageable), vs(h2d_pageable, ref_h2d)), ">= 0.8x");
+    r.row(&format!("D2H {mib} MiB pageable via Kmm"), format!("{:.1} GB/s{}", rate(d2h_pageable), vs(d2h_pageable, ref_d2h)), ">= 0.8x");
+    r.row(&format!("H2D {mib} MiB from Kmm pinned"), format!("{:.1} GB/s{}", rate(h2d_pinned), vs(h2d_pinned, ref_h2d)), ">= 0.95x");
+    r.row(&format!("D2H {mib} MiB into Kmm pinned"), format!("{:.1} GB/s{}", rate(d2h_pinned), vs(d2h_pinned, ref_d2h)), ">= 0.95x");
+    if cuda {
+        r.row("H2D pinned cuMemcpyHtoD (reference)", format!("{:.1} GB/s", rate(ref_h2d)), "");
+        r.row("D2H pinned cuMemcpyDtoH (reference)", format!("{:.1} GB/s", rate(ref_d2h)), "");
+        r.row("H2D pageable cuMemcpyHtoD (no staging)", format!("{:.1} GB/s", rate(raw_h2d)), "");
+    }
+    ok(kmm_buffer_unmap(m, d));
+    ok(kmm_buffer_unmap(m, pin));
+    ok(kmm_manager_destroy(m, 0));
+}
+
+fn pinned_alloc(backend: u32, cuda: bool, r: &mut Report) {
+    let bytes = 64u64 << 20;
+    let m = manager(backend, |c| c.pinned_chunk_size = 64 << 20);
+    let pair = || {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(m, bytes, PINNED, &mut b));
+        ok(kmm_buffer_free(m, b, 0));
+    };
+    pair();
+    let n = 10_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        pair();
+    }
+    let kmm_ns = t.elapsed().as_nanos() as f64 / n as f64;
+    ok(kmm_manager_destroy(m, 0));
+    r.row("pinned 64 MiB alloc+free from Kmm's pool", format!("{:.0} ns", kmm_ns), "<= 2 us");
+    if cuda {
+        let t = Instant::now();
+        for _ in 0..3 {
+            unsafe {
+                let mut p = std::ptr::null_mut();
+                cu(sys::cuMemHostAlloc(&mut p, bytes as usize, 0));
+                cu(sys::cuMemFreeHost(p));
+            }
+        }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / 3.0;
+        r.row("pinned 64 MiB cuMemHostAlloc+cuMemFreeHost", format!("{ms:.1} ms"), "");
+    }
+}

@@ -10,7 +10,7 @@ use crate::manager::{Config, Manager};
 use std::ffi::c_char;
 
 /// Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
-/// suballocator, 256-byte alignment, 32 MiB chunks, no limits, everything cached.
+/// suballocator, 256-byte alignment, 8 MiB device chunks, no limits, everything cached.
 #[no_mangle]
 pub extern "C" fn kmm_config_default(config: *mut KmmConfig) -> KmmStatus {
     boundary(|| write_out(config, "config", KmmConfig::from(&Config::default())))

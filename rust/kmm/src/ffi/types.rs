@@ -103,7 +103,7 @@ pub struct KmmConfig {
     pub suballocator: u32,
     /// Alignment of every block in bytes: a power of two up to 2 MiB (default 256).
     pub alignment: u64,
-    /// Bytes the device pool grows by (default 32 MiB; larger requests get a chunk of their own).
+    /// Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
     pub chunk_size: u64,
     /// Bytes reserved when the manager is created (default 0).
     pub initial_pool_size: u64,

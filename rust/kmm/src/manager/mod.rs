@@ -62,7 +62,7 @@ impl Default for Config {
             alloc_mode: AllocMode::Pool,
             suballocator: SuballocatorKind::Binned,
             alignment: 256,
-            chunk_size: 32 << 20,
+            chunk_size: 8 << 20,
             initial_pool_size: 0,
             fixed_block_size: 1 << 20,
             hard_limit: 0,

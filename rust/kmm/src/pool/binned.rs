@@ -7,9 +7,9 @@ use super::{round_up, Block, Suballocator};
 use std::collections::HashMap;
 
 /// Requests up to this size are served from size classes.
-pub const MAX_BINNED: u64 = 64 << 10;
+pub const MAX_BINNED: u64 = 16 << 10;
 /// Blocks per slab at least (slabs are at least 64 KiB and a whole number of blocks).
-const BLOCKS_PER_SLAB: u64 = 64;
+const BLOCKS_PER_SLAB: u64 = 8;
 
 struct Bin {
     fixed: FixedSuballocator,
