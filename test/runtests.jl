@@ -1,0 +1,26 @@
+# Kmm.jl tests. Run with `julia --project=. test/runtests.jl` (or `Pkg.test()`).
+# They run on the host backend when no GPU is present (KMM_BACKEND unset or =host).
+using Test
+using Kmm
+
+const ROOT = normpath(joinpath(@__DIR__, ".."))
+
+println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
+        " (", Kmm.libkmm_source(), "), backend ", Kmm.backend(Kmm.default_manager()),
+        ", Julia ", VERSION, ", ", Threads.nthreads(), " thread(s)")
+
+@testset "Kmm.jl" begin
+    @testset "bindings" begin include("bindings.jl") end
+    @testset "library" begin include("library.jl") end
+    @testset "manager" begin include("manager.jl") end
+    @testset "arrays" begin include("array.jl") end
+    @testset "views and reshapes" begin include("views.jl") end
+    @testset "copies" begin include("copies.jl") end
+    @testset "scalar indexing" begin include("scalar.jl") end
+    @testset "pinned and async" begin include("pinned.jl") end
+    @testset "errors" begin include("errors.jl") end
+    @testset "garbage collection" begin include("gc.jl") end
+    @testset "out of memory" begin include("oom.jl") end
+    @testset "threads" begin include("threads.jl") end
+    @testset "docs" begin include("docs.jl") end
+end
