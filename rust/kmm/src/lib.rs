@@ -10,6 +10,8 @@ pub mod backend;
 pub mod error;
 pub mod ffi;
 pub mod manager;
+pub mod module;
 pub mod pool;
+pub mod qmri;
 
 pub use error::{Error, KmmStatus, Result};

@@ -6,7 +6,9 @@
 pub mod buffer;
 pub mod copy;
 pub mod manager;
+pub mod module;
 pub mod plugins;
+pub mod qmri;
 pub mod types;
 
 use crate::error::{Error, KmmStatus, Result};

@@ -1,0 +1,223 @@
+//! Exported qMRI functions: FISP and pSSFP dictionary simulation and dictionary matching on a
+//! manager's buffers. Host backend: the CPU reference runs in the order of the manager's stream.
+//! CUDA backend: kernels compiled at run time run on the manager's stream. Either way the calls
+//! return once the work is queued; synchronize the manager (or record an event) before reading
+//! the outputs on the host.
+
+use super::types::{KmmBuffer, KmmManager};
+use super::{boundary, check_flags};
+use crate::error::{KmmStatus, Result};
+use crate::fail;
+use crate::manager::registry::with_manager;
+use crate::qmri::{self, Fisp, MatchBuffers, Pssfp};
+
+/// `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
+/// and B0 finite). The check copies the parameters to the host and waits for the stream; skip
+/// it in tight loops over parameters already checked. Bad atoms then give NaN signals.
+pub const KMM_QMRI_SKIP_CHECKS: u32 = 1;
+
+/// A gradient-spoiled FISP sequence with adiabatic inversion (BlochSimulators' FISP2D),
+/// simulated with the extended phase graph. Times in seconds, angles in radians. The arrays are
+/// host memory, read during the call only.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KmmFispSequence {
+    /// `ntr` flip angles (rad).
+    pub flip_angle: *const f32,
+    /// `ntr` RF phases (rad), or NULL for all zero.
+    pub phase: *const f32,
+    /// `ntr x nprofile` flip-angle scale factors (TR index fastest), one column per position
+    /// across the slice; signals are summed over positions. NULL when `nprofile` is 0 (one
+    /// position, scale 1).
+    pub profile: *const f32,
+    /// Number of TRs (1 to 2^20).
+    pub ntr: u32,
+    /// EPG states kept, F+(k), conj(F-(k)), Z(k) for k < max_state (1 to 512).
+    pub max_state: u32,
+    /// Number of slice-profile positions (0 to 4096).
+    pub nprofile: u32,
+    /// Repetition time (s).
+    pub tr: f32,
+    /// Echo time (s), at most `tr`.
+    pub te: f32,
+    /// Delay between the inversion and the first RF pulse (s).
+    pub ti: f32,
+}
+
+/// A balanced pSSFP sequence (BlochSimulators' pSSFP2D) simulated with isochromats: B1-scaled
+/// inversion, an alpha/2 prepulse, then per TR an RF pulse in `nrf` hard-pulse sub-steps with
+/// slice-select gradient, precession to TE, a sample of m_x + i m_y, precession to the next RF.
+/// Signals are summed over the slice positions `z`. Arrays are host memory, read during the call.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct KmmPssfpSequence {
+    /// `ntr` flip angles (rad).
+    pub flip_angle: *const f32,
+    /// `ntr` RF phases (rad), or NULL for all zero.
+    pub phase: *const f32,
+    /// `nrf` fractions of the flip angle, one per RF sub-step (summing to 1 for the nominal angle).
+    pub rf_shape: *const f32,
+    /// `nz` positions across the slice (cm).
+    pub z: *const f32,
+    /// Number of TRs (1 to 2^20).
+    pub ntr: u32,
+    /// RF sub-steps per pulse (1 to 4096).
+    pub nrf: u32,
+    /// Slice positions (1 to 4096).
+    pub nz: u32,
+    /// Duration of one RF sub-step (s).
+    pub dt_ex: f32,
+    /// Inversion delay (s).
+    pub dt_inv: f32,
+    /// From the end of the RF pulse to TE, and from TE to the next pulse (s).
+    pub dt_pr: f32,
+    /// Slice-select gradient area of one RF sub-step, gamma * G * dt (rad/cm).
+    pub gz_ex: f32,
+    /// Gradient area from the end of the RF pulse to TE (rad/cm); the sequence is balanced.
+    pub gz_pr: f32,
+}
+
+/// Reads `n` values from C; NULL is allowed only when `n` is 0 or `or_zeros` is set.
+unsafe fn floats(ptr: *const f32, n: u32, name: &str, or_zeros: bool) -> Result<Vec<f32>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if ptr.is_null() {
+        if or_zeros {
+            return Ok(vec![0.0; n as usize]);
+        }
+        fail!(KMM_ERROR_NULL_POINTER, "{name} is NULL but holds {n} values");
+    }
+    Ok(std::slice::from_raw_parts(ptr, n as usize).to_vec())
+}
+
+impl KmmFispSequence {
+    /// # Safety
+    /// The pointers hold the counts the fields give.
+    unsafe fn read(&self) -> Result<Fisp> {
+        if self.ntr == 0 || self.ntr > qmri::MAX_TRS {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "seq.ntr = {} must be in 1..={}", self.ntr, qmri::MAX_TRS);
+        }
+        if self.nprofile > qmri::MAX_POSITIONS {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "seq.nprofile = {} must be in 0..={}", self.nprofile, qmri::MAX_POSITIONS);
+        }
+        let fisp = Fisp {
+            flip: floats(self.flip_angle, self.ntr, "seq.flip_angle", false)?,
+            phase: floats(self.phase, self.ntr, "seq.phase", true)?,
+            tr: self.tr,
+            te: self.te,
+            ti: self.ti,
+            max_state: self.max_state,
+            profile: floats(self.profile, self.ntr * self.nprofile, "seq.profile", false)?,
+        };
+        fisp.validate()?;
+        Ok(fisp)
+    }
+}
+
+impl KmmPssfpSequence {
+    /// # Safety
+    /// The pointers hold the counts the fields give.
+    unsafe fn read(&self) -> Result<Pssfp> {
+        for (name, n, max) in [("seq.ntr", self.ntr, qmri::MAX_TRS), ("seq.nrf", self.nrf, qmri::MAX_RF_STEPS), ("seq.nz", self.nz, qmri::MAX_POSITIONS)] {
+            if n == 0 || n > max {
+                fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {n} must be in 1..={max}");
+            }
+        }
+        let p = Pssfp {
+            flip: floats(self.flip_angle, self.ntr, "seq.flip_angle", false)?,
+            phase: floats(self.phase, self.ntr, "seq.phase", true)?,
+            rf_shape: floats(self.rf_shape, self.nrf, "seq.rf_shape", false)?,
+            z: floats(self.z, self.nz, "seq.z", false)?,
+            dt_ex: self.dt_ex,
+            dt_inv: self.dt_inv,
+            dt_pr: self.dt_pr,
+            gz_ex: self.gz_ex,
+            gz_pr: self.gz_pr,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}
+
+fn sequence<'a, T>(seq: *const T) -> Result<&'a T> {
+    if seq.is_null() {
+        fail!(KMM_ERROR_NULL_POINTER, "seq is NULL");
+    }
+    // SAFETY: non-null, points to the caller's struct.
+    Ok(unsafe { &*seq })
+}
+
+/// Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
+/// (re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
+/// B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
+/// has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
+/// supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kmm_qmri_simulate_fisp(
+    manager: KmmManager,
+    seq: *const KmmFispSequence,
+    params: KmmBuffer,
+    natoms: u64,
+    out: KmmBuffer,
+    flags: u32,
+) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_QMRI_SKIP_CHECKS, "flags")?;
+        // SAFETY: the caller's arrays hold the counts the struct gives (documented).
+        let seq = unsafe { sequence(seq)?.read()? };
+        let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
+        with_manager(manager, |m| qmri::simulate_fisp(m, &seq, params, natoms, out, check))
+    })
+}
+
+/// Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex float), as
+/// `kmm_qmri_simulate_fisp` does for FISP.
+#[no_mangle]
+pub extern "C" fn kmm_qmri_simulate_pssfp(
+    manager: KmmManager,
+    seq: *const KmmPssfpSequence,
+    params: KmmBuffer,
+    natoms: u64,
+    out: KmmBuffer,
+    flags: u32,
+) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_QMRI_SKIP_CHECKS, "flags")?;
+        // SAFETY: as above.
+        let seq = unsafe { sequence(seq)?.read()? };
+        let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
+        with_manager(manager, |m| qmri::simulate_pssfp(m, &seq, params, natoms, out, check))
+    })
+}
+
+/// Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
+/// `signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
+/// |d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
+/// |d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
+/// float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
+/// from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
+/// zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
+/// dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
+/// uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
+/// Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+#[no_mangle]
+pub extern "C" fn kmm_qmri_match(
+    manager: KmmManager,
+    dictionary: KmmBuffer,
+    ntr: u64,
+    natoms: u64,
+    signals: KmmBuffer,
+    nvoxels: u64,
+    rank: u32,
+    params: KmmBuffer,
+    out_index: KmmBuffer,
+    out_score: KmmBuffer,
+    out_pd: KmmBuffer,
+    out_params: KmmBuffer,
+) -> KmmStatus {
+    boundary(|| {
+        let outs = MatchBuffers { index: out_index, score: out_score, pd: out_pd, params, out_params };
+        with_manager(manager, |m| qmri::match_dictionary(m, dictionary, ntr, natoms, signals, nvoxels, rank, outs))
+    })
+}

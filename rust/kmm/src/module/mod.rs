@@ -1,0 +1,338 @@
+//! Run-time CUDA modules: CUDA C source compiled by NVRTC (loaded at run time) for the device's
+//! compute capability, cached in memory per device and on disk (keyed by a hash of source,
+//! options, device architecture and NVRTC version), loaded with `cuModuleLoadData`, and
+//! launched on a manager's stream with buffers passed by handle.
+//!
+//! Compiled modules stay loaded for the life of the process (they are small, and the qMRI
+//! kernels are reused across managers); a module handle only names one.
+
+mod cache;
+
+use crate::backend::cuda::check;
+use crate::backend::BackendKind;
+use crate::error::{lock, Error, KmmStatus, Result};
+use crate::manager::handles::{HandleTable, TAG_MODULE};
+use crate::manager::Manager;
+use crate::{err, fail};
+use cudarc::driver::sys;
+use cudarc::nvrtc::sys as nv;
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Raw driver handles are plain pointers; the driver allows their use from any thread.
+#[derive(Clone, Copy)]
+struct Raw<T>(T);
+unsafe impl<T> Send for Raw<T> {}
+unsafe impl<T> Sync for Raw<T> {}
+
+/// A module loaded on one device's primary context.
+pub struct Module {
+    device: i32,
+    ctx: Raw<sys::CUcontext>,
+    module: Raw<sys::CUmodule>,
+    functions: Mutex<HashMap<String, Raw<sys::CUfunction>>>,
+}
+
+impl Module {
+    pub fn device(&self) -> i32 {
+        self.device
+    }
+
+    /// The kernel named `name` (an `extern "C" __global__` function).
+    pub fn function(&self, name: &str) -> Result<Function> {
+        let mut functions = lock(&self.functions);
+        if let Some(f) = functions.get(name) {
+            return Ok(Function { f: f.0, ctx: self.ctx.0 });
+        }
+        let cname = CString::new(name).map_err(|_| err!(KMM_ERROR_INVALID_ARGUMENT, "kernel name {name:?} contains a NUL byte"))?;
+        bind(self.ctx.0)?;
+        let mut f = std::ptr::null_mut();
+        let status = unsafe { sys::cuModuleGetFunction(&mut f, self.module.0, cname.as_ptr()) };
+        if status == sys::CUresult::CUDA_ERROR_NOT_FOUND {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "name = {name:?}: the module has no such kernel (declare it extern \"C\" __global__)");
+        }
+        check(status, "cuModuleGetFunction")?;
+        functions.insert(name.to_string(), Raw(f));
+        Ok(Function { f, ctx: self.ctx.0 })
+    }
+}
+
+/// A kernel ready to launch.
+#[derive(Clone, Copy)]
+pub struct Function {
+    f: sys::CUfunction,
+    ctx: sys::CUcontext,
+}
+
+impl Function {
+    /// Queues the kernel on `stream`. `params` holds one 8-byte slot per kernel parameter, the
+    /// value in its low bytes (the driver reads the parameter's size from each slot).
+    ///
+    /// # Safety
+    /// The parameters match the kernel's signature and the memory they name stays valid until
+    /// the kernel has run.
+    pub unsafe fn launch(&self, stream: u64, grid: [u32; 3], block: [u32; 3], shmem: u32, params: &mut [u64]) -> Result<()> {
+        bind(self.ctx)?;
+        if shmem > 48 << 10 {
+            check(
+                sys::cuFuncSetAttribute(
+                    self.f,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shmem as i32,
+                ),
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)",
+            )?;
+        }
+        let mut ptrs: Vec<*mut c_void> = params.iter_mut().map(|p| p as *mut u64 as *mut c_void).collect();
+        check(
+            sys::cuLaunchKernel(
+                self.f,
+                grid[0],
+                grid[1],
+                grid[2],
+                block[0],
+                block[1],
+                block[2],
+                shmem,
+                stream as sys::CUstream,
+                if ptrs.is_empty() { std::ptr::null_mut() } else { ptrs.as_mut_ptr() },
+                std::ptr::null_mut(),
+            ),
+            "cuLaunchKernel",
+        )
+    }
+
+    /// Blocks of `block_size` threads that fit on one multiprocessor at once.
+    pub fn occupancy(&self, block_size: u32, shmem: usize) -> Result<u32> {
+        bind(self.ctx)?;
+        let mut n = 0;
+        check(
+            unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.f, block_size as i32, shmem) },
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        Ok(n.max(0) as u32)
+    }
+}
+
+fn bind(ctx: sys::CUcontext) -> Result<()> {
+    let mut current = std::ptr::null_mut();
+    unsafe {
+        check(sys::cuCtxGetCurrent(&mut current), "cuCtxGetCurrent")?;
+        if current != ctx {
+            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        }
+    }
+    Ok(())
+}
+
+/// A device's primary context (retained once, for the life of the process) and architecture.
+#[derive(Clone, Copy)]
+pub struct DeviceInfo {
+    ctx: Raw<sys::CUcontext>,
+    pub major: i32,
+    pub minor: i32,
+    pub multiprocessors: i32,
+}
+
+impl DeviceInfo {
+    pub fn bind(&self) -> Result<()> {
+        bind(self.ctx.0)
+    }
+}
+
+pub fn device_info(device: i32) -> Result<DeviceInfo> {
+    static DEVICES: OnceLock<Mutex<HashMap<i32, DeviceInfo>>> = OnceLock::new();
+    let mut devices = lock(DEVICES.get_or_init(|| Mutex::new(HashMap::new())));
+    if let Some(d) = devices.get(&device) {
+        return Ok(*d);
+    }
+    use sys::CUdevice_attribute::*;
+    let info = unsafe {
+        let mut dev = 0;
+        check(sys::cuDeviceGet(&mut dev, device), "cuDeviceGet")?;
+        let mut ctx = std::ptr::null_mut();
+        check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+        let attr = |a| {
+            let mut v = 0;
+            check(sys::cuDeviceGetAttribute(&mut v, a, dev), "cuDeviceGetAttribute").map(|_| v)
+        };
+        DeviceInfo {
+            ctx: Raw(ctx),
+            major: attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            minor: attr(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            multiprocessors: attr(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        }
+    };
+    devices.insert(device, info);
+    Ok(info)
+}
+
+/// The manager must run on CUDA; `what` names the call for the message.
+pub fn require_cuda(m: &Manager, what: &str) -> Result<()> {
+    if m.backend_kind() != BackendKind::Cuda {
+        fail!(KMM_ERROR_NOT_SUPPORTED, "{what} needs the CUDA backend; this manager runs on the host backend");
+    }
+    Ok(())
+}
+
+fn nvrtc_version() -> Result<(i32, i32)> {
+    if !unsafe { nv::is_culib_present() } {
+        fail!(
+            KMM_ERROR_BACKEND_UNAVAILABLE,
+            "run-time compilation needs NVRTC (libnvrtc.so from the CUDA toolkit), which was not found on the library path"
+        );
+    }
+    let (mut major, mut minor) = (0, 0);
+    let status = unsafe { nv::nvrtcVersion(&mut major, &mut minor) };
+    if status != nv::nvrtcResult::NVRTC_SUCCESS {
+        fail!(KMM_ERROR_BACKEND, "nvrtcVersion failed: {status:?}");
+    }
+    Ok((major, minor))
+}
+
+/// Compiles (or finds in the caches) `src` with `options` for `device` and loads it.
+pub fn compile(device: i32, src: &str, options: &[String]) -> Result<Arc<Module>> {
+    static LOADED: OnceLock<Mutex<HashMap<(i32, u64), Arc<Module>>>> = OnceLock::new();
+    if src.contains('\0') {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "src contains a NUL byte");
+    }
+    if let Some(o) = options.iter().find(|o| o.contains('\0')) {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "option {o:?} contains a NUL byte");
+    }
+    let info = device_info(device)?;
+    let nvrtc = nvrtc_version()?;
+    let mut opts: Vec<String> = options.to_vec();
+    if !opts.iter().any(|o| o.starts_with("--gpu-architecture") || o.starts_with("-arch")) {
+        opts.push(format!("--gpu-architecture=sm_{}{}", info.major, info.minor));
+    }
+    let key = cache::key(src, &opts, (info.major, info.minor), nvrtc);
+    let loaded = LOADED.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(m) = lock(loaded).get(&(device, key)) {
+        return Ok(m.clone());
+    }
+    let image = match cache::read(key) {
+        Some(image) => image,
+        None => {
+            let image = nvrtc_compile(src, &opts)?;
+            cache::write(key, &image);
+            image
+        }
+    };
+    info.bind()?;
+    let mut module = std::ptr::null_mut();
+    check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
+    let m = Arc::new(Module { device, ctx: info.ctx, module: Raw(module), functions: Mutex::new(HashMap::new()) });
+    lock(loaded).insert((device, key), m.clone());
+    Ok(m)
+}
+
+/// NVRTC to a CUBIN (for `sm_XY`) or to PTX (for `compute_XY`), NUL-terminated.
+fn nvrtc_compile(src: &str, opts: &[String]) -> Result<Vec<u8>> {
+    let csrc = CString::new(src).expect("checked for NUL");
+    let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).expect("checked for NUL")).collect();
+    let optr: Vec<*const std::ffi::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
+    let nvcheck = |s: nv::nvrtcResult, call: &str| -> Result<()> {
+        if s == nv::nvrtcResult::NVRTC_SUCCESS {
+            Ok(())
+        } else {
+            Err(Error::new(KmmStatus::KMM_ERROR_BACKEND, format!("{call} failed: {s:?}")))
+        }
+    };
+    unsafe {
+        let mut prog = std::ptr::null_mut();
+        nvcheck(
+            nv::nvrtcCreateProgram(&mut prog, csrc.as_ptr(), c"kmm_module.cu".as_ptr(), 0, std::ptr::null(), std::ptr::null()),
+            "nvrtcCreateProgram",
+        )?;
+        let result = (|| {
+            let status = nv::nvrtcCompileProgram(prog, optr.len() as i32, optr.as_ptr());
+            if status != nv::nvrtcResult::NVRTC_SUCCESS {
+                let mut size = 0usize;
+                let mut log = String::new();
+                if nv::nvrtcGetProgramLogSize(prog, &mut size) == nv::nvrtcResult::NVRTC_SUCCESS && size > 1 {
+                    let mut buf = vec![0u8; size];
+                    if nv::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) == nv::nvrtcResult::NVRTC_SUCCESS {
+                        log = String::from_utf8_lossy(&buf[..size - 1]).into_owned();
+                    }
+                }
+                fail!(KMM_ERROR_COMPILE, "NVRTC compilation failed ({status:?}) with options {opts:?}:\n{log}");
+            }
+            let cubin = opts.iter().any(|o| o.contains("sm_"));
+            let mut size = 0usize;
+            let mut image;
+            if cubin {
+                nvcheck(nv::nvrtcGetCUBINSize(prog, &mut size), "nvrtcGetCUBINSize")?;
+                image = vec![0u8; size];
+                nvcheck(nv::nvrtcGetCUBIN(prog, image.as_mut_ptr() as *mut std::ffi::c_char), "nvrtcGetCUBIN")?;
+            } else {
+                nvcheck(nv::nvrtcGetPTXSize(prog, &mut size), "nvrtcGetPTXSize")?;
+                image = vec![0u8; size];
+                nvcheck(nv::nvrtcGetPTX(prog, image.as_mut_ptr() as *mut std::ffi::c_char), "nvrtcGetPTX")?;
+                if image.last() != Some(&0) {
+                    image.push(0);
+                }
+            }
+            Ok(image)
+        })();
+        nv::nvrtcDestroyProgram(&mut prog);
+        result
+    }
+}
+
+/// One argument of a user kernel launch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Arg {
+    /// A buffer's device address plus a byte offset; the buffer is pinned while the launch is
+    /// queued.
+    Buffer { handle: u64, offset: u64 },
+    /// A scalar passed by value: its bits in the low bytes.
+    Scalar(u64),
+}
+
+/// Launches `function` on the manager's stream. Buffers are mapped for the launch and unmapped
+/// once it is queued (stream order keeps their memory alive for the kernel).
+pub fn launch(m: &Manager, function: &Function, grid: [u32; 3], block: [u32; 3], shmem: u32, args: &[Arg]) -> Result<()> {
+    let mut mapped: Vec<u64> = Vec::new();
+    let result = (|| {
+        let mut params = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            match *a {
+                Arg::Scalar(bits) => params.push(bits),
+                Arg::Buffer { handle, offset } => {
+                    let (_, bytes, _, _) = m.buffer_info(handle)?;
+                    if offset > bytes {
+                        fail!(KMM_ERROR_OUT_OF_RANGE, "args[{i}].offset = {offset} exceeds the buffer's size of {bytes} bytes");
+                    }
+                    let addr = m.map(handle)?;
+                    mapped.push(handle);
+                    params.push(addr + offset);
+                }
+            }
+        }
+        // SAFETY: the caller's kernel signature is its own contract (documented in the ABI).
+        unsafe { function.launch(m.raw_stream(), grid, block, shmem, &mut params) }
+    })();
+    for h in mapped {
+        let _ = m.unmap(h);
+    }
+    result
+}
+
+/// The process-wide table of module handles.
+fn table() -> &'static Mutex<HandleTable<Arc<Module>>> {
+    static TABLE: OnceLock<Mutex<HandleTable<Arc<Module>>>> = OnceLock::new();
+    TABLE.get_or_init(|| Mutex::new(HandleTable::new(TAG_MODULE, 0, 0x5EED)))
+}
+
+pub fn insert_handle(module: Arc<Module>) -> Result<u64> {
+    lock(table()).insert(module)
+}
+
+pub fn get_handle(handle: u64) -> Result<Arc<Module>> {
+    lock(table()).get(handle).cloned()
+}
+
+pub fn remove_handle(handle: u64) -> Result<()> {
+    lock(table()).remove(handle).map(drop)
+}

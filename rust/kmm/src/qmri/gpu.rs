@@ -1,0 +1,302 @@
+//! The CUDA path: kernels from `kernels.cu`, compiled at run time through [`crate::module`] for
+//! the manager's device and launched on its stream; matching runs cuBLAS CGEMM in voxel chunks
+//! sized to free memory, then a reduction kernel over |D^H x| / ||d||.
+
+use super::run::MatchAddrs;
+use super::{svd, Fisp, Pssfp};
+use crate::error::{lock, Result};
+use crate::manager::copy::Completion;
+use crate::manager::{Manager, MemoryKind};
+use crate::module::{self, Function};
+use crate::fail;
+use cudarc::cublas::sys as cb;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+pub const KERNELS: &str = include_str!("kernels.cu");
+
+/// Threads per block of the FISP kernel.
+const FISP_BLOCK: u32 = 256;
+const PSSFP_BLOCK: u32 = 128;
+
+/// Threads per atom for `ns` EPG states: about 8 states per thread, up to a warp per atom.
+pub fn fisp_lanes(ns: u32) -> u32 {
+    ns.div_ceil(8).next_power_of_two().min(32)
+}
+
+fn function(m: &Manager, options: &[String], name: &str) -> Result<Function> {
+    let mut opts = vec!["--std=c++14".to_string(), "--fmad=true".to_string()];
+    opts.extend_from_slice(options);
+    module::compile(m.device(), KERNELS, &opts)?.function(name)
+}
+
+/// A device buffer that lives until the end of the call; its free is stream-ordered, so
+/// queued kernels still see it.
+struct Scratch<'a> {
+    m: &'a Manager,
+    handle: u64,
+    pub addr: u64,
+}
+
+impl<'a> Scratch<'a> {
+    fn new(m: &'a Manager, bytes: u64) -> Result<Scratch<'a>> {
+        let handle = m.alloc(bytes.max(1), MemoryKind::Device)?;
+        let addr = match m.map(handle) {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = m.free(handle, crate::manager::FreeMode::Force);
+                return Err(e);
+            }
+        };
+        Ok(Scratch { m, handle, addr })
+    }
+    fn upload<T: Copy>(m: &'a Manager, data: &[T]) -> Result<Scratch<'a>> {
+        let bytes = std::mem::size_of_val(data) as u64;
+        let s = Scratch::new(m, bytes)?;
+        // SAFETY: pageable sources are copied out before the call returns.
+        unsafe { m.copy_to_device(s.handle, 0, data.as_ptr() as *const u8, bytes, Completion::Queue)? };
+        Ok(s)
+    }
+}
+
+impl Drop for Scratch<'_> {
+    fn drop(&mut self) {
+        let _ = self.m.unmap(self.handle);
+        let _ = self.m.free(self.handle, crate::manager::FreeMode::Checked);
+    }
+}
+
+fn rf_table(flip: &[f32], phase: &[f32], scale: impl Fn(usize) -> f32) -> Vec<[f32; 4]> {
+    flip.iter()
+        .zip(phase)
+        .enumerate()
+        .map(|(n, (&a, &p))| {
+            let (s, c) = (p as f64).sin_cos();
+            [a * scale(n), c as f32, s as f32, 0.0]
+        })
+        .collect()
+}
+
+fn grid_for(threads: u64, block: u32) -> Result<[u32; 3]> {
+    let blocks = threads.div_ceil(block as u64);
+    if blocks > i32::MAX as u64 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "too many atoms for one launch: {threads} threads");
+    }
+    Ok([blocks as u32, 1, 1])
+}
+
+pub fn simulate_fisp(m: &Manager, seq: &Fisp, atoms: u64, natoms: usize, out: u64) -> Result<()> {
+    let lanes = fisp_lanes(seq.max_state);
+    let opts = [format!("-DNS={}", seq.max_state), format!("-DLANES={lanes}")];
+    let f = function(m, &opts, "kmm_fisp")?;
+    let ntr = seq.ntr();
+    let mut table = Vec::with_capacity(ntr * seq.positions());
+    for p in 0..seq.positions() {
+        table.extend(rf_table(&seq.flip, &seq.phase, |n| seq.scale(n, p)));
+    }
+    let table = Scratch::upload(m, &table)?;
+    let grid = grid_for(natoms as u64 * lanes as u64, FISP_BLOCK)?;
+    let mut params = [
+        atoms,
+        out,
+        table.addr,
+        natoms as u64,
+        ntr as u64,
+        seq.positions() as u64,
+        seq.tr.to_bits() as u64,
+        seq.te.to_bits() as u64,
+        seq.ti.to_bits() as u64,
+    ];
+    // SAFETY: the parameters match kmm_fisp; the buffers are pinned and sized by the caller.
+    unsafe { f.launch(m.raw_stream(), grid, [FISP_BLOCK, 1, 1], 0, &mut params) }
+}
+
+pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, atoms: u64, natoms: usize, out: u64) -> Result<()> {
+    let f = function(m, &[], "kmm_pssfp")?;
+    let rf = Scratch::upload(m, &rf_table(&seq.flip, &seq.phase, |_| 1.0))?;
+    let shape = Scratch::upload(m, &seq.rf_shape)?;
+    let z = Scratch::upload(m, &seq.z)?;
+    let grid = grid_for(natoms as u64, PSSFP_BLOCK)?;
+    let mut params = [
+        atoms,
+        out,
+        rf.addr,
+        shape.addr,
+        z.addr,
+        natoms as u64,
+        seq.ntr() as u64,
+        seq.rf_shape.len() as u64,
+        seq.z.len() as u64,
+        seq.dt_ex.to_bits() as u64,
+        seq.dt_inv.to_bits() as u64,
+        seq.dt_pr.to_bits() as u64,
+        seq.gz_ex.to_bits() as u64,
+        seq.gz_pr.to_bits() as u64,
+    ];
+    // SAFETY: as above, for kmm_pssfp.
+    unsafe { f.launch(m.raw_stream(), grid, [PSSFP_BLOCK, 1, 1], 0, &mut params) }
+}
+
+// ---- cuBLAS --------------------------------------------------------------------------------
+
+struct Handle(cb::cublasHandle_t);
+unsafe impl Send for Handle {}
+
+fn cublas_check(status: cb::cublasStatus_t, call: &str) -> Result<()> {
+    if status == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        fail!(KMM_ERROR_BACKEND, "{call} failed: {status:?}")
+    }
+}
+
+/// Runs `f` with the device's cuBLAS handle bound to the manager's stream (one user at a time).
+fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
+    static HANDLES: OnceLock<Mutex<HashMap<i32, Handle>>> = OnceLock::new();
+    if !unsafe { cb::is_culib_present() } {
+        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "matching on the CUDA backend needs cuBLAS (libcublas.so), which was not found on the library path");
+    }
+    module::device_info(m.device())?.bind()?;
+    let mut handles = lock(HANDLES.get_or_init(|| Mutex::new(HashMap::new())));
+    if !handles.contains_key(&m.device()) {
+        let mut h = std::ptr::null_mut();
+        cublas_check(unsafe { cb::cublasCreate_v2(&mut h) }, "cublasCreate")?;
+        handles.insert(m.device(), Handle(h));
+    }
+    let h = handles[&m.device()].0;
+    cublas_check(unsafe { cb::cublasSetStream_v2(h, m.raw_stream() as cb::cudaStream_t) }, "cublasSetStream")?;
+    f(h)
+}
+
+/// C (m x n, ldc) = op(A) op(B) in complex f32, column-major.
+#[allow(clippy::too_many_arguments)]
+unsafe fn cgemm(
+    h: cb::cublasHandle_t,
+    ta: cb::cublasOperation_t,
+    tb: cb::cublasOperation_t,
+    mm: usize,
+    n: usize,
+    k: usize,
+    a: u64,
+    lda: usize,
+    b: u64,
+    ldb: usize,
+    c: u64,
+    ldc: usize,
+) -> Result<()> {
+    let one = cb::cuComplex { x: 1.0, y: 0.0 };
+    let zero = cb::cuComplex { x: 0.0, y: 0.0 };
+    cublas_check(
+        cb::cublasCgemm_v2_64(
+            h,
+            ta,
+            tb,
+            mm as i64,
+            n as i64,
+            k as i64,
+            &one,
+            a as *const cb::cuComplex,
+            lda as i64,
+            b as *const cb::cuComplex,
+            ldb as i64,
+            &zero,
+            c as *mut cb::cuComplex,
+            ldc as i64,
+        ),
+        "cublasCgemm",
+    )
+}
+
+/// Voxels per GEMM chunk: the scratch of natoms x chunk complex values takes at most half the
+/// free memory, and at most `KMM_MATCH_SCRATCH_BYTES` (default 2 GiB).
+pub fn match_chunk(m: &Manager, natoms: usize, nvoxels: usize) -> Result<usize> {
+    let (free, _) = m.memory_info()?;
+    let cap = std::env::var("KMM_MATCH_SCRATCH_BYTES").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2 << 30);
+    let budget = (free / 2).min(cap);
+    let per_voxel = natoms as u64 * 8;
+    Ok(((budget / per_voxel) as usize).clamp(1, nvoxels))
+}
+
+/// The compression basis U (`ntr x rank`) of the dictionary, on the device.
+fn compression_basis<'a>(m: &'a Manager, h: cb::cublasHandle_t, dict: u64, ntr: usize, natoms: usize, rank: usize) -> Result<Scratch<'a>> {
+    use cb::cublasOperation_t::*;
+    let g = Scratch::new(m, (ntr * ntr * 8) as u64)?;
+    unsafe { cgemm(h, CUBLAS_OP_N, CUBLAS_OP_C, ntr, ntr, natoms, dict, ntr, dict, ntr, g.addr, ntr)? };
+    let mut host = vec![[0f32; 2]; ntr * ntr];
+    unsafe { m.copy_to_host(host.as_mut_ptr() as *mut u8, g.handle, 0, (ntr * ntr * 8) as u64, Completion::Wait)? };
+    let gram: Vec<_> = host.iter().map(|c| super::cpu::C64::new(c[0] as f64, c[1] as f64)).collect();
+    let u: Vec<[f32; 2]> = svd::dominant_subspace(&gram, ntr, rank).iter().map(|c| [c.re as f32, c.im as f32]).collect();
+    Scratch::upload(m, &u)
+}
+
+/// Matching on the device. With `rank` > 0 the dictionary and signals are first projected on
+/// the dominant subspace (Gram matrix by CGEMM, subspace iteration on the host).
+#[allow(clippy::too_many_arguments)]
+pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize, rank: usize, a: MatchAddrs) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    let norms_fn = function(m, &[], "kmm_inv_norms")?;
+    let argmax_fn = function(m, &[], "kmm_argmax")?;
+    with_cublas(m, |h| {
+        // Optional compression: D <- U^H D, X <- U^H X.
+        let (_basis, _dc, _xc, dict, sig, ntr) = if rank > 0 {
+            let u = compression_basis(m, h, dict, ntr, natoms, rank)?;
+            let dc = Scratch::new(m, (rank * natoms * 8) as u64)?;
+            let xc = Scratch::new(m, (rank * nvoxels * 8) as u64)?;
+            unsafe {
+                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, natoms, ntr, u.addr, ntr, dict, ntr, dc.addr, rank)?;
+                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, nvoxels, ntr, u.addr, ntr, sig, ntr, xc.addr, rank)?;
+            }
+            let (d, x) = (dc.addr, xc.addr);
+            (Some(u), Some(dc), Some(xc), d, x, rank)
+        } else {
+            (None, None, None, dict, sig, ntr)
+        };
+        let inv = Scratch::new(m, (natoms * 4) as u64)?;
+        let mut p = [dict, ntr as u64, natoms as u64, inv.addr];
+        unsafe { norms_fn.launch(m.raw_stream(), grid_for(natoms as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)? };
+        let chunk = match_chunk(m, natoms, nvoxels)?;
+        let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
+        let at = |base: u64, v0: usize, each: usize| if base == 0 { 0 } else { base + (v0 * each) as u64 };
+        let mut v0 = 0;
+        while v0 < nvoxels {
+            let nv = chunk.min(nvoxels - v0);
+            let x = sig + (v0 * ntr * 8) as u64;
+            unsafe {
+                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, nv, ntr, dict, ntr, x, ntr, scratch.addr, natoms)?;
+                let mut p = [
+                    scratch.addr,
+                    natoms as u64,
+                    natoms as u64,
+                    inv.addr,
+                    x,
+                    ntr as u64,
+                    at(a.index, v0, 4),
+                    at(a.score, v0, 4),
+                    at(a.pd, v0, 8),
+                    a.params,
+                    at(a.out_params, v0, 16),
+                ];
+                argmax_fn.launch(m.raw_stream(), [nv as u32, 1, 1], [256, 1, 1], 0, &mut p)?;
+            }
+            v0 += nv;
+        }
+        Ok(())
+    })
+}
+
+/// The GEMMs of an uncompressed match alone (same chunking, no reduction): the benchmark's
+/// baseline. Queued on the manager's stream.
+pub fn bare_gemm(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    with_cublas(m, |h| {
+        let chunk = match_chunk(m, natoms, nvoxels)?;
+        let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
+        let mut v0 = 0;
+        while v0 < nvoxels {
+            let nv = chunk.min(nvoxels - v0);
+            unsafe { cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, nv, ntr, dict, ntr, sig + (v0 * ntr * 8) as u64, ntr, scratch.addr, natoms)? };
+            v0 += nv;
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,265 @@
+// Kmm qMRI kernels, compiled at run time by NVRTC (see rust/kmm/src/qmri/gpu.rs).
+// FISP is specialised per state count: NS states, LANES threads per atom, K = ceil(NS/LANES)
+// states per thread, all in registers. Thread `lane` of an atom holds states lane*K .. lane*K+K-1.
+
+#ifndef NS
+#define NS 32
+#endif
+#ifndef LANES
+#define LANES 4
+#endif
+#define K ((NS + LANES - 1) / LANES)
+#define TWO_PI 6.283185307179586f
+
+__device__ __forceinline__ float2 cmul(float2 a, float2 b) {
+    return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
+}
+// a*b + c
+__device__ __forceinline__ float2 cfma(float2 a, float2 b, float2 c) {
+    return make_float2(fmaf(a.x, b.x, fmaf(-a.y, b.y, c.x)), fmaf(a.x, b.y, fmaf(a.y, b.x, c.y)));
+}
+// conj(a)*b + c
+__device__ __forceinline__ float2 cfma_conj(float2 a, float2 b, float2 c) {
+    return make_float2(fmaf(a.x, b.x, fmaf(a.y, b.y, c.x)), fmaf(a.x, b.y, fmaf(-a.y, b.x, c.y)));
+}
+__device__ __forceinline__ float2 cscale(float2 a, float s) { return make_float2(a.x * s, a.y * s); }
+__device__ __forceinline__ float2 cconj(float2 a) { return make_float2(a.x, -a.y); }
+__device__ __forceinline__ float relaxf(float dt, float t) { return expf(-dt / t); }
+
+// atoms: natoms x (T1, T2, B1, B0); out: ntr x natoms complex; table: nprof x ntr of
+// (flip angle x profile scale, cos phase, sin phase, 0).
+extern "C" __global__ void __launch_bounds__(256) kmm_fisp(
+    const float4* __restrict__ atoms, float2* __restrict__ out, const float4* __restrict__ table,
+    int natoms, int ntr, int nprof, float tr, float te, float ti)
+{
+    const long long tid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long atom = tid / LANES;
+    const int lane = threadIdx.x % LANES;
+    const bool live = atom < natoms;
+    const float4 p = live ? atoms[atom] : make_float4(1.f, 1.f, 1.f, 0.f);
+    const float e1te = relaxf(te, p.x), e2te = relaxf(te, p.y);
+    const float e1r = relaxf(tr - te, p.x), e2r = relaxf(tr - te, p.y);
+    const float e1ti = relaxf(ti, p.x);
+    float s, c;
+    sincosf(TWO_PI * p.w * te, &s, &c);
+    const float2 a = make_float2(e2te * c, e2te * s);
+    sincosf(TWO_PI * p.w * (tr - te), &s, &c);
+    const float2 b = make_float2(e2r * c, e2r * s);
+    float2* o = out + atom * (long long)ntr;
+
+    float2 F[K], G[K], Z[K];
+    for (int pr = 0; pr < nprof; ++pr) {
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+            F[j] = make_float2(0.f, 0.f);
+            G[j] = make_float2(0.f, 0.f);
+            Z[j] = make_float2(0.f, 0.f);
+        }
+        // Adiabatic inversion, relaxation over TI.
+        if (lane == 0) Z[0].x = -e1ti + (1.f - e1ti);
+        // Relaxation since the previous sample, folded into the next excitation's columns.
+        float2 cb = make_float2(1.f, 0.f);
+        float ce1 = 1.f, reg = 0.f;
+        const float4* t = table + (long long)pr * ntr;
+        for (int n = 0; n < ntr; ++n) {
+            const float4 rf = t[n];
+            float sx, cx;
+            sincosf(0.5f * rf.x * p.z, &sx, &cx);
+            const float c2 = cx * cx, s2 = sx * sx, sa = 2.f * sx * cx, ca = c2 - s2;
+            const float2 e = make_float2(rf.y, rf.z);
+            const float2 e2 = cmul(e, e);
+            // R00 = c2, R01 = s2 e^{2i phi}, R02 = -i sin(a) e^{i phi}, R20 = -i/2 sin(a) e^{-i phi}, R22 = cos(a)
+            const float2 r02 = make_float2(sa * e.y, -sa * e.x);
+            const float2 r20 = make_float2(-0.5f * sa * e.y, -0.5f * sa * e.x);
+            // M = diag(a, conj a, E1te) R diag(cb, conj cb, ce1)
+            const float2 m00 = cscale(cmul(a, cb), c2);
+            const float2 m01 = cscale(cmul(a, cmul(e2, cconj(cb))), s2);
+            const float2 ar02 = cmul(a, r02);
+            const float2 m02 = cscale(ar02, ce1);
+            const float2 m20 = cscale(cmul(r20, cb), e1te);
+            const float m22 = e1te * ca * ce1;
+            // Regrowth of Z(0) over the previous TR - TE, pushed through the same matrix.
+            const float2 q0 = cscale(ar02, reg);
+            const float q2 = e1te * ca * reg + (1.f - e1te);
+#pragma unroll
+            for (int j = 0; j < K; ++j) {
+                const float2 f = F[j], g = G[j], z = Z[j];
+                F[j] = cfma(m02, z, cfma(m01, g, cmul(m00, f)));
+                G[j] = cfma_conj(m02, z, cfma_conj(m00, g, cmul(cconj(m01), f)));
+                Z[j] = cscale(z, m22);
+                Z[j] = cfma_conj(m20, g, cfma(m20, f, Z[j]));
+            }
+            if (lane == 0) {
+                F[0].x += q0.x; F[0].y += q0.y;
+                G[0].x += q0.x; G[0].y -= q0.y;
+                Z[0].x += q2;
+                if (live) {
+                    float2 v = F[0];
+                    if (pr > 0) { float2 w = o[n]; v.x += w.x; v.y += w.y; }
+                    o[n] = v;
+                }
+            }
+            // Dephasing: conj(F-) down one state, F+ up one, F+(0) = conj(conj(F-)(0)).
+#if LANES > 1
+            const float upx = __shfl_down_sync(0xffffffffu, G[0].x, 1, LANES);
+            const float upy = __shfl_down_sync(0xffffffffu, G[0].y, 1, LANES);
+            const float dnx = __shfl_up_sync(0xffffffffu, F[K - 1].x, 1, LANES);
+            const float dny = __shfl_up_sync(0xffffffffu, F[K - 1].y, 1, LANES);
+#else
+            const float upx = 0.f, upy = 0.f, dnx = 0.f, dny = 0.f;
+#endif
+#pragma unroll
+            for (int j = 0; j < K - 1; ++j) G[j] = G[j + 1];
+            G[K - 1] = (lane == LANES - 1) ? make_float2(0.f, 0.f) : make_float2(upx, upy);
+#pragma unroll
+            for (int j = K - 1; j > 0; --j) F[j] = F[j - 1];
+            F[0] = (lane == 0) ? cconj(G[0]) : make_float2(dnx, dny);
+            if (LANES * K > NS) {
+#pragma unroll
+                for (int j = 0; j < K; ++j)
+                    if (lane * K + j >= NS) F[j] = make_float2(0.f, 0.f);
+            }
+            cb = b;
+            ce1 = e1r;
+            reg = 1.f - e1r;
+        }
+    }
+}
+
+// ---- pSSFP (isochromats) ----------------------------------------------------------------
+
+__device__ __forceinline__ void rodrigues(float3& m, float ax, float ay, float az) {
+    const float theta = sqrtf(ax * ax + ay * ay + az * az);
+    if (theta == 0.f) return;
+    const float inv = 1.f / theta;
+    const float kx = ax * inv, ky = ay * inv, kz = az * inv;
+    float s, c;
+    sincosf(theta, &s, &c);
+    const float cx = ky * m.z - kz * m.y, cy = kz * m.x - kx * m.z, cz = kx * m.y - ky * m.x;
+    const float d = (kx * m.x + ky * m.y + kz * m.z) * (1.f - c);
+    m = make_float3(c * m.x + s * cx + d * kx, c * m.y + s * cy + d * ky, c * m.z + s * cz + d * kz);
+}
+
+__device__ __forceinline__ void decay_regrow(float3& m, float e1, float e2) {
+    m.x *= e2; m.y *= e2; m.z = fmaf(m.z, e1, 1.f - e1);
+}
+
+__device__ __forceinline__ void rot_xy(float3& m, float theta) {
+    float s, c;
+    sincosf(theta, &s, &c);
+    const float x = m.x, y = m.y;
+    m.x = c * x - s * y;
+    m.y = s * x + c * y;
+}
+
+// rf: ntr of (flip angle, cos phase, sin phase, 0); shape: nrf; z: nz positions.
+extern "C" __global__ void __launch_bounds__(128) kmm_pssfp(
+    const float4* __restrict__ atoms, float2* __restrict__ out, const float4* __restrict__ rf,
+    const float* __restrict__ shape, const float* __restrict__ zs,
+    int natoms, int ntr, int nrf, int nz, float dt_ex, float dt_inv, float dt_pr, float gz_ex, float gz_pr)
+{
+    const long long atom = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (atom >= natoms) return;
+    const float4 p = atoms[atom];
+    const float e1ex = relaxf(dt_ex, p.x), e2ex = relaxf(dt_ex, p.y);
+    const float e1pr = relaxf(dt_pr, p.x), e2pr = relaxf(dt_pr, p.y);
+    const float e1inv = relaxf(dt_inv, p.x);
+    float2* o = out + atom * (long long)ntr;
+    for (int iz = 0; iz < nz; ++iz) {
+        const float z = zs[iz];
+        const float off_ex = -(gz_ex * z) - dt_ex * TWO_PI * p.w;
+        float3 m = make_float3(0.f, 0.f, cospif(p.z));
+        m.z = fmaf(m.z, e1inv, 1.f - e1inv);
+        // alpha/2 prepulse with the first TR's phase and opposite sign
+        {
+            const float4 r = rf[0];
+            const float amp = -0.5f * r.x;
+            for (int j = 0; j < nrf; ++j) {
+                const float w = amp * shape[j];
+                rodrigues(m, w * r.y * p.z, -w * r.z * p.z, off_ex);
+                decay_regrow(m, e1ex, e2ex);
+            }
+            rot_xy(m, -(2.f * gz_pr * z) - dt_pr * TWO_PI * p.w);
+            decay_regrow(m, e1pr, e2pr);
+        }
+        const float theta_pr = -(gz_pr * z) - dt_pr * TWO_PI * p.w;
+        for (int n = 0; n < ntr; ++n) {
+            const float4 r = rf[n];
+            for (int j = 0; j < nrf; ++j) {
+                const float w = r.x * shape[j];
+                rodrigues(m, w * r.y * p.z, -w * r.z * p.z, off_ex);
+                decay_regrow(m, e1ex, e2ex);
+            }
+            rot_xy(m, theta_pr);
+            decay_regrow(m, e1pr, e2pr);
+            float2 v = make_float2(m.x, m.y);
+            if (iz > 0) { const float2 w = o[n]; v.x += w.x; v.y += w.y; }
+            o[n] = v;
+            rot_xy(m, theta_pr);
+            decay_regrow(m, e1pr, e2pr);
+        }
+    }
+}
+
+// ---- matching -----------------------------------------------------------------------------
+
+// One warp per atom: 1/||d|| (0 for a zero atom).
+extern "C" __global__ void kmm_inv_norms(const float2* __restrict__ dict, int ntr, int natoms, float* __restrict__ inv)
+{
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (warp >= natoms) return;
+    const float2* d = dict + warp * (long long)ntr;
+    float s = 0.f;
+    for (int i = lane; i < ntr; i += 32) s += d[i].x * d[i].x + d[i].y * d[i].y;
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(0xffffffffu, s, off);
+    if (lane == 0) inv[warp] = s > 0.f ? rsqrtf(s) : 0.f;
+}
+
+// One block per voxel of the chunk: the best atom by |c| / ||d||, c = (D^H x) from the GEMM.
+extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
+    const float2* __restrict__ c, long long ldc, int natoms, const float* __restrict__ inv,
+    const float2* __restrict__ sig, int ntr,
+    int* __restrict__ index, float* __restrict__ score, float2* __restrict__ pd,
+    const float4* __restrict__ params, float4* __restrict__ out_params)
+{
+    __shared__ float best_v[32];
+    __shared__ int best_i[32];
+    __shared__ float norm_s[32];
+    const int v = blockIdx.x;
+    const float2* col = c + (long long)v * ldc;
+    float bv = -1.f;
+    int bi = 0;
+    for (int i = threadIdx.x; i < natoms; i += blockDim.x) {
+        const float2 x = col[i];
+        const float w = inv[i];
+        const float s = (x.x * x.x + x.y * x.y) * (w * w);
+        if (s > bv) { bv = s; bi = i; }
+    }
+    float xs = 0.f;
+    const float2* xv = sig + (long long)v * ntr;
+    for (int i = threadIdx.x; i < ntr; i += blockDim.x) xs += xv[i].x * xv[i].x + xv[i].y * xv[i].y;
+    for (int off = 16; off > 0; off >>= 1) {
+        const float ov = __shfl_down_sync(0xffffffffu, bv, off);
+        const int oi = __shfl_down_sync(0xffffffffu, bi, off);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+        xs += __shfl_down_sync(0xffffffffu, xs, off);
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; norm_s[warp] = xs; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int nw = (blockDim.x + 31) / 32;
+        bv = best_v[0]; bi = best_i[0]; xs = norm_s[0];
+        for (int w = 1; w < nw; ++w) {
+            if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
+            xs += norm_s[w];
+        }
+        index[v] = bi;
+        const float2 x = col[bi];
+        const float w = inv[bi];
+        if (score) score[v] = xs > 0.f ? sqrtf(fmaxf(bv, 0.f)) * rsqrtf(xs) : 0.f;
+        if (pd) pd[v] = make_float2(x.x * w, x.y * w);
+        if (out_params) out_params[v] = params[bi];
+    }
+}

@@ -1,0 +1,273 @@
+//! Entry points on a manager's buffers: checks, then the CPU reference queued in stream order
+//! (host backend) or the CUDA kernels on the manager's stream.
+
+use super::{cpu, gpu, svd, validate_atoms, Atom, Fisp, Pssfp};
+use crate::backend::{self, BackendKind, Stream};
+use crate::error::{lock, Result};
+use crate::fail;
+use crate::manager::copy::Completion;
+use crate::manager::Manager;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Most atoms or voxels of one call (the Julia layer batches larger problems).
+pub const MAX_COUNT: u64 = i32::MAX as u64;
+
+/// Output buffers of a match; 0 leaves an output out (`index` is required).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MatchBuffers {
+    /// `nvoxels` i32: 0-based index of the best atom.
+    pub index: u64,
+    /// `nvoxels` f32: |d^H x| / (||d|| ||x||).
+    pub score: u64,
+    /// `nvoxels` complex f32: d^H x / ||d||.
+    pub pd: u64,
+    /// `natoms` atom records (T1, T2, B1, B0) of the dictionary; needed for `out_params`.
+    pub params: u64,
+    /// `nvoxels` atom records: the parameters of the best atom.
+    pub out_params: u64,
+}
+
+/// Pins buffers for the duration of queueing; unpins on drop.
+struct Pins<'a> {
+    m: &'a Manager,
+    handles: Vec<u64>,
+}
+
+impl<'a> Pins<'a> {
+    fn new(m: &'a Manager) -> Self {
+        Pins { m, handles: Vec::new() }
+    }
+    /// Checks that `handle` holds at least `bytes` and maps it.
+    fn map(&mut self, handle: u64, bytes: u64, name: &str) -> Result<u64> {
+        let (_, size, _, _) = self.m.buffer_info(handle)?;
+        if size < bytes {
+            fail!(KMM_ERROR_OUT_OF_RANGE, "{name} holds {size} bytes but needs {bytes}");
+        }
+        let addr = self.m.map(handle)?;
+        self.handles.push(handle);
+        Ok(addr)
+    }
+}
+
+impl Drop for Pins<'_> {
+    fn drop(&mut self) {
+        for &h in &self.handles {
+            let _ = self.m.unmap(h);
+        }
+    }
+}
+
+fn check_count(name: &str, n: u64) -> Result<()> {
+    if n == 0 || n > MAX_COUNT {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {n} must be in 1..={MAX_COUNT}");
+    }
+    Ok(())
+}
+
+fn bytes(count: u64, each: u64, name: &str) -> Result<u64> {
+    match count.checked_mul(each) {
+        Some(b) if b <= crate::manager::MAX_BUFFER_BYTES => Ok(b),
+        _ => fail!(KMM_ERROR_SIZE_OVERFLOW, "{name}: {count} x {each} bytes exceeds the largest buffer"),
+    }
+}
+
+/// Reads the atom records (stream-ordered, then waits) and checks them.
+fn check_atoms(m: &Manager, params: u64, natoms: u64) -> Result<()> {
+    let mut atoms = vec![Atom::default(); natoms as usize];
+    // SAFETY: `atoms` has room for natoms records; the copy completes before return.
+    unsafe { m.copy_to_host(atoms.as_mut_ptr() as *mut u8, params, 0, natoms * 16, Completion::Wait)? };
+    validate_atoms(&atoms)
+}
+
+/// A host stream per device that runs the CPU reference in the order of the managers' streams:
+/// it waits for the manager's queued work, computes, and the manager's stream waits for it.
+fn host_worker(device: i32) -> Result<Arc<dyn Stream>> {
+    static WORKERS: OnceLock<Mutex<HashMap<i32, Arc<dyn Stream>>>> = OnceLock::new();
+    let mut workers = lock(WORKERS.get_or_init(|| Mutex::new(HashMap::new())));
+    if let Some(w) = workers.get(&device) {
+        return Ok(w.clone());
+    }
+    let w = backend::host::HostBackend::get(device)?.create_stream()?;
+    workers.insert(device, w.clone());
+    Ok(w)
+}
+
+fn queue_on_host(m: &Manager, work: Box<dyn FnOnce() + Send>) -> Result<()> {
+    let worker = host_worker(m.device())?;
+    worker.wait_raw_stream(m.raw_stream())?;
+    worker.launch_host_fn(work)?;
+    m.wait_for_stream(worker.raw())
+}
+
+/// Host addresses become slices inside queued work; the pins and stream order keep them valid.
+#[derive(Clone, Copy)]
+struct Addr(u64);
+impl Addr {
+    unsafe fn slice<'a, T>(self, n: usize) -> &'a [T] {
+        std::slice::from_raw_parts(self.0 as *const T, n)
+    }
+    unsafe fn slice_mut<'a, T>(self, n: usize) -> &'a mut [T] {
+        std::slice::from_raw_parts_mut(self.0 as *mut T, n)
+    }
+}
+
+/// Simulates `natoms` FISP signals into `out` (`ntr x natoms` complex f32).
+pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
+    seq.validate()?;
+    check_count("natoms", natoms)?;
+    let ntr = seq.ntr() as u64;
+    let out_bytes = bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "out")?;
+    let mut pins = Pins::new(m);
+    let p = pins.map(params, bytes(natoms, 16, "params")?, "params")?;
+    let o = pins.map(out, out_bytes, "out")?;
+    if check {
+        check_atoms(m, params, natoms)?;
+    }
+    match m.backend_kind() {
+        BackendKind::Cuda => gpu::simulate_fisp(m, seq, p, natoms as usize, o),
+        BackendKind::Host => {
+            let seq = seq.clone();
+            let (p, o, n) = (Addr(p), Addr(o), natoms as usize);
+            queue_on_host(
+                m,
+                Box::new(move || unsafe {
+                    cpu::simulate_fisp(&seq, p.slice::<Atom>(n), o.slice_mut::<[f32; 2]>(n * seq.ntr()))
+                }),
+            )
+        }
+    }
+}
+
+/// Simulates `natoms` pSSFP signals into `out` (`ntr x natoms` complex f32).
+pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, params: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
+    seq.validate()?;
+    check_count("natoms", natoms)?;
+    let ntr = seq.ntr() as u64;
+    let out_bytes = bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "out")?;
+    let mut pins = Pins::new(m);
+    let p = pins.map(params, bytes(natoms, 16, "params")?, "params")?;
+    let o = pins.map(out, out_bytes, "out")?;
+    if check {
+        check_atoms(m, params, natoms)?;
+    }
+    match m.backend_kind() {
+        BackendKind::Cuda => gpu::simulate_pssfp(m, seq, p, natoms as usize, o),
+        BackendKind::Host => {
+            let seq = seq.clone();
+            let (p, o, n) = (Addr(p), Addr(o), natoms as usize);
+            queue_on_host(
+                m,
+                Box::new(move || unsafe {
+                    cpu::simulate_pssfp(&seq, p.slice::<Atom>(n), o.slice_mut::<[f32; 2]>(n * seq.ntr()))
+                }),
+            )
+        }
+    }
+}
+
+/// Mapped addresses of a match's outputs (0 where left out).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MatchAddrs {
+    pub index: u64,
+    pub score: u64,
+    pub pd: u64,
+    pub params: u64,
+    pub out_params: u64,
+}
+
+/// Matches `nvoxels` signals (`ntr x nvoxels` complex f32) against a dictionary (`ntr x
+/// natoms`). `rank` > 0 compresses both to the dominant rank-`rank` TR subspace first.
+#[allow(clippy::too_many_arguments)]
+pub fn match_dictionary(
+    m: &Manager,
+    dict: u64,
+    ntr: u64,
+    natoms: u64,
+    signals: u64,
+    nvoxels: u64,
+    rank: u32,
+    outs: MatchBuffers,
+) -> Result<()> {
+    if ntr == 0 || ntr > super::MAX_TRS as u64 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "ntr = {ntr} must be in 1..={}", super::MAX_TRS);
+    }
+    if natoms == 0 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "natoms = 0: the dictionary is empty");
+    }
+    check_count("natoms", natoms)?;
+    check_count("nvoxels", nvoxels)?;
+    if rank as u64 > ntr {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "rank = {rank} must be in 0..=ntr ({ntr}); 0 means no compression");
+    }
+    if outs.index == 0 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "out_index = 0: the index output is required");
+    }
+    if outs.out_params != 0 && outs.params == 0 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "out_params is given but params = 0: the dictionary's atom parameters are needed");
+    }
+    let mut pins = Pins::new(m);
+    let d = pins.map(dict, bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "dictionary")?, "dictionary")?;
+    let s = pins.map(signals, bytes(bytes(ntr, nvoxels, "ntr x nvoxels")?, 8, "signals")?, "signals")?;
+    let mut a = MatchAddrs { index: pins.map(outs.index, bytes(nvoxels, 4, "out_index")?, "out_index")?, ..Default::default() };
+    if outs.score != 0 {
+        a.score = pins.map(outs.score, bytes(nvoxels, 4, "out_score")?, "out_score")?;
+    }
+    if outs.pd != 0 {
+        a.pd = pins.map(outs.pd, bytes(nvoxels, 8, "out_pd")?, "out_pd")?;
+    }
+    if outs.params != 0 {
+        a.params = pins.map(outs.params, bytes(natoms, 16, "params")?, "params")?;
+    }
+    if outs.out_params != 0 {
+        a.out_params = pins.map(outs.out_params, bytes(nvoxels, 16, "out_params")?, "out_params")?;
+    }
+    let rank = if rank as u64 == ntr { 0 } else { rank as usize };
+    let (ntr, natoms, nvoxels) = (ntr as usize, natoms as usize, nvoxels as usize);
+    match m.backend_kind() {
+        BackendKind::Cuda => gpu::match_dictionary(m, d, ntr, natoms, s, nvoxels, rank, a),
+        BackendKind::Host => {
+            let (d, s) = (Addr(d), Addr(s));
+            queue_on_host(
+                m,
+                Box::new(move || unsafe {
+                    let dict = d.slice::<[f32; 2]>(ntr * natoms);
+                    let sig = s.slice::<[f32; 2]>(ntr * nvoxels);
+                    let found = if rank > 0 {
+                        let u = svd::dominant_subspace(&svd::gram(dict, ntr), ntr, rank);
+                        cpu::match_dictionary(&svd::project(&u, ntr, rank, dict), rank, &svd::project(&u, ntr, rank, sig))
+                    } else {
+                        cpu::match_dictionary(dict, ntr, sig)
+                    };
+                    write_matches(&found, a, natoms);
+                }),
+            )
+        }
+    }
+}
+
+/// # Safety
+/// The addresses are host memory of the sizes checked in `match_dictionary`.
+unsafe fn write_matches(found: &[cpu::Match], a: MatchAddrs, natoms: usize) {
+    let n = found.len();
+    let index = Addr(a.index).slice_mut::<i32>(n);
+    for (o, f) in index.iter_mut().zip(found) {
+        *o = f.index;
+    }
+    if a.score != 0 {
+        for (o, f) in Addr(a.score).slice_mut::<f32>(n).iter_mut().zip(found) {
+            *o = f.score;
+        }
+    }
+    if a.pd != 0 {
+        for (o, f) in Addr(a.pd).slice_mut::<[f32; 2]>(n).iter_mut().zip(found) {
+            *o = f.pd;
+        }
+    }
+    if a.out_params != 0 {
+        let params = Addr(a.params).slice::<Atom>(natoms);
+        for (o, f) in Addr(a.out_params).slice_mut::<Atom>(n).iter_mut().zip(found) {
+            *o = params[f.index as usize];
+        }
+    }
+}
