@@ -10,6 +10,11 @@
 #include <stdbool.h>
 
 /**
+ * Most kernel arguments of one launch.
+ */
+#define KMM_MAX_KERNEL_ARGS 256
+
+/**
  * `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
  * (the default: PyTorch does not check for NULL and would use address 0).
  */
@@ -20,6 +25,13 @@
  * with `kmm_last_error` on the allocating thread).
  */
 #define KMM_TORCH_OOM_NULL 1
+
+/**
+ * `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
+ * and B0 finite). The check copies the parameters to the host and waits for the stream; skip
+ * it in tight loops over parameters already checked. Bad atoms then give NaN signals.
+ */
+#define KMM_QMRI_SKIP_CHECKS 1
 
 /**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
@@ -265,6 +277,51 @@ typedef uint32_t KmmOwnership;
 #endif // __cplusplus
 
 /**
+ * What a `KmmKernelArg` carries.
+ */
+enum KmmArgKind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `value` is a `KmmBuffer`; the kernel gets its device address plus `offset` bytes.
+   */
+  KMM_ARG_BUFFER = 0,
+  /**
+   * The low 32 bits of `value`, as int32_t.
+   */
+  KMM_ARG_I32 = 1,
+  /**
+   * `value` as int64_t.
+   */
+  KMM_ARG_I64 = 2,
+  /**
+   * The low 32 bits of `value` are the bits of a float.
+   */
+  KMM_ARG_F32 = 3,
+  /**
+   * `value` holds the bits of a double.
+   */
+  KMM_ARG_F64 = 4,
+  /**
+   * `value` as uint64_t.
+   */
+  KMM_ARG_U64 = 5,
+  /**
+   * The low 32 bits of `value`, as uint32_t.
+   */
+  KMM_ARG_U32 = 6,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum KmmArgKind KmmArgKind;
+#else
+typedef uint32_t KmmArgKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * A manager: owns a stream, memory pools, buffers and events. 0 is never a valid handle.
  */
 typedef uint64_t KmmManager;
@@ -319,7 +376,7 @@ typedef struct {
    */
   uint64_t alignment;
   /**
-   * Bytes the device pool grows by (default 32 MiB; larger requests get a chunk of their own).
+   * Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
    */
   uint64_t chunk_size;
   /**
@@ -402,6 +459,139 @@ typedef struct {
   uint64_t upstream_frees;
   uint64_t largest_free_block;
 } KmmMemoryStats;
+
+/**
+ * A compiled, loaded CUDA module. Process-wide: usable with any manager on the device it was
+ * compiled for. 0 is never valid.
+ */
+typedef uint64_t KmmModule;
+
+/**
+ * One kernel argument of `kmm_module_launch`: a tagged value.
+ */
+typedef struct {
+  /**
+   * A `KmmArgKind`.
+   */
+  uint32_t kind;
+  /**
+   * Must be zero.
+   */
+  uint32_t reserved;
+  /**
+   * The buffer handle or the scalar's bits (see `KmmArgKind`).
+   */
+  uint64_t value;
+  /**
+   * Byte offset into the buffer (`KMM_ARG_BUFFER` only; else must be zero).
+   */
+  uint64_t offset;
+} KmmKernelArg;
+
+/**
+ * A gradient-spoiled FISP sequence with adiabatic inversion (BlochSimulators' FISP2D),
+ * simulated with the extended phase graph. Times in seconds, angles in radians. The arrays are
+ * host memory, read during the call only.
+ */
+typedef struct {
+  /**
+   * `ntr` flip angles (rad).
+   */
+  const float *flip_angle;
+  /**
+   * `ntr` RF phases (rad), or NULL for all zero.
+   */
+  const float *phase;
+  /**
+   * `ntr x nprofile` flip-angle scale factors (TR index fastest), one column per position
+   * across the slice; signals are summed over positions. NULL when `nprofile` is 0 (one
+   * position, scale 1).
+   */
+  const float *profile;
+  /**
+   * Number of TRs (1 to 2^20).
+   */
+  uint32_t ntr;
+  /**
+   * EPG states kept, F+(k), conj(F-(k)), Z(k) for k < max_state (1 to 512).
+   */
+  uint32_t max_state;
+  /**
+   * Number of slice-profile positions (0 to 4096).
+   */
+  uint32_t nprofile;
+  /**
+   * Repetition time (s).
+   */
+  float tr;
+  /**
+   * Echo time (s), at most `tr`.
+   */
+  float te;
+  /**
+   * Delay between the inversion and the first RF pulse (s).
+   */
+  float ti;
+} KmmFispSequence;
+
+/**
+ * A balanced pSSFP sequence (BlochSimulators' pSSFP2D) simulated with isochromats: B1-scaled
+ * inversion, an alpha/2 prepulse, then per TR an RF pulse in `nrf` hard-pulse sub-steps with
+ * slice-select gradient, precession to TE, a sample of m_x + i m_y, precession to the next RF.
+ * Signals are summed over the slice positions `z`. Arrays are host memory, read during the call.
+ */
+typedef struct {
+  /**
+   * `ntr` flip angles (rad).
+   */
+  const float *flip_angle;
+  /**
+   * `ntr` RF phases (rad), or NULL for all zero.
+   */
+  const float *phase;
+  /**
+   * `nrf` fractions of the flip angle, one per RF sub-step (summing to 1 for the nominal angle).
+   */
+  const float *rf_shape;
+  /**
+   * `nz` positions across the slice (cm).
+   */
+  const float *z;
+  /**
+   * Number of TRs (1 to 2^20).
+   */
+  uint32_t ntr;
+  /**
+   * RF sub-steps per pulse (1 to 4096).
+   */
+  uint32_t nrf;
+  /**
+   * Slice positions (1 to 4096).
+   */
+  uint32_t nz;
+  /**
+   * Duration of one RF sub-step (s).
+   */
+  float dt_ex;
+  /**
+   * Inversion delay (s).
+   */
+  float dt_inv;
+  /**
+   * From the end of the RF pulse to TE, and from TE to the next pulse (s).
+   */
+  float dt_pr;
+  /**
+   * Slice-select gradient area of one RF sub-step, gamma * G * dt (rad/cm).
+   */
+  float gz_ex;
+  /**
+   * Gradient area from the end of the RF pulse to TE (rad/cm); the sequence is balanced.
+   */
+  float gz_pr;
+} KmmPssfpSequence;
+
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -559,7 +749,7 @@ KmmStatus kmm_fill(KmmManager manager,
 
 /**
  * Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
- * suballocator, 256-byte alignment, 32 MiB chunks, no limits, everything cached.
+ * suballocator, 256-byte alignment, 8 MiB device chunks, no limits, everything cached.
  */
 KmmStatus kmm_config_default(KmmConfig *config);
 
@@ -654,6 +844,44 @@ KmmStatus kmm_event_wait(KmmManager manager, KmmEvent event);
 KmmStatus kmm_event_destroy(KmmManager manager, KmmEvent event);
 
 /**
+ * Compiles CUDA C source `src` with NVRTC for the manager's device and loads it; writes the
+ * module to `*out`. `options` holds `noptions` NVRTC options (NULL when 0), e.g. "-DN=32";
+ * `--gpu-architecture=sm_XY` of the device is added unless an architecture is given.
+ * Kernels must be `extern "C" __global__`. Compiled images are cached in memory and on disk
+ * under `$KMM_CACHE_DIR` (else `$XDG_CACHE_HOME/kmm`, else `~/.cache/kmm`), keyed by a hash of
+ * source, options, architecture and NVRTC version. A compile error is `KMM_ERROR_COMPILE` with
+ * NVRTC's log in `kmm_last_error()`. Needs the CUDA backend and libnvrtc. Thread-safe.
+ */
+KmmStatus kmm_module_compile(KmmManager manager,
+                             const char *src,
+                             const char *const *options,
+                             uint32_t noptions,
+                             KmmModule *out);
+
+/**
+ * Launches kernel `name` of `module` on the manager's stream with `grid[3]` blocks of
+ * `block[3]` threads, `shmem` bytes of dynamic shared memory and `nargs` arguments (at most
+ * 256; `args` may be NULL when 0). Buffer arguments are pinned while the launch is queued;
+ * stream order keeps them alive for the kernel, as for copies. The arguments must match the
+ * kernel's parameters in number, order and size: the driver cannot check them. Returns once
+ * queued. Needs the CUDA backend and a module of the manager's device.
+ */
+KmmStatus kmm_module_launch(KmmManager manager,
+                            KmmModule module,
+                            const char *name,
+                            const uint32_t *grid,
+                            const uint32_t *block,
+                            uint32_t shmem,
+                            const KmmKernelArg *args,
+                            uint32_t nargs);
+
+/**
+ * Releases a module handle. The compiled code stays cached for the process (a later compile of
+ * the same source is instant). A second destroy is `KMM_ERROR_INVALID_HANDLE`.
+ */
+KmmStatus kmm_module_destroy(KmmModule module);
+
+/**
  * For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's
  * handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
  * the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
@@ -704,6 +932,56 @@ void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
  * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
  */
 KmmStatus kmm_torch_live_allocations(uint64_t *out);
+
+/**
+ * Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
+ * (re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
+ * B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
+ * has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
+ * supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+ */
+KmmStatus kmm_qmri_simulate_fisp(KmmManager manager,
+                                 const KmmFispSequence *seq,
+                                 KmmBuffer params,
+                                 uint64_t natoms,
+                                 KmmBuffer out,
+                                 uint32_t flags);
+
+/**
+ * Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex float), as
+ * `kmm_qmri_simulate_fisp` does for FISP.
+ */
+KmmStatus kmm_qmri_simulate_pssfp(KmmManager manager,
+                                  const KmmPssfpSequence *seq,
+                                  KmmBuffer params,
+                                  uint64_t natoms,
+                                  KmmBuffer out,
+                                  uint32_t flags);
+
+/**
+ * Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
+ * `signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
+ * |d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
+ * |d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
+ * float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
+ * from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
+ * zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
+ * dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
+ * uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
+ * Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+ */
+KmmStatus kmm_qmri_match(KmmManager manager,
+                         KmmBuffer dictionary,
+                         uint64_t ntr,
+                         uint64_t natoms,
+                         KmmBuffer signals,
+                         uint64_t nvoxels,
+                         uint32_t rank,
+                         KmmBuffer params,
+                         KmmBuffer out_index,
+                         KmmBuffer out_score,
+                         KmmBuffer out_pd,
+                         KmmBuffer out_params);
 
 #ifdef __cplusplus
 }  // extern "C"
