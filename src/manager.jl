@@ -233,3 +233,20 @@ function default_manager(device::Integer = 0)
         m
     end
 end
+
+"""
+    Kmm.wait_stream(mgr, stream)
+
+Makes the manager's stream wait for the work queued so far on `stream` (a raw `CUstream` as a
+`UInt64`, or with CUDA.jl loaded a `CuStream`; on the host backend, another manager's
+`Kmm.stream`). Use it after work on another stream wrote memory the manager will use.
+"""
+wait_stream(m::KmmManager, s::Integer) = (LibKmm.kmm_manager_wait_stream(handle(m), UInt64(s)); m)
+
+"""
+    Kmm.signal_stream(mgr, stream)
+
+Makes `stream` wait for the work queued so far on the manager's stream. Use it before work on
+another stream reads or writes memory of the manager.
+"""
+signal_stream(m::KmmManager, s::Integer) = (LibKmm.kmm_manager_signal_stream(handle(m), UInt64(s)); m)
