@@ -115,7 +115,7 @@ function parse_header(text)
             sdoc = clean_doc(doc); fields = Pair{String,String}[]; i += 1
             while !startswith(strip(lines[i]), "}")
                 s = strip(lines[i])
-                if (mf = match(r"^([\w ]+?) (\w+);$", s)) !== nothing
+                if (mf = match(r"^([\w *]+?) ?(\w+);$", s)) !== nothing
                     push!(fields, mf[2] => jltype(mf[1], typedefs))
                 elseif !(isempty(s) || startswith(s, "/**") || startswith(s, "*"))
                     error("generator: cannot parse struct field `$s`")
@@ -134,7 +134,7 @@ function parse_header(text)
             if strip(m[3]) != "void"
                 for a in split(m[3], ',')
                     ma = match(r"^(.*?)(\w+)$", strip(a))
-                    push!(args, ma[2] => jltype(ma[1], typedefs))
+                    push!(args, safe_name(ma[2]) => jltype(ma[1], typedefs))
                 end
             end
             push!(funcs, CFunction(m[2], jltype(m[1], typedefs), args, clean_doc(doc)))
@@ -150,6 +150,14 @@ function parse_header(text)
      aliases = aliases)
 end
 
+const JULIA_KEYWORDS = Set(["module", "baremodule", "begin", "end", "function", "macro", "quote",
+    "let", "local", "global", "const", "do", "struct", "mutable", "abstract", "primitive", "type",
+    "import", "export", "using", "if", "else", "elseif", "for", "while", "break", "continue",
+    "return", "try", "catch", "finally", "true", "false", "where", "in", "isa"])
+
+"A C name usable as a Julia argument name (`module` -> `module_`)."
+safe_name(n) = n in JULIA_KEYWORDS ? n * "_" : String(n)
+
 docstr(d) = isempty(d) ? "" : "\"\"\"\n" * replace(replace(d, "\\" => "\\\\"), "\$" => "\\\$") * "\n\"\"\"\n"
 
 function emit(h)
@@ -160,7 +168,7 @@ function emit(h)
     println(io, "module LibKmm")
     println(io)
     println(io, "using Libdl")
-    println(io, "import ..check_status")
+    println(io, "import ..check_status, ..throw_kmm_error")
     println(io)
     println(io, "# constants")
     for (k, v) in h.consts
@@ -206,16 +214,28 @@ function emit(h)
     \"\"\"
         load!(path) -> handle
 
-    Opens the library at `path` and resolves every function of the header (an error naming the
-    first missing symbol when the library lacks one).
+    Opens the library at `path` and resolves every function of the header. A function the
+    library lacks is left unresolved: calling it throws (see `missing_functions`).
     \"\"\"
     function load!(path::AbstractString)
         lib = Libdl.dlopen(path, Libdl.RTLD_LAZY | Libdl.RTLD_DEEPBIND)""")
     for n in names
-        println(io, "    _fp_$n[] = Libdl.dlsym(lib, :$n)")
+        println(io, "    _fp_$n[] = something(Libdl.dlsym(lib, :$n; throw_error = false), C_NULL)")
     end
     println(io, "    return lib")
     println(io, "end")
+    println(io)
+    println(io, """
+    \"\"\"
+        missing_functions() -> Vector{Symbol}
+
+    Functions of the header that the loaded library does not export (an older build); calling
+    one throws a `KmmError` with `KMM_ERROR_NOT_SUPPORTED`.
+    \"\"\"
+    missing_functions() = [f for f in FUNCTIONS if getfield(LibKmm, Symbol("_fp_", f))[] == C_NULL]
+
+    @noinline throw_missing(name) = throw_kmm_error(KMM_ERROR_NOT_SUPPORTED,
+        "the loaded libkmm does not export \$name (it is older than gen/kmm.h): rebuild it")""")
     println(io)
     println(io, "# functions")
     for f in h.funcs
@@ -228,7 +248,9 @@ function emit(h)
         d = f.doc * (status ? "\n\nReturns the status; `$(f.name)` is the checked form." : "")
         print(io, docstr(d))
         println(io, "@inline function $prefix$(f.name)($typed)")
-        println(io, "    ccall(_fp_$(f.name)[], $(f.ret), $argtypes$callargs)")
+        println(io, "    fp = _fp_$(f.name)[]")
+        println(io, "    fp == C_NULL && throw_missing(:$(f.name))")
+        println(io, "    ccall(fp, $(f.ret), $argtypes$callargs)")
         println(io, "end")
         if status
             print(io, docstr(f.doc * "\n\nThrows a `KmmError` unless the status is `KMM_OK`."))

@@ -4,9 +4,13 @@
 module LibKmm
 
 using Libdl
-import ..check_status
+import ..check_status, ..throw_kmm_error
 
 # constants
+"""
+Most kernel arguments of one launch.
+"""
+const KMM_MAX_KERNEL_ARGS = 256
 """
 `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
 (the default: PyTorch does not check for NULL and would use address 0).
@@ -17,6 +21,12 @@ const KMM_TORCH_OOM_ABORT = 0
 with `kmm_last_error` on the allocating thread).
 """
 const KMM_TORCH_OOM_NULL = 1
+"""
+`flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
+and B0 finite). The check copies the parameters to the host and waits for the stream; skip
+it in tight loops over parameters already checked. Bad atoms then give NaN signals.
+"""
+const KMM_QMRI_SKIP_CHECKS = 1
 """
 Bumped whenever a signature, a struct layout or a constant's meaning changes.
 """
@@ -96,6 +106,18 @@ const KmmOwnership = UInt32
 const KMM_BORROW = UInt32(0)
 const KMM_ADOPT = UInt32(1)
 
+"""
+What a `KmmKernelArg` carries.
+"""
+const KmmArgKind = UInt32
+const KMM_ARG_BUFFER = UInt32(0)
+const KMM_ARG_I32 = UInt32(1)
+const KMM_ARG_I64 = UInt32(2)
+const KMM_ARG_F32 = UInt32(3)
+const KMM_ARG_F64 = UInt32(4)
+const KMM_ARG_U64 = UInt32(5)
+const KMM_ARG_U32 = UInt32(6)
+
 # handle types
 """
 A manager: owns a stream, memory pools, buffers and events. 0 is never a valid handle.
@@ -109,6 +131,11 @@ const KmmBuffer = UInt64
 An event recorded on a manager's stream. 0 is never valid.
 """
 const KmmEvent = UInt64
+"""
+A compiled, loaded CUDA module. Process-wide: usable with any manager on the device it was
+compiled for. 0 is never valid.
+"""
+const KmmModule = UInt64
 
 # structs (field order and types as in C; layout checked by test/bindings.jl)
 """
@@ -172,6 +199,54 @@ struct KmmMemoryStats
     largest_free_block::UInt64
 end
 
+"""
+One kernel argument of `kmm_module_launch`: a tagged value.
+"""
+struct KmmKernelArg
+    kind::UInt32
+    reserved::UInt32
+    value::UInt64
+    offset::UInt64
+end
+
+"""
+A gradient-spoiled FISP sequence with adiabatic inversion (BlochSimulators' FISP2D),
+simulated with the extended phase graph. Times in seconds, angles in radians. The arrays are
+host memory, read during the call only.
+"""
+struct KmmFispSequence
+    flip_angle::Ptr{Cfloat}
+    phase::Ptr{Cfloat}
+    profile::Ptr{Cfloat}
+    ntr::UInt32
+    max_state::UInt32
+    nprofile::UInt32
+    tr::Cfloat
+    te::Cfloat
+    ti::Cfloat
+end
+
+"""
+A balanced pSSFP sequence (BlochSimulators' pSSFP2D) simulated with isochromats: B1-scaled
+inversion, an alpha/2 prepulse, then per TR an RF pulse in `nrf` hard-pulse sub-steps with
+slice-select gradient, precession to TE, a sample of m_x + i m_y, precession to the next RF.
+Signals are summed over the slice positions `z`. Arrays are host memory, read during the call.
+"""
+struct KmmPssfpSequence
+    flip_angle::Ptr{Cfloat}
+    phase::Ptr{Cfloat}
+    rf_shape::Ptr{Cfloat}
+    z::Ptr{Cfloat}
+    ntr::UInt32
+    nrf::UInt32
+    nz::UInt32
+    dt_ex::Cfloat
+    dt_inv::Cfloat
+    dt_pr::Cfloat
+    gz_ex::Cfloat
+    gz_pr::Cfloat
+end
+
 # function pointers, filled by load!
 const _fp_kmm_version = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_abi_version = Ref{Ptr{Cvoid}}(C_NULL)
@@ -207,6 +282,9 @@ const _fp_kmm_manager_record_event = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_event_query = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_event_wait = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_event_destroy = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_module_compile = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_module_launch = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_module_destroy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_manager = Ref{Ptr{Cvoid}}(C_NULL)
@@ -214,68 +292,90 @@ const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_simulate_fisp = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
 
 """
     load!(path) -> handle
 
-Opens the library at `path` and resolves every function of the header (an error naming the
-first missing symbol when the library lacks one).
+Opens the library at `path` and resolves every function of the header. A function the
+library lacks is left unresolved: calling it throws (see `missing_functions`).
 """
 function load!(path::AbstractString)
     lib = Libdl.dlopen(path, Libdl.RTLD_LAZY | Libdl.RTLD_DEEPBIND)
-    _fp_kmm_version[] = Libdl.dlsym(lib, :kmm_version)
-    _fp_kmm_abi_version[] = Libdl.dlsym(lib, :kmm_abi_version)
-    _fp_kmm_last_error[] = Libdl.dlsym(lib, :kmm_last_error)
-    _fp_kmm_status_name[] = Libdl.dlsym(lib, :kmm_status_name)
-    _fp_kmm_buffer_alloc[] = Libdl.dlsym(lib, :kmm_buffer_alloc)
-    _fp_kmm_buffer_wrap[] = Libdl.dlsym(lib, :kmm_buffer_wrap)
-    _fp_kmm_buffer_free[] = Libdl.dlsym(lib, :kmm_buffer_free)
-    _fp_kmm_buffer_info[] = Libdl.dlsym(lib, :kmm_buffer_info)
-    _fp_kmm_buffer_map[] = Libdl.dlsym(lib, :kmm_buffer_map)
-    _fp_kmm_buffer_unmap[] = Libdl.dlsym(lib, :kmm_buffer_unmap)
-    _fp_kmm_host_register[] = Libdl.dlsym(lib, :kmm_host_register)
-    _fp_kmm_host_unregister[] = Libdl.dlsym(lib, :kmm_host_unregister)
-    _fp_kmm_copy_to_device[] = Libdl.dlsym(lib, :kmm_copy_to_device)
-    _fp_kmm_copy_to_device_async[] = Libdl.dlsym(lib, :kmm_copy_to_device_async)
-    _fp_kmm_copy_to_host[] = Libdl.dlsym(lib, :kmm_copy_to_host)
-    _fp_kmm_copy_to_host_async[] = Libdl.dlsym(lib, :kmm_copy_to_host_async)
-    _fp_kmm_copy_buffer[] = Libdl.dlsym(lib, :kmm_copy_buffer)
-    _fp_kmm_fill[] = Libdl.dlsym(lib, :kmm_fill)
-    _fp_kmm_config_default[] = Libdl.dlsym(lib, :kmm_config_default)
-    _fp_kmm_manager_create[] = Libdl.dlsym(lib, :kmm_manager_create)
-    _fp_kmm_manager_destroy[] = Libdl.dlsym(lib, :kmm_manager_destroy)
-    _fp_kmm_manager_synchronize[] = Libdl.dlsym(lib, :kmm_manager_synchronize)
-    _fp_kmm_manager_info[] = Libdl.dlsym(lib, :kmm_manager_info)
-    _fp_kmm_manager_stats[] = Libdl.dlsym(lib, :kmm_manager_stats)
-    _fp_kmm_manager_reset_peaks[] = Libdl.dlsym(lib, :kmm_manager_reset_peaks)
-    _fp_kmm_manager_trim[] = Libdl.dlsym(lib, :kmm_manager_trim)
-    _fp_kmm_manager_summary[] = Libdl.dlsym(lib, :kmm_manager_summary)
-    _fp_kmm_manager_memory_info[] = Libdl.dlsym(lib, :kmm_manager_memory_info)
-    _fp_kmm_manager_wait_stream[] = Libdl.dlsym(lib, :kmm_manager_wait_stream)
-    _fp_kmm_manager_signal_stream[] = Libdl.dlsym(lib, :kmm_manager_signal_stream)
-    _fp_kmm_manager_record_event[] = Libdl.dlsym(lib, :kmm_manager_record_event)
-    _fp_kmm_event_query[] = Libdl.dlsym(lib, :kmm_event_query)
-    _fp_kmm_event_wait[] = Libdl.dlsym(lib, :kmm_event_wait)
-    _fp_kmm_event_destroy[] = Libdl.dlsym(lib, :kmm_event_destroy)
-    _fp_kmm_plugin_alloc[] = Libdl.dlsym(lib, :kmm_plugin_alloc)
-    _fp_kmm_plugin_free[] = Libdl.dlsym(lib, :kmm_plugin_free)
-    _fp_kmm_torch_manager[] = Libdl.dlsym(lib, :kmm_torch_manager)
-    _fp_kmm_torch_set_oom_policy[] = Libdl.dlsym(lib, :kmm_torch_set_oom_policy)
-    _fp_kmm_torch_malloc[] = Libdl.dlsym(lib, :kmm_torch_malloc)
-    _fp_kmm_torch_free[] = Libdl.dlsym(lib, :kmm_torch_free)
-    _fp_kmm_torch_live_allocations[] = Libdl.dlsym(lib, :kmm_torch_live_allocations)
+    _fp_kmm_version[] = something(Libdl.dlsym(lib, :kmm_version; throw_error = false), C_NULL)
+    _fp_kmm_abi_version[] = something(Libdl.dlsym(lib, :kmm_abi_version; throw_error = false), C_NULL)
+    _fp_kmm_last_error[] = something(Libdl.dlsym(lib, :kmm_last_error; throw_error = false), C_NULL)
+    _fp_kmm_status_name[] = something(Libdl.dlsym(lib, :kmm_status_name; throw_error = false), C_NULL)
+    _fp_kmm_buffer_alloc[] = something(Libdl.dlsym(lib, :kmm_buffer_alloc; throw_error = false), C_NULL)
+    _fp_kmm_buffer_wrap[] = something(Libdl.dlsym(lib, :kmm_buffer_wrap; throw_error = false), C_NULL)
+    _fp_kmm_buffer_free[] = something(Libdl.dlsym(lib, :kmm_buffer_free; throw_error = false), C_NULL)
+    _fp_kmm_buffer_info[] = something(Libdl.dlsym(lib, :kmm_buffer_info; throw_error = false), C_NULL)
+    _fp_kmm_buffer_map[] = something(Libdl.dlsym(lib, :kmm_buffer_map; throw_error = false), C_NULL)
+    _fp_kmm_buffer_unmap[] = something(Libdl.dlsym(lib, :kmm_buffer_unmap; throw_error = false), C_NULL)
+    _fp_kmm_host_register[] = something(Libdl.dlsym(lib, :kmm_host_register; throw_error = false), C_NULL)
+    _fp_kmm_host_unregister[] = something(Libdl.dlsym(lib, :kmm_host_unregister; throw_error = false), C_NULL)
+    _fp_kmm_copy_to_device[] = something(Libdl.dlsym(lib, :kmm_copy_to_device; throw_error = false), C_NULL)
+    _fp_kmm_copy_to_device_async[] = something(Libdl.dlsym(lib, :kmm_copy_to_device_async; throw_error = false), C_NULL)
+    _fp_kmm_copy_to_host[] = something(Libdl.dlsym(lib, :kmm_copy_to_host; throw_error = false), C_NULL)
+    _fp_kmm_copy_to_host_async[] = something(Libdl.dlsym(lib, :kmm_copy_to_host_async; throw_error = false), C_NULL)
+    _fp_kmm_copy_buffer[] = something(Libdl.dlsym(lib, :kmm_copy_buffer; throw_error = false), C_NULL)
+    _fp_kmm_fill[] = something(Libdl.dlsym(lib, :kmm_fill; throw_error = false), C_NULL)
+    _fp_kmm_config_default[] = something(Libdl.dlsym(lib, :kmm_config_default; throw_error = false), C_NULL)
+    _fp_kmm_manager_create[] = something(Libdl.dlsym(lib, :kmm_manager_create; throw_error = false), C_NULL)
+    _fp_kmm_manager_destroy[] = something(Libdl.dlsym(lib, :kmm_manager_destroy; throw_error = false), C_NULL)
+    _fp_kmm_manager_synchronize[] = something(Libdl.dlsym(lib, :kmm_manager_synchronize; throw_error = false), C_NULL)
+    _fp_kmm_manager_info[] = something(Libdl.dlsym(lib, :kmm_manager_info; throw_error = false), C_NULL)
+    _fp_kmm_manager_stats[] = something(Libdl.dlsym(lib, :kmm_manager_stats; throw_error = false), C_NULL)
+    _fp_kmm_manager_reset_peaks[] = something(Libdl.dlsym(lib, :kmm_manager_reset_peaks; throw_error = false), C_NULL)
+    _fp_kmm_manager_trim[] = something(Libdl.dlsym(lib, :kmm_manager_trim; throw_error = false), C_NULL)
+    _fp_kmm_manager_summary[] = something(Libdl.dlsym(lib, :kmm_manager_summary; throw_error = false), C_NULL)
+    _fp_kmm_manager_memory_info[] = something(Libdl.dlsym(lib, :kmm_manager_memory_info; throw_error = false), C_NULL)
+    _fp_kmm_manager_wait_stream[] = something(Libdl.dlsym(lib, :kmm_manager_wait_stream; throw_error = false), C_NULL)
+    _fp_kmm_manager_signal_stream[] = something(Libdl.dlsym(lib, :kmm_manager_signal_stream; throw_error = false), C_NULL)
+    _fp_kmm_manager_record_event[] = something(Libdl.dlsym(lib, :kmm_manager_record_event; throw_error = false), C_NULL)
+    _fp_kmm_event_query[] = something(Libdl.dlsym(lib, :kmm_event_query; throw_error = false), C_NULL)
+    _fp_kmm_event_wait[] = something(Libdl.dlsym(lib, :kmm_event_wait; throw_error = false), C_NULL)
+    _fp_kmm_event_destroy[] = something(Libdl.dlsym(lib, :kmm_event_destroy; throw_error = false), C_NULL)
+    _fp_kmm_module_compile[] = something(Libdl.dlsym(lib, :kmm_module_compile; throw_error = false), C_NULL)
+    _fp_kmm_module_launch[] = something(Libdl.dlsym(lib, :kmm_module_launch; throw_error = false), C_NULL)
+    _fp_kmm_module_destroy[] = something(Libdl.dlsym(lib, :kmm_module_destroy; throw_error = false), C_NULL)
+    _fp_kmm_plugin_alloc[] = something(Libdl.dlsym(lib, :kmm_plugin_alloc; throw_error = false), C_NULL)
+    _fp_kmm_plugin_free[] = something(Libdl.dlsym(lib, :kmm_plugin_free; throw_error = false), C_NULL)
+    _fp_kmm_torch_manager[] = something(Libdl.dlsym(lib, :kmm_torch_manager; throw_error = false), C_NULL)
+    _fp_kmm_torch_set_oom_policy[] = something(Libdl.dlsym(lib, :kmm_torch_set_oom_policy; throw_error = false), C_NULL)
+    _fp_kmm_torch_malloc[] = something(Libdl.dlsym(lib, :kmm_torch_malloc; throw_error = false), C_NULL)
+    _fp_kmm_torch_free[] = something(Libdl.dlsym(lib, :kmm_torch_free; throw_error = false), C_NULL)
+    _fp_kmm_torch_live_allocations[] = something(Libdl.dlsym(lib, :kmm_torch_live_allocations; throw_error = false), C_NULL)
+    _fp_kmm_qmri_simulate_fisp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_fisp; throw_error = false), C_NULL)
+    _fp_kmm_qmri_simulate_pssfp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_pssfp; throw_error = false), C_NULL)
+    _fp_kmm_qmri_match[] = something(Libdl.dlsym(lib, :kmm_qmri_match; throw_error = false), C_NULL)
     return lib
 end
+
+"""
+    missing_functions() -> Vector{Symbol}
+
+Functions of the header that the loaded library does not export (an older build); calling
+one throws a `KmmError` with `KMM_ERROR_NOT_SUPPORTED`.
+"""
+missing_functions() = [f for f in FUNCTIONS if getfield(LibKmm, Symbol("_fp_", f))[] == C_NULL]
+
+@noinline throw_missing(name) = throw_kmm_error(KMM_ERROR_NOT_SUPPORTED,
+    "the loaded libkmm does not export $name (it is older than gen/kmm.h): rebuild it")
 
 # functions
 """
 Kmm's version, "major.minor.patch". Static string; never NULL; do not free.
 """
 @inline function kmm_version()
-    ccall(_fp_kmm_version[], Ptr{Cchar}, ())
+    fp = _fp_kmm_version[]
+    fp == C_NULL && throw_missing(:kmm_version)
+    ccall(fp, Ptr{Cchar}, ())
 end
 
 """
@@ -283,7 +383,9 @@ The ABI version of this library (`KMM_ABI_VERSION` of the header it was built wi
 Bindings compare it with the header they were generated from.
 """
 @inline function kmm_abi_version()
-    ccall(_fp_kmm_abi_version[], UInt32, ())
+    fp = _fp_kmm_abi_version[]
+    fp == C_NULL && throw_missing(:kmm_abi_version)
+    ccall(fp, UInt32, ())
 end
 
 """
@@ -292,7 +394,9 @@ Never NULL ("" before any failure). Valid until the next failing Kmm call on thi
 do not free. Successful calls leave it unchanged.
 """
 @inline function kmm_last_error()
-    ccall(_fp_kmm_last_error[], Ptr{Cchar}, ())
+    fp = _fp_kmm_last_error[]
+    fp == C_NULL && throw_missing(:kmm_last_error)
+    ccall(fp, Ptr{Cchar}, ())
 end
 
 """
@@ -300,7 +404,9 @@ The name of a status code ("KMM_ERROR_OUT_OF_MEMORY"), or "KMM_UNKNOWN_STATUS".
 Static string; never NULL; do not free.
 """
 @inline function kmm_status_name(status)
-    ccall(_fp_kmm_status_name[], Ptr{Cchar}, (UInt32,), status)
+    fp = _fp_kmm_status_name[]
+    fp == C_NULL && throw_missing(:kmm_status_name)
+    ccall(fp, Ptr{Cchar}, (UInt32,), status)
 end
 
 """
@@ -311,7 +417,9 @@ manager has already synchronized and given its cached memory back once. Thread-s
 Returns the status; `kmm_buffer_alloc` is the checked form.
 """
 @inline function unchecked_kmm_buffer_alloc(manager, bytes, kind, out)
-    ccall(_fp_kmm_buffer_alloc[], KmmStatus, (KmmManager, UInt64, UInt32, Ptr{KmmBuffer}), manager, bytes, kind, out)
+    fp = _fp_kmm_buffer_alloc[]
+    fp == C_NULL && throw_missing(:kmm_buffer_alloc)
+    ccall(fp, KmmStatus, (KmmManager, UInt64, UInt32, Ptr{KmmBuffer}), manager, bytes, kind, out)
 end
 """
 Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
@@ -332,7 +440,9 @@ must keep it valid until the buffer is freed and the manager synchronized.
 Returns the status; `kmm_buffer_wrap` is the checked form.
 """
 @inline function unchecked_kmm_buffer_wrap(manager, ptr, bytes, kind, ownership, out)
-    ccall(_fp_kmm_buffer_wrap[], KmmStatus, (KmmManager, Ptr{Cvoid}, UInt64, UInt32, UInt32, Ptr{KmmBuffer}), manager, ptr, bytes, kind, ownership, out)
+    fp = _fp_kmm_buffer_wrap[]
+    fp == C_NULL && throw_missing(:kmm_buffer_wrap)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cvoid}, UInt64, UInt32, UInt32, Ptr{KmmBuffer}), manager, ptr, bytes, kind, ownership, out)
 end
 """
 Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `KMM_ADOPT`
@@ -354,7 +464,9 @@ A second free of the same handle is `KMM_ERROR_INVALID_HANDLE`.
 Returns the status; `kmm_buffer_free` is the checked form.
 """
 @inline function unchecked_kmm_buffer_free(manager, buffer, flags)
-    ccall(_fp_kmm_buffer_free[], KmmStatus, (KmmManager, KmmBuffer, UInt32), manager, buffer, flags)
+    fp = _fp_kmm_buffer_free[]
+    fp == C_NULL && throw_missing(:kmm_buffer_free)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt32), manager, buffer, flags)
 end
 """
 Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream
@@ -374,7 +486,9 @@ Writes the buffer's size, kind and pin count to `*out`.
 Returns the status; `kmm_buffer_info` is the checked form.
 """
 @inline function unchecked_kmm_buffer_info(manager, buffer, out)
-    ccall(_fp_kmm_buffer_info[], KmmStatus, (KmmManager, KmmBuffer, Ptr{KmmBufferInfo}), manager, buffer, out)
+    fp = _fp_kmm_buffer_info[]
+    fp == C_NULL && throw_missing(:kmm_buffer_info)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, Ptr{KmmBufferInfo}), manager, buffer, out)
 end
 """
 Writes the buffer's size, kind and pin count to `*out`.
@@ -394,7 +508,9 @@ ordered with the manager's stream (`kmm_manager_wait_stream` / `kmm_manager_sign
 Returns the status; `kmm_buffer_map` is the checked form.
 """
 @inline function unchecked_kmm_buffer_map(manager, buffer, ptr)
-    ccall(_fp_kmm_buffer_map[], KmmStatus, (KmmManager, KmmBuffer, Ptr{UInt64}), manager, buffer, ptr)
+    fp = _fp_kmm_buffer_map[]
+    fp == C_NULL && throw_missing(:kmm_buffer_map)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, Ptr{UInt64}), manager, buffer, ptr)
 end
 """
 Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
@@ -415,7 +531,9 @@ Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
 Returns the status; `kmm_buffer_unmap` is the checked form.
 """
 @inline function unchecked_kmm_buffer_unmap(manager, buffer)
-    ccall(_fp_kmm_buffer_unmap[], KmmStatus, (KmmManager, KmmBuffer), manager, buffer)
+    fp = _fp_kmm_buffer_unmap[]
+    fp == C_NULL && throw_missing(:kmm_buffer_unmap)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer), manager, buffer)
 end
 """
 Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
@@ -434,7 +552,9 @@ must stay valid until `kmm_host_unregister`.
 Returns the status; `kmm_host_register` is the checked form.
 """
 @inline function unchecked_kmm_host_register(manager, ptr, bytes)
-    ccall(_fp_kmm_host_register[], KmmStatus, (KmmManager, Ptr{Cvoid}, UInt64), manager, ptr, bytes)
+    fp = _fp_kmm_host_register[]
+    fp == C_NULL && throw_missing(:kmm_host_register)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cvoid}, UInt64), manager, ptr, bytes)
 end
 """
 Page-locks `bytes` of caller memory at `ptr` so copies from and to it go direct. The memory
@@ -452,7 +572,9 @@ Undoes `kmm_host_register`. No queued copy may still use the memory.
 Returns the status; `kmm_host_unregister` is the checked form.
 """
 @inline function unchecked_kmm_host_unregister(manager, ptr)
-    ccall(_fp_kmm_host_unregister[], KmmStatus, (KmmManager, Ptr{Cvoid}), manager, ptr)
+    fp = _fp_kmm_host_unregister[]
+    fp == C_NULL && throw_missing(:kmm_host_unregister)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cvoid}), manager, ptr)
 end
 """
 Undoes `kmm_host_register`. No queued copy may still use the memory.
@@ -471,7 +593,9 @@ registered) goes direct. `src` is not kept.
 Returns the status; `kmm_copy_to_device` is the checked form.
 """
 @inline function unchecked_kmm_copy_to_device(manager, dst, dst_offset, src, bytes)
-    ccall(_fp_kmm_copy_to_device[], KmmStatus, (KmmManager, KmmBuffer, UInt64, Ptr{Cvoid}, UInt64), manager, dst, dst_offset, src, bytes)
+    fp = _fp_kmm_copy_to_device[]
+    fp == C_NULL && throw_missing(:kmm_copy_to_device)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, Ptr{Cvoid}, UInt64), manager, dst, dst_offset, src, bytes)
 end
 """
 Copies `bytes` from host memory `src` into `dst` at `dst_offset` and returns once done.
@@ -492,7 +616,9 @@ memory at `src` must stay valid and unchanged until then.
 Returns the status; `kmm_copy_to_device_async` is the checked form.
 """
 @inline function unchecked_kmm_copy_to_device_async(manager, dst, dst_offset, src, bytes, event)
-    ccall(_fp_kmm_copy_to_device_async[], KmmStatus, (KmmManager, KmmBuffer, UInt64, Ptr{Cvoid}, UInt64, Ptr{KmmEvent}), manager, dst, dst_offset, src, bytes, event)
+    fp = _fp_kmm_copy_to_device_async[]
+    fp == C_NULL && throw_missing(:kmm_copy_to_device_async)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, Ptr{Cvoid}, UInt64, Ptr{KmmEvent}), manager, dst, dst_offset, src, bytes, event)
 end
 """
 As `kmm_copy_to_device` but returns once the copy is queued. When `event` is not NULL, writes
@@ -511,7 +637,9 @@ Copies `bytes` from `src` at `src_offset` into host memory `dst` and returns onc
 Returns the status; `kmm_copy_to_host` is the checked form.
 """
 @inline function unchecked_kmm_copy_to_host(manager, dst, src, src_offset, bytes)
-    ccall(_fp_kmm_copy_to_host[], KmmStatus, (KmmManager, Ptr{Cvoid}, KmmBuffer, UInt64, UInt64), manager, dst, src, src_offset, bytes)
+    fp = _fp_kmm_copy_to_host[]
+    fp == C_NULL && throw_missing(:kmm_copy_to_host)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cvoid}, KmmBuffer, UInt64, UInt64), manager, dst, src, src_offset, bytes)
 end
 """
 Copies `bytes` from `src` at `src_offset` into host memory `dst` and returns once done.
@@ -530,7 +658,9 @@ the event completes (or the manager is synchronized).
 Returns the status; `kmm_copy_to_host_async` is the checked form.
 """
 @inline function unchecked_kmm_copy_to_host_async(manager, dst, src, src_offset, bytes, event)
-    ccall(_fp_kmm_copy_to_host_async[], KmmStatus, (KmmManager, Ptr{Cvoid}, KmmBuffer, UInt64, UInt64, Ptr{KmmEvent}), manager, dst, src, src_offset, bytes, event)
+    fp = _fp_kmm_copy_to_host_async[]
+    fp == C_NULL && throw_missing(:kmm_copy_to_host_async)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cvoid}, KmmBuffer, UInt64, UInt64, Ptr{KmmEvent}), manager, dst, src, src_offset, bytes, event)
 end
 """
 As `kmm_copy_to_host` but returns once the copy is queued; `event` as in
@@ -552,7 +682,9 @@ work so far, and the source's later work waits for it. Overlapping ranges of one
 Returns the status; `kmm_copy_buffer` is the checked form.
 """
 @inline function unchecked_kmm_copy_buffer(dst_manager, dst, dst_offset, src_manager, src, src_offset, bytes)
-    ccall(_fp_kmm_copy_buffer[], KmmStatus, (KmmManager, KmmBuffer, UInt64, KmmManager, KmmBuffer, UInt64, UInt64), dst_manager, dst, dst_offset, src_manager, src, src_offset, bytes)
+    fp = _fp_kmm_copy_buffer[]
+    fp == C_NULL && throw_missing(:kmm_copy_buffer)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, KmmManager, KmmBuffer, UInt64, UInt64), dst_manager, dst, dst_offset, src_manager, src, src_offset, bytes)
 end
 """
 Copies `bytes` between buffers of one manager or of two managers of the same backend.
@@ -573,7 +705,9 @@ Fills `bytes` bytes of `buffer` from `offset` with repeats of the `pattern_size`
 Returns the status; `kmm_fill` is the checked form.
 """
 @inline function unchecked_kmm_fill(manager, buffer, offset, bytes, pattern, pattern_size)
-    ccall(_fp_kmm_fill[], KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, Ptr{Cvoid}, Csize_t), manager, buffer, offset, bytes, pattern, pattern_size)
+    fp = _fp_kmm_fill[]
+    fp == C_NULL && throw_missing(:kmm_fill)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, Ptr{Cvoid}, Csize_t), manager, buffer, offset, bytes, pattern, pattern_size)
 end
 """
 Fills `bytes` bytes of `buffer` from `offset` with repeats of the `pattern_size`-byte
@@ -587,16 +721,18 @@ end
 
 """
 Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
-suballocator, 256-byte alignment, 32 MiB chunks, no limits, everything cached.
+suballocator, 256-byte alignment, 8 MiB device chunks, no limits, everything cached.
 
 Returns the status; `kmm_config_default` is the checked form.
 """
 @inline function unchecked_kmm_config_default(config)
-    ccall(_fp_kmm_config_default[], KmmStatus, (Ptr{KmmConfig},), config)
+    fp = _fp_kmm_config_default[]
+    fp == C_NULL && throw_missing(:kmm_config_default)
+    ccall(fp, KmmStatus, (Ptr{KmmConfig},), config)
 end
 """
 Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
-suballocator, 256-byte alignment, 32 MiB chunks, no limits, everything cached.
+suballocator, 256-byte alignment, 8 MiB device chunks, no limits, everything cached.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -612,7 +748,9 @@ Many managers may coexist, on one device or several. Thread-safe.
 Returns the status; `kmm_manager_create` is the checked form.
 """
 @inline function unchecked_kmm_manager_create(config, out)
-    ccall(_fp_kmm_manager_create[], KmmStatus, (Ptr{KmmConfig}, Ptr{KmmManager}), config, out)
+    fp = _fp_kmm_manager_create[]
+    fp == C_NULL && throw_missing(:kmm_manager_create)
+    ccall(fp, KmmStatus, (Ptr{KmmConfig}, Ptr{KmmManager}), config, out)
 end
 """
 Creates a manager with its own stream and pools. `config` may be NULL for the defaults.
@@ -635,7 +773,9 @@ the same manager.
 Returns the status; `kmm_manager_destroy` is the checked form.
 """
 @inline function unchecked_kmm_manager_destroy(manager, flags)
-    ccall(_fp_kmm_manager_destroy[], KmmStatus, (KmmManager, UInt32), manager, flags)
+    fp = _fp_kmm_manager_destroy[]
+    fp == C_NULL && throw_missing(:kmm_manager_destroy)
+    ccall(fp, KmmStatus, (KmmManager, UInt32), manager, flags)
 end
 """
 Destroys a manager: waits for its stream, frees every buffer and event it still holds and
@@ -657,7 +797,9 @@ memory above the release threshold back.
 Returns the status; `kmm_manager_synchronize` is the checked form.
 """
 @inline function unchecked_kmm_manager_synchronize(manager)
-    ccall(_fp_kmm_manager_synchronize[], KmmStatus, (KmmManager,), manager)
+    fp = _fp_kmm_manager_synchronize[]
+    fp == C_NULL && throw_missing(:kmm_manager_synchronize)
+    ccall(fp, KmmStatus, (KmmManager,), manager)
 end
 """
 Waits until all work queued on the manager's stream has run, then gives cached device
@@ -677,7 +819,9 @@ manager is destroyed.
 Returns the status; `kmm_manager_info` is the checked form.
 """
 @inline function unchecked_kmm_manager_info(manager, out)
-    ccall(_fp_kmm_manager_info[], KmmStatus, (KmmManager, Ptr{KmmManagerInfo}), manager, out)
+    fp = _fp_kmm_manager_info[]
+    fp == C_NULL && throw_missing(:kmm_manager_info)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmManagerInfo}), manager, out)
 end
 """
 Writes the manager's backend, device, mode and raw stream to `*out`. The stream (a
@@ -696,7 +840,9 @@ Writes the figures of one memory kind (a `KmmMemoryKind`) to `*out`.
 Returns the status; `kmm_manager_stats` is the checked form.
 """
 @inline function unchecked_kmm_manager_stats(manager, kind, out)
-    ccall(_fp_kmm_manager_stats[], KmmStatus, (KmmManager, UInt32, Ptr{KmmMemoryStats}), manager, kind, out)
+    fp = _fp_kmm_manager_stats[]
+    fp == C_NULL && throw_missing(:kmm_manager_stats)
+    ccall(fp, KmmStatus, (KmmManager, UInt32, Ptr{KmmMemoryStats}), manager, kind, out)
 end
 """
 Writes the figures of one memory kind (a `KmmMemoryKind`) to `*out`.
@@ -713,7 +859,9 @@ Resets the peak counters (in use and reserved) of both kinds to their current va
 Returns the status; `kmm_manager_reset_peaks` is the checked form.
 """
 @inline function unchecked_kmm_manager_reset_peaks(manager)
-    ccall(_fp_kmm_manager_reset_peaks[], KmmStatus, (KmmManager,), manager)
+    fp = _fp_kmm_manager_reset_peaks[]
+    fp == C_NULL && throw_missing(:kmm_manager_reset_peaks)
+    ccall(fp, KmmStatus, (KmmManager,), manager)
 end
 """
 Resets the peak counters (in use and reserved) of both kinds to their current values.
@@ -731,7 +879,9 @@ Waits for the stream, then gives cached memory back until each pool reserves at 
 Returns the status; `kmm_manager_trim` is the checked form.
 """
 @inline function unchecked_kmm_manager_trim(manager, keep_bytes)
-    ccall(_fp_kmm_manager_trim[], KmmStatus, (KmmManager, UInt64), manager, keep_bytes)
+    fp = _fp_kmm_manager_trim[]
+    fp == C_NULL && throw_missing(:kmm_manager_trim)
+    ccall(fp, KmmStatus, (KmmManager, UInt64), manager, keep_bytes)
 end
 """
 Waits for the stream, then gives cached memory back until each pool reserves at most
@@ -752,7 +902,9 @@ when `len` is 0, to ask for the length.
 Returns the status; `kmm_manager_summary` is the checked form.
 """
 @inline function unchecked_kmm_manager_summary(manager, buf, len, needed)
-    ccall(_fp_kmm_manager_summary[], KmmStatus, (KmmManager, Ptr{Cchar}, Csize_t, Ptr{Csize_t}), manager, buf, len, needed)
+    fp = _fp_kmm_manager_summary[]
+    fp == C_NULL && throw_missing(:kmm_manager_summary)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cchar}, Csize_t, Ptr{Csize_t}), manager, buf, len, needed)
 end
 """
 Writes a readable table of the manager's memory (in use, reserved, peaks, counts, largest
@@ -772,7 +924,9 @@ Writes the device's free and total memory in bytes.
 Returns the status; `kmm_manager_memory_info` is the checked form.
 """
 @inline function unchecked_kmm_manager_memory_info(manager, free, total)
-    ccall(_fp_kmm_manager_memory_info[], KmmStatus, (KmmManager, Ptr{UInt64}, Ptr{UInt64}), manager, free, total)
+    fp = _fp_kmm_manager_memory_info[]
+    fp == C_NULL && throw_missing(:kmm_manager_memory_info)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{UInt64}, Ptr{UInt64}), manager, free, total)
 end
 """
 Writes the device's free and total memory in bytes.
@@ -790,7 +944,9 @@ same device, e.g. CUDA.jl's or PyTorch's; on the host backend, another manager's
 Returns the status; `kmm_manager_wait_stream` is the checked form.
 """
 @inline function unchecked_kmm_manager_wait_stream(manager, stream)
-    ccall(_fp_kmm_manager_wait_stream[], KmmStatus, (KmmManager, UInt64), manager, stream)
+    fp = _fp_kmm_manager_wait_stream[]
+    fp == C_NULL && throw_missing(:kmm_manager_wait_stream)
+    ccall(fp, KmmStatus, (KmmManager, UInt64), manager, stream)
 end
 """
 Makes the manager's stream wait for the work queued so far on `stream` (a `CUstream` of the
@@ -808,7 +964,9 @@ Makes `stream` wait for the work queued so far on the manager's stream.
 Returns the status; `kmm_manager_signal_stream` is the checked form.
 """
 @inline function unchecked_kmm_manager_signal_stream(manager, stream)
-    ccall(_fp_kmm_manager_signal_stream[], KmmStatus, (KmmManager, UInt64), manager, stream)
+    fp = _fp_kmm_manager_signal_stream[]
+    fp == C_NULL && throw_missing(:kmm_manager_signal_stream)
+    ccall(fp, KmmStatus, (KmmManager, UInt64), manager, stream)
 end
 """
 Makes `stream` wait for the work queued so far on the manager's stream.
@@ -826,7 +984,9 @@ Records an event after the work queued so far on the manager's stream. Destroy i
 Returns the status; `kmm_manager_record_event` is the checked form.
 """
 @inline function unchecked_kmm_manager_record_event(manager, out)
-    ccall(_fp_kmm_manager_record_event[], KmmStatus, (KmmManager, Ptr{KmmEvent}), manager, out)
+    fp = _fp_kmm_manager_record_event[]
+    fp == C_NULL && throw_missing(:kmm_manager_record_event)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmEvent}), manager, out)
 end
 """
 Records an event after the work queued so far on the manager's stream. Destroy it with
@@ -844,7 +1004,9 @@ Writes whether the work before the event has run (non-blocking).
 Returns the status; `kmm_event_query` is the checked form.
 """
 @inline function unchecked_kmm_event_query(manager, event, done)
-    ccall(_fp_kmm_event_query[], KmmStatus, (KmmManager, KmmEvent, Ptr{Bool}), manager, event, done)
+    fp = _fp_kmm_event_query[]
+    fp == C_NULL && throw_missing(:kmm_event_query)
+    ccall(fp, KmmStatus, (KmmManager, KmmEvent, Ptr{Bool}), manager, event, done)
 end
 """
 Writes whether the work before the event has run (non-blocking).
@@ -861,7 +1023,9 @@ Blocks until the work before the event has run.
 Returns the status; `kmm_event_wait` is the checked form.
 """
 @inline function unchecked_kmm_event_wait(manager, event)
-    ccall(_fp_kmm_event_wait[], KmmStatus, (KmmManager, KmmEvent), manager, event)
+    fp = _fp_kmm_event_wait[]
+    fp == C_NULL && throw_missing(:kmm_event_wait)
+    ccall(fp, KmmStatus, (KmmManager, KmmEvent), manager, event)
 end
 """
 Blocks until the work before the event has run.
@@ -878,7 +1042,9 @@ Destroys an event; work already queued is unaffected.
 Returns the status; `kmm_event_destroy` is the checked form.
 """
 @inline function unchecked_kmm_event_destroy(manager, event)
-    ccall(_fp_kmm_event_destroy[], KmmStatus, (KmmManager, KmmEvent), manager, event)
+    fp = _fp_kmm_event_destroy[]
+    fp == C_NULL && throw_missing(:kmm_event_destroy)
+    ccall(fp, KmmStatus, (KmmManager, KmmEvent), manager, event)
 end
 """
 Destroys an event; work already queued is unaffected.
@@ -887,6 +1053,87 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_event_destroy(manager, event)
     check_status(unchecked_kmm_event_destroy(manager, event))
+end
+
+"""
+Compiles CUDA C source `src` with NVRTC for the manager's device and loads it; writes the
+module to `*out`. `options` holds `noptions` NVRTC options (NULL when 0), e.g. "-DN=32";
+`--gpu-architecture=sm_XY` of the device is added unless an architecture is given.
+Kernels must be `extern "C" __global__`. Compiled images are cached in memory and on disk
+under `\$KMM_CACHE_DIR` (else `\$XDG_CACHE_HOME/kmm`, else `~/.cache/kmm`), keyed by a hash of
+source, options, architecture and NVRTC version. A compile error is `KMM_ERROR_COMPILE` with
+NVRTC's log in `kmm_last_error()`. Needs the CUDA backend and libnvrtc. Thread-safe.
+
+Returns the status; `kmm_module_compile` is the checked form.
+"""
+@inline function unchecked_kmm_module_compile(manager, src, options, noptions, out)
+    fp = _fp_kmm_module_compile[]
+    fp == C_NULL && throw_missing(:kmm_module_compile)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cchar}, Ptr{Ptr{Cchar}}, UInt32, Ptr{KmmModule}), manager, src, options, noptions, out)
+end
+"""
+Compiles CUDA C source `src` with NVRTC for the manager's device and loads it; writes the
+module to `*out`. `options` holds `noptions` NVRTC options (NULL when 0), e.g. "-DN=32";
+`--gpu-architecture=sm_XY` of the device is added unless an architecture is given.
+Kernels must be `extern "C" __global__`. Compiled images are cached in memory and on disk
+under `\$KMM_CACHE_DIR` (else `\$XDG_CACHE_HOME/kmm`, else `~/.cache/kmm`), keyed by a hash of
+source, options, architecture and NVRTC version. A compile error is `KMM_ERROR_COMPILE` with
+NVRTC's log in `kmm_last_error()`. Needs the CUDA backend and libnvrtc. Thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_module_compile(manager, src, options, noptions, out)
+    check_status(unchecked_kmm_module_compile(manager, src, options, noptions, out))
+end
+
+"""
+Launches kernel `name` of `module` on the manager's stream with `grid[3]` blocks of
+`block[3]` threads, `shmem` bytes of dynamic shared memory and `nargs` arguments (at most
+256; `args` may be NULL when 0). Buffer arguments are pinned while the launch is queued;
+stream order keeps them alive for the kernel, as for copies. The arguments must match the
+kernel's parameters in number, order and size: the driver cannot check them. Returns once
+queued. Needs the CUDA backend and a module of the manager's device.
+
+Returns the status; `kmm_module_launch` is the checked form.
+"""
+@inline function unchecked_kmm_module_launch(manager, module_, name, grid, block, shmem, args, nargs)
+    fp = _fp_kmm_module_launch[]
+    fp == C_NULL && throw_missing(:kmm_module_launch)
+    ccall(fp, KmmStatus, (KmmManager, KmmModule, Ptr{Cchar}, Ptr{UInt32}, Ptr{UInt32}, UInt32, Ptr{KmmKernelArg}, UInt32), manager, module_, name, grid, block, shmem, args, nargs)
+end
+"""
+Launches kernel `name` of `module` on the manager's stream with `grid[3]` blocks of
+`block[3]` threads, `shmem` bytes of dynamic shared memory and `nargs` arguments (at most
+256; `args` may be NULL when 0). Buffer arguments are pinned while the launch is queued;
+stream order keeps them alive for the kernel, as for copies. The arguments must match the
+kernel's parameters in number, order and size: the driver cannot check them. Returns once
+queued. Needs the CUDA backend and a module of the manager's device.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_module_launch(manager, module_, name, grid, block, shmem, args, nargs)
+    check_status(unchecked_kmm_module_launch(manager, module_, name, grid, block, shmem, args, nargs))
+end
+
+"""
+Releases a module handle. The compiled code stays cached for the process (a later compile of
+the same source is instant). A second destroy is `KMM_ERROR_INVALID_HANDLE`.
+
+Returns the status; `kmm_module_destroy` is the checked form.
+"""
+@inline function unchecked_kmm_module_destroy(module_)
+    fp = _fp_kmm_module_destroy[]
+    fp == C_NULL && throw_missing(:kmm_module_destroy)
+    ccall(fp, KmmStatus, (KmmModule,), module_)
+end
+"""
+Releases a module handle. The compiled code stays cached for the process (a later compile of
+the same source is instant). A second destroy is `KMM_ERROR_INVALID_HANDLE`.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_module_destroy(module_)
+    check_status(unchecked_kmm_module_destroy(module_))
 end
 
 """
@@ -899,7 +1146,9 @@ Free with `kmm_plugin_free` (the buffer stays mapped until then).
 Returns the status; `kmm_plugin_alloc` is the checked form.
 """
 @inline function unchecked_kmm_plugin_alloc(manager, bytes, kind, stream, buffer, ptr)
-    ccall(_fp_kmm_plugin_alloc[], KmmStatus, (KmmManager, UInt64, UInt32, UInt64, Ptr{KmmBuffer}, Ptr{UInt64}), manager, bytes, kind, stream, buffer, ptr)
+    fp = _fp_kmm_plugin_alloc[]
+    fp == C_NULL && throw_missing(:kmm_plugin_alloc)
+    ccall(fp, KmmStatus, (KmmManager, UInt64, UInt32, UInt64, Ptr{KmmBuffer}, Ptr{UInt64}), manager, bytes, kind, stream, buffer, ptr)
 end
 """
 For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's
@@ -922,7 +1171,9 @@ thread and from finalizers.
 Returns the status; `kmm_plugin_free` is the checked form.
 """
 @inline function unchecked_kmm_plugin_free(manager, buffer, stream)
-    ccall(_fp_kmm_plugin_free[], KmmStatus, (KmmManager, KmmBuffer, UInt64), manager, buffer, stream)
+    fp = _fp_kmm_plugin_free[]
+    fp == C_NULL && throw_missing(:kmm_plugin_free)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64), manager, buffer, stream)
 end
 """
 For allocator plugins: frees a buffer from `kmm_plugin_alloc` (mapped or not) after the work
@@ -942,7 +1193,9 @@ it (default configuration, device `device`) if needed. Kmm owns it: do not destr
 Returns the status; `kmm_torch_manager` is the checked form.
 """
 @inline function unchecked_kmm_torch_manager(device, out)
-    ccall(_fp_kmm_torch_manager[], KmmStatus, (Int32, Ptr{KmmManager}), device, out)
+    fp = _fp_kmm_torch_manager[]
+    fp == C_NULL && throw_missing(:kmm_torch_manager)
+    ccall(fp, KmmStatus, (Int32, Ptr{KmmManager}), device, out)
 end
 """
 Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
@@ -961,7 +1214,9 @@ or `KMM_TORCH_OOM_NULL`.
 Returns the status; `kmm_torch_set_oom_policy` is the checked form.
 """
 @inline function unchecked_kmm_torch_set_oom_policy(policy)
-    ccall(_fp_kmm_torch_set_oom_policy[], KmmStatus, (UInt32,), policy)
+    fp = _fp_kmm_torch_set_oom_policy[]
+    fp == C_NULL && throw_missing(:kmm_torch_set_oom_policy)
+    ccall(fp, KmmStatus, (UInt32,), policy)
 end
 """
 Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
@@ -979,7 +1234,9 @@ of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero byt
 the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
 """
 @inline function kmm_torch_malloc(size, device, stream)
-    ccall(_fp_kmm_torch_malloc[], Ptr{Cvoid}, (Csize_t, Int32, Ptr{Cvoid}), size, device, stream)
+    fp = _fp_kmm_torch_malloc[]
+    fp == C_NULL && throw_missing(:kmm_torch_malloc)
+    ccall(fp, Ptr{Cvoid}, (Csize_t, Int32, Ptr{Cvoid}), size, device, stream)
 end
 
 """
@@ -988,7 +1245,9 @@ The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
 ignored (the error is readable with `kmm_last_error`).
 """
 @inline function kmm_torch_free(ptr, size, device, stream)
-    ccall(_fp_kmm_torch_free[], Cvoid, (Ptr{Cvoid}, Csize_t, Int32, Ptr{Cvoid}), ptr, size, device, stream)
+    fp = _fp_kmm_torch_free[]
+    fp == C_NULL && throw_missing(:kmm_torch_free)
+    ccall(fp, Cvoid, (Ptr{Cvoid}, Csize_t, Int32, Ptr{Cvoid}), ptr, size, device, stream)
 end
 
 """
@@ -997,7 +1256,9 @@ How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
 Returns the status; `kmm_torch_live_allocations` is the checked form.
 """
 @inline function unchecked_kmm_torch_live_allocations(out)
-    ccall(_fp_kmm_torch_live_allocations[], KmmStatus, (Ptr{UInt64},), out)
+    fp = _fp_kmm_torch_live_allocations[]
+    fp == C_NULL && throw_missing(:kmm_torch_live_allocations)
+    ccall(fp, KmmStatus, (Ptr{UInt64},), out)
 end
 """
 How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
@@ -1006,6 +1267,91 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_torch_live_allocations(out)
     check_status(unchecked_kmm_torch_live_allocations(out))
+end
+
+"""
+Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
+(re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
+B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
+has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
+supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+
+Returns the status; `kmm_qmri_simulate_fisp` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_simulate_fisp(manager, seq, params, natoms, out, flags)
+    fp = _fp_kmm_qmri_simulate_fisp[]
+    fp == C_NULL && throw_missing(:kmm_qmri_simulate_fisp)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmFispSequence}, KmmBuffer, UInt64, KmmBuffer, UInt32), manager, seq, params, natoms, out, flags)
+end
+"""
+Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
+(re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
+B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
+has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
+supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_simulate_fisp(manager, seq, params, natoms, out, flags)
+    check_status(unchecked_kmm_qmri_simulate_fisp(manager, seq, params, natoms, out, flags))
+end
+
+"""
+Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex float), as
+`kmm_qmri_simulate_fisp` does for FISP.
+
+Returns the status; `kmm_qmri_simulate_pssfp` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_simulate_pssfp(manager, seq, params, natoms, out, flags)
+    fp = _fp_kmm_qmri_simulate_pssfp[]
+    fp == C_NULL && throw_missing(:kmm_qmri_simulate_pssfp)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmPssfpSequence}, KmmBuffer, UInt64, KmmBuffer, UInt32), manager, seq, params, natoms, out, flags)
+end
+"""
+Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex float), as
+`kmm_qmri_simulate_fisp` does for FISP.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_simulate_pssfp(manager, seq, params, natoms, out, flags)
+    check_status(unchecked_kmm_qmri_simulate_pssfp(manager, seq, params, natoms, out, flags))
+end
+
+"""
+Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
+`signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
+|d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
+|d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
+float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
+from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
+zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
+dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
+uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
+Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+
+Returns the status; `kmm_qmri_match` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params)
+    fp = _fp_kmm_qmri_match[]
+    fp == C_NULL && throw_missing(:kmm_qmri_match)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, KmmBuffer, UInt64, UInt32, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer), manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params)
+end
+"""
+Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
+`signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
+|d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
+|d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
+float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
+from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
+zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
+dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
+uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
+Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_match(manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params)
+    check_status(unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params))
 end
 
 end # module LibKmm
