@@ -10,6 +10,7 @@ mutable struct KmmStorage
     hostptr::Ptr{Cvoid}     # pinned storages stay mapped: their host address, else C_NULL
     function KmmStorage(m::KmmManager, handle::UInt64, bytes::Int, kind::UInt32)
         s = new(m, handle, bytes, kind, C_NULL)
+        Threads.atomic_add!(_live_bytes, bytes)
         finalizer(finalize_storage, s)
         return s
     end
@@ -30,6 +31,7 @@ function finalize_storage(s::KmmStorage)
     h = s.handle
     s.handle = 0
     mh = s.manager.handle
+    h == 0 || Threads.atomic_sub!(_live_bytes, s.bytes)
     if h != 0 && mh != 0
         st = LibKmm.unchecked_kmm_buffer_free(mh, h, LibKmm.KMM_FREE_FORCE)
         # INVALID_HANDLE: the manager was destroyed (or is being) in the same collection
@@ -59,22 +61,31 @@ function free!(s::KmmStorage)
     h == 0 && return nothing
     s.handle = 0
     s.hostptr = C_NULL
+    Threads.atomic_sub!(_live_bytes, s.bytes)
     mh = s.manager.handle
     mh == 0 && return nothing   # the manager's destruction freed it
     LibKmm.kmm_buffer_free(mh, h, LibKmm.KMM_FREE_FORCE)
     return nothing
 end
 
-# Julia's GC does not see device memory. After this many bytes have been allocated through
-# Kmm.jl since the last collection it triggers, a quick collection runs so that dropped arrays
-# give their memory back (as CUDA.jl does).
+# Julia's GC does not see device memory. Kmm.jl counts the bytes of live storages (allocations
+# minus frees, explicit or by finalizer); when they have grown by GC_INTERVAL_BYTES since the
+# last collection it triggered, a quick collection runs so that dropped arrays give their memory
+# back (as CUDA.jl does). Explicit frees keep the count flat, so they never trigger one.
+"""
+    Kmm.GC_INTERVAL_BYTES[]
+
+Growth of live Kmm.jl memory (bytes) after which an allocation first runs `GC.gc(false)`, so
+that unreachable arrays are freed (default 256 MiB).
+"""
 const GC_INTERVAL_BYTES = Ref{Int}(256 * 2^20)
-const _bytes_since_gc = Threads.Atomic{Int}(0)
+const _live_bytes = Threads.Atomic{Int}(0)
+const _live_bytes_after_gc = Threads.Atomic{Int}(0)
 
 @inline function maybe_collect(bytes::Int)
-    if Threads.atomic_add!(_bytes_since_gc, bytes) + bytes > GC_INTERVAL_BYTES[]
-        _bytes_since_gc[] = 0
+    if _live_bytes[] + bytes - _live_bytes_after_gc[] > GC_INTERVAL_BYTES[]
         GC.gc(false)
+        _live_bytes_after_gc[] = _live_bytes[]
     end
 end
 
