@@ -17,6 +17,9 @@ KMM_FREE_FORCE = 1
 KMM_DESTROY_DEFERRED = 1
 KMM_TORCH_OOM_ABORT = 0
 KMM_TORCH_OOM_NULL = 1
+KMM_MAX_KERNEL_ARGS = 256
+KMM_QMRI_SKIP_CHECKS = 1
+KMM_ARG_BUFFER, KMM_ARG_I32, KMM_ARG_I64, KMM_ARG_F32, KMM_ARG_F64, KMM_ARG_U64 = 0, 1, 2, 3, 4, 5
 
 KMM_OK = 0
 STATUS = {
@@ -88,7 +91,34 @@ class KmmMemoryStats(ctypes.Structure):
     ]
 
 
+class KmmKernelArg(ctypes.Structure):
+    _fields_ = [("kind", c_uint32), ("reserved", c_uint32), ("value", c_uint64), ("offset", c_uint64)]
+
+
+_f32p = POINTER(ctypes.c_float)
+
+
+class KmmFispSequence(ctypes.Structure):
+    _fields_ = [
+        ("flip_angle", _f32p), ("phase", _f32p), ("profile", _f32p),
+        ("ntr", c_uint32), ("max_state", c_uint32), ("nprofile", c_uint32),
+        ("tr", ctypes.c_float), ("te", ctypes.c_float), ("ti", ctypes.c_float),
+    ]
+
+
+class KmmPssfpSequence(ctypes.Structure):
+    _fields_ = [
+        ("flip_angle", _f32p), ("phase", _f32p), ("rf_shape", _f32p), ("z", _f32p),
+        ("ntr", c_uint32), ("nrf", c_uint32), ("nz", c_uint32),
+        ("dt_ex", ctypes.c_float), ("dt_inv", ctypes.c_float), ("dt_pr", ctypes.c_float),
+        ("gz_ex", ctypes.c_float), ("gz_pr", ctypes.c_float),
+    ]
+
+
 STRUCTS = {
+    "KmmKernelArg": KmmKernelArg,
+    "KmmFispSequence": KmmFispSequence,
+    "KmmPssfpSequence": KmmPssfpSequence,
     "KmmBufferInfo": KmmBufferInfo,
     "KmmConfig": KmmConfig,
     "KmmManagerInfo": KmmManagerInfo,
@@ -134,6 +164,15 @@ FUNCTIONS = {
     "kmm_event_query": (S, [c_uint64, c_uint64, POINTER(c_bool)]),
     "kmm_event_wait": (S, [c_uint64, c_uint64]),
     "kmm_event_destroy": (S, [c_uint64, c_uint64]),
+    # Run-time CUDA modules and qMRI kernels (declared raw; not wrapped by the Python package yet).
+    "kmm_module_compile": (S, [c_uint64, c_char_p, POINTER(c_char_p), c_uint32, _u64p]),
+    "kmm_module_launch": (S, [c_uint64, c_uint64, c_char_p, POINTER(c_uint32), POINTER(c_uint32), c_uint32,
+                              POINTER(KmmKernelArg), c_uint32]),
+    "kmm_module_destroy": (S, [c_uint64]),
+    "kmm_qmri_simulate_fisp": (S, [c_uint64, POINTER(KmmFispSequence), c_uint64, c_uint64, c_uint64, c_uint32]),
+    "kmm_qmri_simulate_pssfp": (S, [c_uint64, POINTER(KmmPssfpSequence), c_uint64, c_uint64, c_uint64, c_uint32]),
+    "kmm_qmri_match": (S, [c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint32, c_uint64,
+                           c_uint64, c_uint64, c_uint64, c_uint64]),
     # Plugins (rust/kmm/src/ffi/plugins.rs). Out-pointers as c_void_p so callers can pass the
     # address of a preallocated scratch array as a plain int (the allocation fast path).
     "kmm_plugin_alloc": (S, [c_uint64, c_uint64, c_uint32, c_uint64, c_void_p, c_void_p]),
@@ -144,6 +183,10 @@ FUNCTIONS = {
     "kmm_torch_free": (None, [c_void_p, c_size_t, c_int32, c_void_p]),
     "kmm_torch_live_allocations": (S, [_u64p]),
 }
+
+
+#: Functions of the header that the loaded library lacks (an older build of libkmm).
+MISSING = set()
 
 
 def _candidates():
@@ -174,8 +217,13 @@ def find_library():
 def load(path=None):
     path = path or find_library()
     lib = ctypes.CDLL(path)
+    MISSING.clear()
     for name, (restype, argtypes) in FUNCTIONS.items():
-        fn = getattr(lib, name)
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:  # an older libkmm: the function fails when called
+            MISSING.add(name)
+            continue
         fn.restype = restype
         fn.argtypes = argtypes
     found = lib.kmm_abi_version()

@@ -9,7 +9,8 @@ import pytest
 from kmm import _lib
 
 HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "gen", "kmm.h")
-SIZES = {"uint64_t": 8, "int64_t": 8, "uint32_t": 4, "int32_t": 4, "uint16_t": 2, "uint8_t": 1, "bool": 1}
+SIZES = {"uint64_t": 8, "int64_t": 8, "uint32_t": 4, "int32_t": 4, "uint16_t": 2, "uint8_t": 1, "bool": 1,
+         "float": 4, "double": 8, "pointer": 8}
 
 
 def header():
@@ -50,7 +51,8 @@ def c_size(fields):
 def test_struct_sizes_match(name):
     m = re.search(r"typedef struct \{([^}]*)\}\s*%s;" % name, header())
     assert m, name
-    fields = re.findall(r"^\s*(\w+)\s+\w+;", m.group(1), flags=re.M)
+    fields = ["pointer" if "*" in t else t.replace("const", "").strip()
+              for t in re.findall(r"^\s*([\w\s*]+?)\s*\b\w+;", m.group(1), flags=re.M)]
     assert ctypes.sizeof(_lib.STRUCTS[name]) == c_size(fields)
     assert len(_lib.STRUCTS[name]._fields_) == len(fields)
 
@@ -67,3 +69,7 @@ def test_library_abi_and_names():
     assert _lib.lib.kmm_abi_version() == _lib.ABI_VERSION
     for code, name in _lib.STATUS.items():
         assert _lib.lib.kmm_status_name(code).decode() == name
+
+
+def test_loaded_library_has_every_function():
+    assert not _lib.MISSING, "libkmm is older than the header; rebuild it: %s" % sorted(_lib.MISSING)

@@ -1,0 +1,124 @@
+"""Cases of the GPU tests that need a fresh process (allocator plugins must be chosen before the
+library's first CUDA allocation). Run: python _gpu_worker.py CASE; prints OK on success."""
+
+import gc
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def numba_kernel():
+    from numba import cuda
+
+    import kmm.numba
+
+    ctx = cuda.current_context()
+    mm = ctx.memory_manager
+    assert isinstance(mm, kmm.numba.KmmNumbaMemoryManager), type(mm)
+
+    @cuda.jit
+    def fill(out):
+        i = cuda.grid(1)
+        if i < out.size:
+            out[i] = 2 * i + 1
+
+    before = mm.manager.stats("device")["in_use"]
+    d = cuda.device_array(100_000, np.float32)
+    assert mm.manager.stats("device")["in_use"] >= before + 400_000
+    fill.forall(d.size)(d)
+    np.testing.assert_array_equal(d.copy_to_host(), 2 * np.arange(100_000, dtype=np.float32) + 1)
+    free, total = ctx.get_memory_info()
+    assert 0 < free <= total
+    # defer_cleanup holds frees
+    live = mm.manager.stats("device")["live_buffers"]
+    with cuda.defer_cleanup():
+        e = cuda.device_array(1000)
+        del e
+        gc.collect()
+        assert mm.manager.stats("device")["live_buffers"] == live + 1
+    assert mm.manager.stats("device")["live_buffers"] == live
+    del d
+    gc.collect()
+    assert mm.manager.stats("device")["live_buffers"] == live - 1
+    # reset frees all and the plugin keeps working
+    keep = cuda.device_array(10)
+    ctx.reset()
+    x = cuda.to_device(np.arange(10.0))
+    np.testing.assert_array_equal(x.copy_to_host(), np.arange(10.0))
+    del keep
+
+
+def _ipc_child(handle, queue):
+    from numba import cuda
+
+    with handle as arr:
+        queue.put(arr.copy_to_host())
+
+
+def numba_ipc():
+    import multiprocessing as mp
+
+    from numba import cuda
+
+    import kmm.numba
+
+    mm = cuda.current_context().memory_manager
+    assert isinstance(mm, kmm.numba.KmmNumbaMemoryManager)
+    first = cuda.to_device(np.zeros(1000, np.float32))  # noqa: F841 (occupies the chunk's start)
+    data = np.arange(4096, dtype=np.float32) * 3
+    second = cuda.to_device(data)
+    handle = second.get_ipc_handle()
+    assert handle.offset > 0, "a sub-allocation must carry its offset from the chunk base"
+    assert handle.size == data.nbytes
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_ipc_child, args=(handle, q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join(timeout=120)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(got, data)
+
+
+def torch_allocator():
+    import torch
+
+    import kmm.torch
+
+    torch.cuda.memory.change_current_allocator(kmm.torch.allocator())
+    n0 = kmm.torch.live_allocations()
+    x = torch.arange(1_000_000, device="cuda", dtype=torch.float32)
+    assert kmm.torch.live_allocations() > n0
+    m = kmm.torch.manager(0)
+    assert m.backend == "cuda"
+    assert m.stats("device")["in_use"] >= 4_000_000
+    assert float((x * 2).sum()) == float(2 * np.arange(1_000_000, dtype=np.float64).sum())
+    a = torch.randn(512, 512, device="cuda")
+    b = torch.randn(512, 512, device="cuda")
+    c = a @ b
+    np.testing.assert_allclose(c.cpu().numpy(), a.cpu().numpy() @ b.cpu().numpy(), rtol=1e-3, atol=1e-3)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = torch.ones(1000, device="cuda") * 3
+        z = y.sum()
+    s.synchronize()
+    assert float(z) == 3000
+    # a Kmm array seen by torch under the Kmm allocator
+    k = m.asarray(np.arange(10, dtype=np.float32))
+    t = torch.from_dlpack(k)
+    assert t.data_ptr() == k.ptr and float(t.sum()) == 45
+    del x, a, b, c, y, z, t
+    gc.collect()
+    torch.cuda.synchronize()
+    assert kmm.torch.live_allocations() == n0
+
+
+CASES = {f.__name__: f for f in (numba_kernel, numba_ipc, torch_allocator)}
+
+if __name__ == "__main__":
+    CASES[sys.argv[1]]()
+    print("OK")

@@ -1,0 +1,74 @@
+"""CuPy computing on Kmm allocations (device and pinned). Skipped unless KMM_TEST_GPU=1."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from conftest import requires_gpu
+
+pytestmark = requires_gpu
+
+
+@pytest.fixture
+def kc():
+    cupy = pytest.importorskip("cupy")
+    import kmm.cupy
+
+    cupy.cuda.set_allocator(kmm.cupy.allocator)
+    cupy.cuda.set_pinned_memory_allocator(kmm.cupy.pinned_allocator)
+    yield kmm.cupy
+    cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+    cupy.cuda.set_pinned_memory_allocator(cupy.get_default_pinned_memory_pool().malloc)
+
+
+def test_cupy_computes_on_kmm_memory(kc):
+    import cupy
+
+    m = kc.manager()
+    assert m.backend == "cuda"
+    before = m.stats("device")["allocs"]
+    x = cupy.arange(1_000_000, dtype=cupy.float64)
+    assert m.stats("device")["allocs"] > before
+    assert float((x * 2).sum()) == float(2 * np.arange(1_000_000, dtype=np.float64).sum())
+    a = cupy.random.rand(256, 256, dtype=cupy.float32)
+    b = cupy.random.rand(256, 256, dtype=cupy.float32)
+    np.testing.assert_allclose(cupy.asnumpy(a @ b), cupy.asnumpy(a) @ cupy.asnumpy(b), rtol=1e-4)
+    live = m.stats("device")["live_buffers"]
+    del x, a, b
+    gc.collect()
+    assert m.stats("device")["live_buffers"] < live
+
+
+def test_cupy_on_non_default_streams(kc):
+    import cupy
+
+    results = []
+    for _ in range(2):
+        with cupy.cuda.Stream(non_blocking=True) as s:
+            x = cupy.ones(1 << 20, dtype=cupy.float32)
+            results.append(float(x.sum()))
+            del x
+            s.synchronize()
+    x = cupy.full(1000, 5, dtype=cupy.int32)  # back on the default stream
+    assert results == [float(1 << 20)] * 2 and int(x.sum()) == 5000
+
+
+def test_cupy_oom_is_cupys_error(kc):
+    import cupy
+
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
+        cupy.empty(1 << 47, dtype=cupy.uint8)  # 128 TiB
+    assert float(cupy.ones(10).sum()) == 10  # still usable
+
+
+def test_cupy_pinned_allocator(kc):
+    import cupy
+
+    m = kc.manager()
+    p = cupy.cuda.alloc_pinned_memory(1 << 20)
+    assert m.stats("pinned")["in_use"] >= 1 << 20
+    h = np.frombuffer(p, np.uint8, 1 << 20)
+    h[:] = 7
+    d = cupy.asarray(h)
+    assert int(d.sum()) == 7 << 20
