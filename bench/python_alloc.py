@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Allocation + free of one 1 MiB array per operation from Python, Kmm's plugins against RAPIDS
+RMM's plugins and each library's own allocator, in one run on one GPU:
+
+    numba.cuda.device_array   Numba default | Kmm (kmm.numba) | RMM (rmm.allocators.numba, pool)
+    cupy.empty                CuPy pool     | Kmm (kmm.cupy)  | RMM (rmm_cupy_allocator, pool)
+    torch.empty               caching alloc | Kmm (kmm.torch CUDAPluggableAllocator)
+    kmm Manager.alloc         (the bare Python binding, for reference)
+
+Each variant runs in a fresh process (allocators must be chosen before a library's first
+allocation). Prints a table (ns/op and ratios) and writes JSON to the path given.
+
+    python bench/python_alloc.py bench/results/python_alloc.json [--iters 20000] [--repeats 5]
+
+RMM is used when `import rmm` works (e.g. PYTHONPATH=/tmp/site after installing the rmm-cu13,
+librmm-cu13 and rapids-logger wheels there); its variants are reported as unavailable otherwise.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+NBYTES = 1 << 20
+TARGETS = {"rmm_speedup_min": 2.0, "own_pool_ratio_max": 1.5}
+
+VARIANTS = [
+    ("numba", "default"), ("numba", "kmm"), ("numba", "rmm"),
+    ("cupy", "default"), ("cupy", "kmm"), ("cupy", "rmm"),
+    ("torch", "default"), ("torch", "kmm"),
+    ("kmm", "bare"),
+]
+
+
+def ensure_kmm_importable():
+    try:
+        import kmm  # noqa: F401
+    except ImportError:
+        sys.path.insert(0, os.path.join(REPO, "python"))
+
+
+def rmm_pool():
+    import rmm
+
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=1 << 30)
+    return rmm
+
+
+def setup(lib, variant):
+    """Returns a function that allocates one 1 MiB array (freed when dropped)."""
+    if lib == "numba":
+        if variant == "kmm":
+            os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "kmm.numba"
+        from numba import cuda
+
+        if variant == "rmm":
+            rmm_pool()
+            from rmm.allocators.numba import RMMNumbaManager
+
+            cuda.set_memory_manager(RMMNumbaManager)
+        import numpy as np
+
+        cuda.current_context()
+        name = type(cuda.current_context().memory_manager).__name__
+        return (lambda: cuda.device_array(NBYTES // 4, np.float32)), name
+    if lib == "cupy":
+        import cupy
+
+        if variant == "kmm":
+            import kmm.cupy
+
+            cupy.cuda.set_allocator(kmm.cupy.allocator)
+        elif variant == "rmm":
+            rmm_pool()
+            from rmm.allocators.cupy import rmm_cupy_allocator
+
+            cupy.cuda.set_allocator(rmm_cupy_allocator)
+        return (lambda: cupy.empty(NBYTES // 4, cupy.float32)), variant
+    if lib == "torch":
+        import torch
+
+        if variant == "kmm":
+            import kmm.torch
+
+            torch.cuda.memory.change_current_allocator(kmm.torch.allocator())
+        torch.cuda.init()
+        return (lambda: torch.empty(NBYTES // 4, dtype=torch.float32, device="cuda")), variant
+    if lib == "kmm":
+        import kmm
+
+        m = kmm.Manager(backend=os.environ.get("KMM_BENCH_BACKEND", "auto"))
+        return (lambda: m.alloc(NBYTES)), m.backend
+    raise ValueError(lib)
+
+
+def synchronize(lib):
+    if lib == "numba":
+        from numba import cuda
+
+        cuda.synchronize()
+    elif lib == "cupy":
+        import cupy
+
+        cupy.cuda.Device().synchronize()
+    elif lib == "torch":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def worker(lib, variant, iters, repeats):
+    ensure_kmm_importable()
+    alloc, detail = setup(lib, variant)
+    for _ in range(min(iters, 2000)):  # warm up: pools grown, code paths compiled
+        x = alloc()
+        del x
+    synchronize(lib)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        for _ in range(iters):
+            x = alloc()
+            del x
+        t1 = time.perf_counter_ns()
+        samples.append((t1 - t0) / iters)
+    synchronize(lib)
+    samples.sort()
+    return {"ns_per_op": samples[len(samples) // 2], "min_ns_per_op": samples[0], "samples": samples, "detail": detail}
+
+
+def run_variant(lib, variant, args):
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, variant,
+           "--iters", str(args.iters), "--repeats", str(args.repeats)]
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after %d s" % args.timeout}
+    for line in reversed(r.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (r.stderr or r.stdout).strip().splitlines()[-3:]
+    return {"error": "exit %d: %s" % (r.returncode, " | ".join(tail))}
+
+
+def device_name():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0]
+    except Exception:
+        return "unknown"
+
+
+def versions():
+    v = {"python": platform.python_version()}
+    for mod in ("numpy", "numba", "numba_cuda", "cupy", "torch", "rmm"):
+        try:
+            m = __import__(mod)
+            v[mod] = getattr(m, "__version__", "?")
+        except Exception as e:
+            v[mod] = "unavailable (%s)" % type(e).__name__
+    return v
+
+
+def ratios(results):
+    def ns(lib, variant):
+        r = results.get("%s/%s" % (lib, variant), {})
+        return r.get("ns_per_op")
+
+    out = {}
+    for lib in ("numba", "cupy"):
+        k, r = ns(lib, "kmm"), ns(lib, "rmm")
+        if k and r:
+            out["%s: RMM / Kmm (speedup)" % lib] = {"value": r / k, "target": ">= %.1f" % TARGETS["rmm_speedup_min"],
+                                                     "met": r / k >= TARGETS["rmm_speedup_min"]}
+    for lib in ("numba", "cupy", "torch"):
+        k, d = ns(lib, "kmm"), ns(lib, "default")
+        if k and d:
+            entry = {"value": k / d}
+            if lib in ("cupy", "torch"):
+                entry.update(target="<= %.1f" % TARGETS["own_pool_ratio_max"], met=k / d <= TARGETS["own_pool_ratio_max"])
+            out["%s: Kmm / own allocator" % lib] = entry
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("json_out", nargs="?", help="where to write the JSON results")
+    p.add_argument("--iters", type=int, default=20000)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--only", default="", help="comma-separated libraries (numba,cupy,torch,kmm)")
+    p.add_argument("--worker", nargs=2, metavar=("LIB", "VARIANT"), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats)))
+        return
+    if not args.json_out:
+        p.error("give the path of the JSON output")
+    only = set(filter(None, args.only.split(",")))
+    results = {}
+    for lib, variant in VARIANTS:
+        if only and lib not in only:
+            continue
+        key = "%s/%s" % (lib, variant)
+        results[key] = run_variant(lib, variant, args)
+        r = results[key]
+        print("  %-16s %s" % (key, "%.0f ns/op" % r["ns_per_op"] if "ns_per_op" in r else r["error"]), flush=True)
+    report = {
+        "benchmark": "python_alloc: allocate + free one 1 MiB array per operation",
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(),
+        "host": platform.node(),
+        "versions": versions(),
+        "iters": args.iters,
+        "repeats": args.repeats,
+        "results": results,
+        "ratios": ratios(results),
+    }
+    print()
+    print("%-16s %12s %12s" % ("variant", "ns/op", "min ns/op"))
+    for key, r in results.items():
+        if "ns_per_op" in r:
+            print("%-16s %12.0f %12.0f" % (key, r["ns_per_op"], r["min_ns_per_op"]))
+        else:
+            print("%-16s %12s   %s" % (key, "-", r["error"][:90]))
+    print()
+    for name, r in report["ratios"].items():
+        met = "" if "met" not in r else ("  target %s: %s" % (r["target"], "met" if r["met"] else "NOT met"))
+        print("%-32s %6.2f%s" % (name, r["value"], met))
+    print("\ndevice: %s" % report["device"])
+    os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
+    with open(args.json_out, "w") as f:
+        json.dump(report, f, indent=2)
+    print("wrote %s" % args.json_out)
+
+
+if __name__ == "__main__":
+    main()
