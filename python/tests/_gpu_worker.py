@@ -68,11 +68,13 @@ def numba_ipc():
 
     mm = cuda.current_context().memory_manager
     assert isinstance(mm, kmm.numba.KmmNumbaMemoryManager)
-    first = cuda.to_device(np.zeros(1000, np.float32))  # noqa: F841 (occupies the chunk's start)
     data = np.arange(4096, dtype=np.float32) * 3
-    second = cuda.to_device(data)
-    handle = second.get_ipc_handle()
-    assert handle.offset > 0, "a sub-allocation must carry its offset from the chunk base"
+    arrays = [cuda.to_device(data + i) for i in range(4)]  # sub-allocations of one pool chunk
+    handles = [a.get_ipc_handle() for a in arrays]
+    inner = [(i, h) for i, h in enumerate(handles) if h.offset > 0]
+    assert inner, "no sub-allocation at a non-zero offset: %s" % [h.offset for h in handles]
+    i, handle = inner[-1]
+    data = data + i
     assert handle.size == data.nbytes
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -74,7 +74,7 @@ def test_numba(mgr):
     cuda = pytest.importorskip("numba.cuda")
     a = source(mgr)
     n = cuda.as_cuda_array(a)
-    assert n.device_ctypes_pointer.value == a.ptr
+    assert n.__cuda_array_interface__["data"][0] == a.ptr
 
     @cuda.jit
     def square(x):
@@ -87,7 +87,7 @@ def test_numba(mgr):
     np.testing.assert_array_equal(a.get(), np.arange(1000, dtype=np.float32) ** 2)
     m = cuda.to_device(np.arange(5, dtype=np.int16))
     k = kmm.DeviceArray.from_cuda_array_interface(m, manager=mgr)
-    assert k.ptr == m.device_ctypes_pointer.value
+    assert k.ptr == m.__cuda_array_interface__["data"][0]
     np.testing.assert_array_equal(k.get(), np.arange(5))
 
 
@@ -114,7 +114,7 @@ def test_chain_through_all_libraries(mgr):
     c = cupy.from_dlpack(t)
     n = cuda.as_cuda_array(c)
     back = kmm.DeviceArray.from_cuda_array_interface(n, manager=mgr)
-    assert t.data_ptr() == c.data.ptr == n.device_ctypes_pointer.value == back.ptr == a.ptr
+    assert t.data_ptr() == c.data.ptr == n.__cuda_array_interface__["data"][0] == back.ptr == a.ptr
     t.add_(1)
     torch.cuda.synchronize()
     c *= 2
