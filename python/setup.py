@@ -38,6 +38,8 @@ class BuildPyWithLibkmm(build_py):
         dest = os.path.join(self.build_lib, "kmm", "libkmm.so")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copyfile(build_libkmm(), dest)
+        if shutil.which("strip") and not os.environ.get("KMM_KEEP_DEBUG"):
+            subprocess.call(["strip", "--strip-debug", dest])  # the release profile keeps debuginfo
 
 
 class PlatformWheel(bdist_wheel):
