@@ -77,23 +77,31 @@ class _Allocation:
         _plugin_free(self.handle, self.buffer, self.stream)
 
 
+def _raise(status, m, nbytes, kind):
+    e = error(status)
+    if status == _OOM:
+        total = m.stats("device" if kind == _DEVICE else "pinned")["reserved"]
+        try:
+            raise cupy.cuda.memory.OutOfMemoryError(nbytes, total, m.memory_info()[1]) from e
+        except TypeError:
+            raise cupy.cuda.memory.OutOfMemoryError(str(e)) from e
+    raise e
+
+
 def _alloc(nbytes, kind, device):
-    m = manager(device)
+    m = _managers.get(device) or manager(device)
     stream = _get_current_stream().ptr
-    scratch, addr = _scratch()
-    status = _plugin_alloc(m._handle, nbytes, kind, stream, addr, addr + 8)
+    try:
+        scratch, addr = _local.scratch, _local.addr
+    except AttributeError:
+        scratch, addr = _scratch()
+    handle = m._handle
+    status = _plugin_alloc(handle, nbytes, kind, stream, addr, addr + 8)
     if status:
-        e = error(status)
-        if status == _OOM:
-            total = m.stats("device" if kind == _DEVICE else "pinned")["reserved"]
-            try:
-                raise cupy.cuda.memory.OutOfMemoryError(nbytes, total, m.memory_info()[1]) from e
-            except TypeError:
-                raise cupy.cuda.memory.OutOfMemoryError(str(e)) from e
-        raise e
+        _raise(status, m, nbytes, kind)
     a = _Allocation()
     a.manager = m  # keeps the manager (and its handle) alive
-    a.handle = m._handle
+    a.handle = handle
     a.buffer = scratch[0]
     a.ptr = scratch[1]
     a.size = nbytes
