@@ -71,11 +71,14 @@ def numba_ipc():
     data = np.arange(4096, dtype=np.float32) * 3
     arrays = [cuda.to_device(data + i) for i in range(4)]  # sub-allocations of one pool chunk
     handles = [a.get_ipc_handle() for a in arrays]
-    inner = [(i, h) for i, h in enumerate(handles) if h.offset > 0]
-    assert inner, "no sub-allocation at a non-zero offset: %s" % [h.offset for h in handles]
+    # DeviceNDArray.get_ipc_handle wraps the plugin's IpcHandle in an IpcArrayHandle
+    inner = [(i, h) for i, h in enumerate(handles) if h._ipc_handle.offset > 0]
+    assert inner, "no sub-allocation at a non-zero offset: %s" % [h._ipc_handle.offset for h in handles]
     i, handle = inner[-1]
     data = data + i
-    assert handle.size == data.nbytes
+    assert handle._ipc_handle.size == data.nbytes
+    direct = mm.get_ipc_handle(arrays[i].gpu_data)  # the plugin's own answer
+    assert direct.offset == handle._ipc_handle.offset and direct.size == data.nbytes
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_ipc_child, args=(handle, q))
