@@ -237,8 +237,14 @@ function Base.reshape(x::KmmArray{T}, dims::Dims{M}) where {T,M}
         "new dimensions $dims must be consistent with array size $(length(x))"))
     KmmArray{T,M}(x.storage, x.offset, dims)
 end
-Base.reshape(x::KmmArray, dims::Tuple{Vararg{Union{Int,Colon}}}) =
-    reshape(x, Base._reshape_uncolon(x, dims))
+function Base.reshape(x::KmmArray, dims::Tuple{Vararg{Union{Int,Colon}}})
+    ncolon = count(d -> d isa Colon, dims)
+    ncolon <= 1 || throw(DimensionMismatch("new dimensions $dims may have at most one omitted dimension"))
+    known = prod(Int[d for d in dims if d isa Int])   # (no init keyword on Julia 1.5)
+    (known == 0 || length(x) % known != 0) && throw(DimensionMismatch(
+        "array size $(length(x)) must be divisible by the product of the new dimensions $dims"))
+    reshape(x, map(d -> d isa Colon ? length(x) ÷ known : d, dims))
+end
 Base.vec(x::KmmArray) = reshape(x, (length(x),))
 
 @noinline throw_noncontiguous(I) = throw(ArgumentError(

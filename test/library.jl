@@ -35,6 +35,32 @@ project = "--project=$ROOT"
     @test occursin("KMM_LIBRARY=/nonexistent/libkmm.so is not a file", String(take!(errbuf)))
 end
 
+@testset "a library of another ABI version is refused at load" begin
+    cc = Sys.which("cc")
+    if cc === nothing
+        @info "no C compiler: skipping the fake-library load test"
+    else
+        mktempdir() do dir
+            src = joinpath(dir, "fake.c")
+            write(src, """
+                #include <stdint.h>
+                uint32_t kmm_abi_version(void) { return 999; }
+                const char *kmm_version(void) { return "0.0.0-fake"; }
+                """)
+            lib = joinpath(dir, "libkmm_fake." * Kmm.Libdl.dlext)
+            run(`$cc -shared -fPIC -o $lib $src`)
+            p = run(pipeline(ignorestatus(with_env(`$julia $project --startup-file=no -e "using Kmm"`,
+                                                   "KMM_LIBRARY" => lib)),
+                             stdout = devnull, stderr = (errbuf = IOBuffer())))
+            @test !success(p)
+            msg = String(take!(errbuf))
+            @test occursin("KmmLibraryError", msg)
+            @test occursin("has ABI version 999", msg)
+            @test occursin("need ABI version $(LibKmm.KMM_ABI_VERSION)", msg)
+        end
+    end
+end
+
 @testset "the search order" begin
     @test Kmm.local_build_paths()[1] == joinpath(ROOT, "rust", "target", "release", Kmm.LIBNAME)
     # the Artifacts.toml entry parses; the artifact is absent until a release fills it in

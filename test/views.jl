@@ -13,6 +13,8 @@
     fill!(r, 7.0)
     @test all(==(7.0), Array(x))                          # writes through the reshape
     @test_throws DimensionMismatch reshape(x, 5, 5)
+    @test_throws DimensionMismatch reshape(x, :, 5)
+    @test_throws DimensionMismatch reshape(x, :, :)
     @test size(reshape(KmmArray{Int}(undef, 0), 0, 3)) == (0, 3)
 end
 
