@@ -10,6 +10,7 @@ function artifact_ready()
     hash = Artifacts.artifact_hash("libkmm", toml)
     hash === nothing && return false
     Artifacts.artifact_exists(hash) && return true
+    all(iszero, hash.bytes) && return false   # placeholder entry: no release has filled it in
     try                                   # a release fills in the entry; placeholders fail here
         Artifacts.ensure_artifact_installed("libkmm", toml)
         return true
@@ -30,7 +31,8 @@ function main()
     cargo = Sys.which("cargo")
     cargo === nothing && error("no artifact fits and cargo is not installed: install Rust " *
                                "(https://rustup.rs) or set KMM_LIBRARY to a libkmm")
-    run(`$cargo build --release --manifest-path $manifest -p kmm`)
+    # `cargo` by name: Sys.which resolves the rustup proxy symlink, which must be called as cargo
+    run(`cargo build --release --manifest-path $manifest -p kmm`)
     @info "built libkmm" joinpath(ROOT, "rust", "target", "release")
 end
 
