@@ -48,7 +48,7 @@ def test_second_stream_orders_with_the_first(manager):
         # reaches the (bogus) first stream and fails: proof that the ordering happens.
         status, _, _ = alloc(manager, 256, other.stream)
         assert status != 0
-        assert L.kmm_plugin_free(manager.handle, buf, manager.stream) == 0
+        assert L.kmm_plugin_free(manager.handle, buf, bogus) == 0  # still bound to it
 
 
 def test_multi_stream_mode_orders_every_call(manager):
@@ -71,3 +71,11 @@ def test_pinned_memory_is_always_ordered(manager):
         status, buf, ptr = alloc(manager, 256, a.stream, kind=1)
         assert status == 0 and ptr
         assert L.kmm_plugin_free(manager.handle, buf, a.stream) == 0
+
+
+def test_own_use_of_a_plugin_pool_is_ordered(manager):
+    status, buf, _ = alloc(manager, 256, 0x7777_0004)
+    assert status == 0  # the pool is bound to that (bogus) stream
+    with pytest.raises(kmm.KmmError):
+        manager.alloc(64)  # the manager's own stream joins: it must wait for the bound stream
+    assert L.kmm_plugin_free(manager.handle, buf, 0x7777_0004) == 0

@@ -9,7 +9,8 @@
 //! stream appears, the manager's stream first waits for everything queued on S so far, and from
 //! then on every free makes the manager's stream wait for the freeing stream and every allocation
 //! makes the allocating stream wait for the manager's stream. Pinned memory and the non-pool
-//! modes (whose frees run on the manager's stream) are always ordered that way.
+//! modes (whose frees run on the manager's stream) are always ordered that way. The manager's
+//! own stream counts as one of the streams (allocations for the manager's own work).
 
 use super::types::*;
 use super::{boundary, check_out, write_out};
@@ -36,15 +37,15 @@ fn stream_use() -> &'static Mutex<HashMap<u64, StreamUse>> {
 }
 
 /// Whether `stream` needs ordering with the manager's stream for `kind` memory, after noting it.
-/// Returns true when the caller must order (wait on free, signal on alloc).
+/// Returns true when the caller must order (wait on free, signal on alloc). The manager's own
+/// stream takes part like a foreign one (Python's `Buffer`s allocate through here with it), so
+/// mixing plugin memory and the manager's own use of a pool is ordered too.
 fn needs_order(handle: u64, m: &Manager, kind: MemoryKind, stream: u64) -> Result<bool> {
     let own = m.raw_stream();
-    // The host backend has no foreign streams but other managers' ones; 0 stands for "none".
-    if stream == own || (stream == 0 && m.backend_kind() == BackendKind::Host) {
-        return Ok(false);
-    }
+    // The host backend has no foreign streams but other managers' ones; 0 stands for its own.
+    let stream = if stream == 0 && m.backend_kind() == BackendKind::Host { own } else { stream };
     if kind == MemoryKind::Pinned || m.config().alloc_mode != AllocMode::Pool {
-        return Ok(true);
+        return Ok(stream != own);
     }
     let mut map = lock(stream_use());
     match map.get(&handle).copied() {
@@ -55,11 +56,13 @@ fn needs_order(handle: u64, m: &Manager, kind: MemoryKind, stream: u64) -> Resul
         Some(StreamUse::Bound(s)) if s == stream => Ok(false),
         Some(StreamUse::Bound(s)) => {
             // Everything freed so far was freed by work on `s`: order it before any reuse.
-            m.wait_for_stream(s)?;
+            if s != own {
+                m.wait_for_stream(s)?;
+            }
             map.insert(handle, StreamUse::Multi);
-            Ok(true)
+            Ok(stream != own)
         }
-        Some(StreamUse::Multi) => Ok(true),
+        Some(StreamUse::Multi) => Ok(stream != own),
     }
 }
 
