@@ -108,3 +108,5 @@ function Base.copyto!(dest::PinnedArray{T}, src::Array{T}) where {T}
     GC.@preserve dest src unsafe_copyto!(pointer(dest), pointer(src), length(src))
     dest
 end
+
+host_dense(::Type{T}, p::PinnedArray{T}) where {T} = p     # KmmArray(p) copies direct

@@ -23,6 +23,7 @@
     r = PinnedArray{Int}(undef, 3; manager = m)
     copyto!(r, [4, 5, 6])
     @test r == [4, 5, 6]
+    @test Array(KmmArray(r; manager = m)) == [4, 5, 6]          # straight from pinned memory
     Kmm.unsafe_free!(p)
     @test Kmm.isfreed(p)
     @test_throws KmmError p[1]
