@@ -15,6 +15,11 @@
 #define KMM_MAX_KERNEL_ARGS 256
 
 /**
+ * Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).
+ */
+#define KMM_IPC_HANDLE_BYTES 64
+
+/**
  * `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
  * (the default: PyTorch does not check for NULL and would use address 0).
  */
@@ -901,6 +906,18 @@ KmmStatus kmm_plugin_alloc(KmmManager manager,
  * thread and from finalizers.
  */
 KmmStatus kmm_plugin_free(KmmManager manager, KmmBuffer buffer, uint64_t stream);
+
+/**
+ * Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+ * allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+ * to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+ * The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+ * backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+ */
+KmmStatus kmm_buffer_ipc_handle(KmmManager manager,
+                                KmmBuffer buffer,
+                                uint8_t *out,
+                                uint64_t *offset);
 
 /**
  * Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating

@@ -18,6 +18,7 @@ KMM_DESTROY_DEFERRED = 1
 KMM_TORCH_OOM_ABORT = 0
 KMM_TORCH_OOM_NULL = 1
 KMM_MAX_KERNEL_ARGS = 256
+KMM_IPC_HANDLE_BYTES = 64
 KMM_QMRI_SKIP_CHECKS = 1
 KMM_ARG_BUFFER, KMM_ARG_I32, KMM_ARG_I64, KMM_ARG_F32, KMM_ARG_F64, KMM_ARG_U64 = 0, 1, 2, 3, 4, 5
 
@@ -177,6 +178,7 @@ FUNCTIONS = {
     # address of a preallocated scratch array as a plain int (the allocation fast path).
     "kmm_plugin_alloc": (S, [c_uint64, c_uint64, c_uint32, c_uint64, c_void_p, c_void_p]),
     "kmm_plugin_free": (S, [c_uint64, c_uint64, c_uint64]),
+    "kmm_buffer_ipc_handle": (S, [c_uint64, c_uint64, c_void_p, _u64p]),
     "kmm_torch_manager": (S, [c_int32, _u64p]),
     "kmm_torch_set_oom_policy": (S, [c_uint32]),
     "kmm_torch_malloc": (c_void_p, [c_size_t, c_int32, c_void_p]),

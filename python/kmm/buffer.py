@@ -149,6 +149,16 @@ class Buffer:
             return memoryview(bytearray())
         return memoryview((ctypes.c_ubyte * self.nbytes).from_address(self._ptr)).cast("B")
 
+    def ipc_handle(self):
+        """(handle, offset): the 64-byte CUDA IPC handle of the device allocation holding this
+        buffer and the buffer's offset in it. Another process opens the handle
+        (`cuIpcOpenMemHandle`, e.g. `cupy.cuda.runtime.ipcOpenMemHandle`) and adds the offset.
+        CUDA backend, device memory only (`kmm.NotSupportedError` on the host backend)."""
+        out = (ctypes.c_uint8 * _lib.KMM_IPC_HANDLE_BYTES)()
+        offset = ctypes.c_uint64()
+        check(_lib_.kmm_buffer_ipc_handle(self._manager._live(), self._live(), out, ctypes.byref(offset)))
+        return bytes(out), offset.value
+
     # -- exchange -------------------------------------------------------------------------
     def as_array(self, shape=None, dtype="uint8", strides=None, offset=0):
         """A `DeviceArray` view of this buffer."""

@@ -86,3 +86,10 @@ def test_context_manager(manager):
         assert not b.closed
     assert b.closed
     assert manager.stats("device")["live_buffers"] == 0
+
+
+def test_ipc_handle_needs_cuda(manager):
+    b = manager.alloc(256)
+    if manager.backend == "host":
+        with pytest.raises(kmm.NotSupportedError, match="CUDA backend"):
+            b.ipc_handle()

@@ -123,6 +123,71 @@ pub extern "C" fn kmm_plugin_free(manager: KmmManager, buffer: KmmBuffer, stream
     boundary(|| with_manager(manager, |m| plugin_free(manager, m, buffer, stream)))
 }
 
+/// Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).
+pub const KMM_IPC_HANDLE_BYTES: u32 = 64;
+
+fn ipc_handle(m: &Manager, buffer: u64) -> Result<([u8; 64], u64)> {
+    use crate::backend::cuda::check;
+    use cudarc::driver::sys;
+    if m.backend_kind() != BackendKind::Cuda {
+        fail!(KMM_ERROR_NOT_SUPPORTED, "IPC handles need the CUDA backend; this manager runs on the host backend");
+    }
+    let (addr, bytes, kind, _) = m.buffer_info(buffer)?;
+    if kind != MemoryKind::Device {
+        fail!(KMM_ERROR_WRONG_KIND, "buffer {buffer:#x} is pinned host memory; IPC handles are for device memory");
+    }
+    if bytes == 0 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {buffer:#x} is empty: it has no memory to share");
+    }
+    // SAFETY: plain driver calls on the manager's device; the primary context is retained by the
+    // backend already, retained again here for the duration and made current on this thread.
+    unsafe {
+        let mut dev = 0;
+        check(sys::cuDeviceGet(&mut dev, m.device()), "cuDeviceGet")?;
+        let mut ctx = std::ptr::null_mut();
+        check(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "cuDevicePrimaryCtxRetain")?;
+        let result = (|| {
+            check(sys::cuCtxPushCurrent_v2(ctx), "cuCtxPushCurrent")?;
+            let inner = (|| {
+                let (mut base, mut size) = (0, 0usize);
+                check(sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr), "cuMemGetAddressRange")?;
+                let mut handle: sys::CUipcMemHandle = std::mem::zeroed();
+                check(
+                    sys::cuIpcGetMemHandle(&mut handle, base),
+                    "cuIpcGetMemHandle (memory of alloc_mode cuda_async cannot be shared this way)",
+                )?;
+                let mut out = [0u8; 64];
+                for (o, r) in out.iter_mut().zip(handle.reserved.iter()) {
+                    *o = *r as u8;
+                }
+                Ok((out, addr - base))
+            })();
+            let mut popped = std::ptr::null_mut();
+            let _ = sys::cuCtxPopCurrent_v2(&mut popped);
+            inner
+        })();
+        let _ = sys::cuDevicePrimaryCtxRelease_v2(dev);
+        result
+    }
+}
+
+/// Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+/// allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+/// to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+/// The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+/// backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+#[no_mangle]
+pub extern "C" fn kmm_buffer_ipc_handle(manager: KmmManager, buffer: KmmBuffer, out: *mut u8, offset: *mut u64) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        check_out(offset, "offset")?;
+        let (handle, off) = with_manager(manager, |m| ipc_handle(m, buffer))?;
+        // SAFETY: non-null; the caller provides KMM_IPC_HANDLE_BYTES bytes.
+        unsafe { std::ptr::copy_nonoverlapping(handle.as_ptr(), out, handle.len()) };
+        write_out(offset, "offset", off)
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // PyTorch's CUDAPluggableAllocator
 
