@@ -32,6 +32,14 @@ from .array import DeviceArray, from_cuda_array_interface, from_dlpack
 from .buffer import Buffer
 from .manager import Manager, default_manager
 
+__all__ = [
+    "Manager", "Buffer", "DeviceArray", "default_manager", "empty", "zeros", "asarray",
+    "from_dlpack", "from_cuda_array_interface", "status_name",
+    "KmmError", "NullPointerError", "InvalidArgumentError", "OutOfRangeError", "SizeOverflowError",
+    "InvalidHandleError", "BufferMappedError", "WrongKindError", "OutOfMemoryError",
+    "BackendUnavailableError", "BackendError", "NotSupportedError", "CompileError", "InternalError",
+]
+
 __version__ = _lib.lib.kmm_version().decode()
 library_path = _lib.path
 ABI_VERSION = _lib.ABI_VERSION

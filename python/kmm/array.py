@@ -1,7 +1,6 @@
 """`kmm.DeviceArray`: a typed, strided view (shape, dtype, strides in bytes, byte offset) of a
 Kmm `Buffer`, exchanged without copies through `__cuda_array_interface__` (v3) and DLPack."""
 
-import ctypes
 import math
 
 import numpy as np

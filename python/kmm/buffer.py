@@ -6,7 +6,7 @@ import numpy as np
 
 from . import _lib
 from ._errors import InvalidHandleError, check
-from .manager import KIND_NAMES, kind_code
+from .manager import KIND_NAMES
 
 _lib_ = _lib.lib
 _plugin_alloc = _lib_.kmm_plugin_alloc

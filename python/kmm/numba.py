@@ -18,7 +18,7 @@ from numba import cuda
 from numba.cuda.cudadrv import driver as _driver
 
 from . import _lib
-from ._errors import InvalidHandleError, NotSupportedError, OutOfMemoryError, check, error
+from ._errors import NotSupportedError, error
 from .manager import Manager
 
 __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]

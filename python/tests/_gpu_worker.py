@@ -53,8 +53,6 @@ def numba_kernel():
 
 
 def _ipc_child(handle, queue):
-    from numba import cuda
-
     with handle as arr:
         queue.put(arr.copy_to_host())
 

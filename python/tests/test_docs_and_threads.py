@@ -5,7 +5,6 @@ import threading
 import numpy as np
 import pytest
 
-import kmm
 from conftest import BACKEND
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "python.md")

@@ -6,7 +6,7 @@ import pytest
 
 numba_cuda = pytest.importorskip("numba.cuda", reason="numba (or numba-cuda) is not installed")
 try:
-    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer  # noqa: F401
+    from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer  # noqa: F401 (import check)
 except Exception as e:  # pragma: no cover
     pytest.skip("numba.cuda EMM classes unavailable: %s" % e, allow_module_level=True)
 
