@@ -4,7 +4,10 @@ import gc
 
 import pytest
 
-cupy = pytest.importorskip("cupy", reason="cupy is not installed")
+try:
+    import cupy
+except Exception as e:
+    pytest.skip("cupy unavailable: %s" % type(e).__name__, allow_module_level=True)
 
 import kmm
 import kmm.cupy as kc

@@ -4,11 +4,12 @@ import gc
 
 import pytest
 
-numba_cuda = pytest.importorskip("numba.cuda", reason="numba (or numba-cuda) is not installed")
 try:
+    import numba.cuda as numba_cuda
     from numba.cuda import HostOnlyCUDAMemoryManager, MemoryPointer  # noqa: F401 (import check)
-except Exception as e:  # pragma: no cover
-    pytest.skip("numba.cuda EMM classes unavailable: %s" % e, allow_module_level=True)
+except Exception as e:  # not installed, or numba-cuda without the CUDA runtime library
+    pytest.skip("numba.cuda unavailable: %s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else ""),
+                allow_module_level=True)
 
 import kmm
 import kmm.numba as kn
