@@ -201,7 +201,10 @@ function emit(h)
         println(io, "end")
         println(io)
     end
-    println(io, "# function pointers, filled by load!")
+    println(io, "\"The path of the loaded library (set by `load!`; chosen by `Kmm.find_libkmm`).\"")
+    println(io, "const libkmm = Ref{String}(\"\")")
+    println(io)
+    println(io, "# function pointers, filled by load! (one dlsym per function, once)")
     names = [f.name for f in h.funcs]
     for n in names
         println(io, "const _fp_$n = Ref{Ptr{Cvoid}}(C_NULL)")
@@ -222,6 +225,7 @@ function emit(h)
     for n in names
         println(io, "    _fp_$n[] = something(Libdl.dlsym(lib, :$n; throw_error = false), C_NULL)")
     end
+    println(io, "    libkmm[] = path")
     println(io, "    return lib")
     println(io, "end")
     println(io)

@@ -12,6 +12,10 @@ Most kernel arguments of one launch.
 """
 const KMM_MAX_KERNEL_ARGS = 256
 """
+Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).
+"""
+const KMM_IPC_HANDLE_BYTES = 64
+"""
 `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
 (the default: PyTorch does not check for NULL and would use address 0).
 """
@@ -247,7 +251,10 @@ struct KmmPssfpSequence
     gz_pr::Cfloat
 end
 
-# function pointers, filled by load!
+"The path of the loaded library (set by `load!`; chosen by `Kmm.find_libkmm`)."
+const libkmm = Ref{String}("")
+
+# function pointers, filled by load! (one dlsym per function, once)
 const _fp_kmm_version = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_abi_version = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_last_error = Ref{Ptr{Cvoid}}(C_NULL)
@@ -287,6 +294,7 @@ const _fp_kmm_module_launch = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_module_destroy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_free = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_buffer_ipc_handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_manager = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
@@ -297,7 +305,7 @@ const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_buffer_ipc_handle, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
 
 """
     load!(path) -> handle
@@ -346,6 +354,7 @@ function load!(path::AbstractString)
     _fp_kmm_module_destroy[] = something(Libdl.dlsym(lib, :kmm_module_destroy; throw_error = false), C_NULL)
     _fp_kmm_plugin_alloc[] = something(Libdl.dlsym(lib, :kmm_plugin_alloc; throw_error = false), C_NULL)
     _fp_kmm_plugin_free[] = something(Libdl.dlsym(lib, :kmm_plugin_free; throw_error = false), C_NULL)
+    _fp_kmm_buffer_ipc_handle[] = something(Libdl.dlsym(lib, :kmm_buffer_ipc_handle; throw_error = false), C_NULL)
     _fp_kmm_torch_manager[] = something(Libdl.dlsym(lib, :kmm_torch_manager; throw_error = false), C_NULL)
     _fp_kmm_torch_set_oom_policy[] = something(Libdl.dlsym(lib, :kmm_torch_set_oom_policy; throw_error = false), C_NULL)
     _fp_kmm_torch_malloc[] = something(Libdl.dlsym(lib, :kmm_torch_malloc; throw_error = false), C_NULL)
@@ -354,6 +363,7 @@ function load!(path::AbstractString)
     _fp_kmm_qmri_simulate_fisp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_fisp; throw_error = false), C_NULL)
     _fp_kmm_qmri_simulate_pssfp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_pssfp; throw_error = false), C_NULL)
     _fp_kmm_qmri_match[] = something(Libdl.dlsym(lib, :kmm_qmri_match; throw_error = false), C_NULL)
+    libkmm[] = path
     return lib
 end
 
@@ -1184,6 +1194,33 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_plugin_free(manager, buffer, stream)
     check_status(unchecked_kmm_plugin_free(manager, buffer, stream))
+end
+
+"""
+Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+
+Returns the status; `kmm_buffer_ipc_handle` is the checked form.
+"""
+@inline function unchecked_kmm_buffer_ipc_handle(manager, buffer, out, offset)
+    fp = _fp_kmm_buffer_ipc_handle[]
+    fp == C_NULL && throw_missing(:kmm_buffer_ipc_handle)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, Ptr{UInt8}, Ptr{UInt64}), manager, buffer, out, offset)
+end
+"""
+Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_buffer_ipc_handle(manager, buffer, out, offset)
+    check_status(unchecked_kmm_buffer_ipc_handle(manager, buffer, out, offset))
 end
 
 """
