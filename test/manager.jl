@@ -74,3 +74,19 @@ end
     @test occursin("freed", sprint(show, MIME"text/plain"(), x))
     @test sprint(show, m) == "KmmManager(closed)"
 end
+
+@testset "ordering with another stream" begin
+    a = KmmManager(backend = :host)
+    b = KmmManager(backend = :host)
+    x = KmmArray(collect(1:1000); manager = a)
+    y = KmmArray{Int}(undef, 1000; manager = b)
+    fill!(x, 7)                                       # queued on a's stream
+    @test Kmm.signal_stream(a, Kmm.stream(b)) === a   # b's stream waits for a's fill
+    copyto!(y, x)
+    @test Kmm.wait_stream(a, Kmm.stream(b)) === a     # a's later work waits for b's copy
+    fill!(x, 0)
+    @test all(==(7), Array(y))
+    @test all(==(0), Array(x))
+    @test_throws KmmError Kmm.wait_stream(a, 0)       # not a stream
+    close(a); close(b)
+end
