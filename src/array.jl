@@ -147,8 +147,9 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soff
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     n == 0 && return dest
-    mh, h = handles(dest.storage)
-    GC.@preserve src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
+    ds = dest.storage
+    mh, h = handles(ds)
+    GC.@preserve ds src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
                                                pointer(src, soffs), n * sizeof(T))
     dest
 end
@@ -166,8 +167,9 @@ function Base.copyto!(dest::HostDense{T}, doffs::Integer, src::KmmArray{T}, soff
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     n == 0 && return dest
-    mh, h = handles(src.storage)
-    GC.@preserve dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
+    ss = src.storage
+    mh, h = handles(ss)
+    GC.@preserve ss dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
                                               n * sizeof(T))
     dest
 end
@@ -188,8 +190,9 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     n == 0 && return dest
-    dmh, dh = handles(dest.storage)
-    smh, sh = handles(src.storage)
+    ds, ss = dest.storage, src.storage
+    dmh, dh = handles(ds)
+    smh, sh = handles(ss)
     bytes = n * sizeof(T)
     doff, soff = byteoffset(dest, doffs), byteoffset(src, soffs)
     if dest.storage === src.storage && doff < soff + bytes && soff < doff + bytes
@@ -198,7 +201,7 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs
         copyto!(tmp, 1, src, soffs, n)
         return copyto!(dest, doffs, tmp, 1, n)
     end
-    LibKmm.kmm_copy_buffer(dmh, dh, doff, smh, sh, soff, bytes)
+    GC.@preserve ds ss LibKmm.kmm_copy_buffer(dmh, dh, doff, smh, sh, soff, bytes)
     dest
 end
 Base.copyto!(dest::KmmArray{T}, src::KmmArray{T}) where {T} =
@@ -219,9 +222,10 @@ Base.collect(x::KmmArray) = Array(x)
 function Base.fill!(x::KmmArray{T}, v) where {T}
     pattern = Ref{T}(convert(T, v))
     (isempty(x) || sizeof(T) == 0) && return x
-    mh, h = handles(x.storage)
+    xs = x.storage
+    mh, h = handles(xs)
     if sizeof(T) <= 4096
-        GC.@preserve pattern LibKmm.kmm_fill(mh, h, x.offset, sizeof(x),
+        GC.@preserve xs pattern LibKmm.kmm_fill(mh, h, x.offset, sizeof(x),
                                              Base.unsafe_convert(Ptr{T}, pattern), sizeof(T))
     else
         copyto!(x, fill(pattern[], size(x)))

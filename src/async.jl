@@ -25,10 +25,11 @@ Queues a copy between a `KmmArray` and host memory (`Array`, a contiguous view o
 function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     length(dest) == length(src) || throw(DimensionMismatch(
         "copyto_async!: lengths differ ($(length(dest)) and $(length(src)))"))
-    mh, h = handles(dest.storage)
+    ds = dest.storage
+    mh, h = handles(ds)
     ev = Ref{UInt64}(0)
     if !isempty(src)
-        GC.@preserve src LibKmm.kmm_copy_to_device_async(mh, h, dest.offset, pointer(src),
+        GC.@preserve ds src LibKmm.kmm_copy_to_device_async(mh, h, dest.offset, pointer(src),
                                                          sizeof(T) * length(src), ev)
     end
     register_task!(KmmCopyTask(manager(dest), ev[], src, dest))
@@ -37,10 +38,11 @@ end
 function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
     length(dest) == length(src) || throw(DimensionMismatch(
         "copyto_async!: lengths differ ($(length(dest)) and $(length(src)))"))
-    mh, h = handles(src.storage)
+    ss = src.storage
+    mh, h = handles(ss)
     ev = Ref{UInt64}(0)
     if !isempty(src)
-        GC.@preserve dest LibKmm.kmm_copy_to_host_async(mh, pointer(dest), h, src.offset,
+        GC.@preserve ss dest LibKmm.kmm_copy_to_host_async(mh, pointer(dest), h, src.offset,
                                                         sizeof(T) * length(src), ev)
     end
     register_task!(KmmCopyTask(manager(src), ev[], dest, src))

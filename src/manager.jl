@@ -111,7 +111,7 @@ Base.unsafe_convert(::Type{UInt64}, m::KmmManager) = handle(m)
 
 function info(m::KmmManager)
     out = Ref{LibKmm.KmmManagerInfo}()
-    LibKmm.kmm_manager_info(handle(m), out)
+    GC.@preserve m LibKmm.kmm_manager_info(handle(m), out)
     out[]
 end
 
@@ -137,7 +137,7 @@ Waits until all work queued on the manager's stream has run (then cached memory 
 release threshold is given back). Completes the manager's pending asynchronous copies.
 """
 function synchronize(m::KmmManager = default_manager())
-    LibKmm.kmm_manager_synchronize(handle(m))
+    GC.@preserve m LibKmm.kmm_manager_synchronize(handle(m))
     complete_pending!(m, true)
     return nothing
 end
@@ -149,7 +149,7 @@ Waits for the stream, then gives cached memory back until each pool reserves at 
 `keep_bytes`. Live arrays are never moved or freed.
 """
 function trim!(m::KmmManager = default_manager(), keep_bytes::Integer = 0)
-    LibKmm.kmm_manager_trim(handle(m), keep_bytes)
+    GC.@preserve m LibKmm.kmm_manager_trim(handle(m), keep_bytes)
     return m
 end
 
@@ -158,7 +158,7 @@ end
 
 Resets the peak counters (in use and reserved) to the current values.
 """
-reset_peaks!(m::KmmManager = default_manager()) = (LibKmm.kmm_manager_reset_peaks(handle(m)); m)
+reset_peaks!(m::KmmManager = default_manager()) = (GC.@preserve m LibKmm.kmm_manager_reset_peaks(handle(m)); m)
 
 const KINDS = Dict(:device => LibKmm.KMM_MEMORY_DEVICE, :pinned => LibKmm.KMM_MEMORY_PINNED)
 
@@ -171,7 +171,7 @@ The counters of one memory kind (`:device` or `:pinned`): `in_use`, `peak_in_use
 """
 function memory_stats(m::KmmManager = default_manager(), kind::Symbol = :device)
     out = Ref{LibKmm.KmmMemoryStats}()
-    LibKmm.kmm_manager_stats(handle(m), enum_value(KINDS, kind, "kind"), out)
+    GC.@preserve m LibKmm.kmm_manager_stats(handle(m), enum_value(KINDS, kind, "kind"), out)
     out[]
 end
 
@@ -201,7 +201,7 @@ function memory_status(m::KmmManager = default_manager())
     LibKmm.kmm_manager_summary(h, C_NULL, 0, needed)
     buf = Vector{UInt8}(undef, needed[] + 64)
     LibKmm.kmm_manager_summary(h, buf, length(buf), needed)
-    text = unsafe_string(pointer(buf))
+    text = GC.@preserve buf unsafe_string(pointer(buf))
     MemoryStatus(memory_stats(m, :device), memory_stats(m, :pinned), rstrip(text))
 end
 
@@ -241,7 +241,7 @@ Makes the manager's stream wait for the work queued so far on `stream` (a raw `C
 `UInt64`, or with CUDA.jl loaded a `CuStream`; on the host backend, another manager's
 `Kmm.stream`). Use it after work on another stream wrote memory the manager will use.
 """
-wait_stream(m::KmmManager, s::Integer) = (LibKmm.kmm_manager_wait_stream(handle(m), UInt64(s)); m)
+wait_stream(m::KmmManager, s::Integer) = (GC.@preserve m LibKmm.kmm_manager_wait_stream(handle(m), UInt64(s)); m)
 
 """
     Kmm.signal_stream(mgr, stream)
@@ -249,4 +249,4 @@ wait_stream(m::KmmManager, s::Integer) = (LibKmm.kmm_manager_wait_stream(handle(
 Makes `stream` wait for the work queued so far on the manager's stream. Use it before work on
 another stream reads or writes memory of the manager.
 """
-signal_stream(m::KmmManager, s::Integer) = (LibKmm.kmm_manager_signal_stream(handle(m), UInt64(s)); m)
+signal_stream(m::KmmManager, s::Integer) = (GC.@preserve m LibKmm.kmm_manager_signal_stream(handle(m), UInt64(s)); m)

@@ -83,8 +83,9 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, so
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     n == 0 && return dest
-    mh, h = handles(dest.storage)
-    GC.@preserve src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
+    ds = dest.storage
+    mh, h = handles(ds)
+    GC.@preserve ds src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
                                                pointer(src, soffs), n * sizeof(T))
     dest
 end
@@ -95,8 +96,9 @@ function Base.copyto!(dest::PinnedArray{T}, doffs::Integer, src::KmmArray{T}, so
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     n == 0 && return dest
-    mh, h = handles(src.storage)
-    GC.@preserve dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
+    ss = src.storage
+    mh, h = handles(ss)
+    GC.@preserve ss dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
                                               n * sizeof(T))
     dest
 end

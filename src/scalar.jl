@@ -41,8 +41,9 @@ function Base.getindex(x::KmmArray{T}, i::Int) where {T}
     assertscalar("getindex")
     @boundscheck checkbounds(x, i)
     out = Ref{T}()
-    mh, h = handles(x.storage)
-    GC.@preserve out LibKmm.kmm_copy_to_host(mh, Base.unsafe_convert(Ptr{T}, out), h,
+    xs = x.storage
+    mh, h = handles(xs)
+    GC.@preserve xs out LibKmm.kmm_copy_to_host(mh, Base.unsafe_convert(Ptr{T}, out), h,
                                              byteoffset(x, i), sizeof(T))
     out[]
 end
@@ -51,8 +52,9 @@ function Base.setindex!(x::KmmArray{T}, v, i::Int) where {T}
     assertscalar("setindex!")
     @boundscheck checkbounds(x, i)
     val = Ref{T}(convert(T, v))
-    mh, h = handles(x.storage)
-    GC.@preserve val LibKmm.kmm_copy_to_device(mh, h, byteoffset(x, i),
+    xs = x.storage
+    mh, h = handles(xs)
+    GC.@preserve xs val LibKmm.kmm_copy_to_device(mh, h, byteoffset(x, i),
                                                Base.unsafe_convert(Ptr{T}, val), sizeof(T))
     x
 end

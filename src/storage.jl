@@ -97,7 +97,7 @@ function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
     bytes >= 0 || throw(ArgumentError("negative size $bytes"))
     maybe_collect(bytes)
     out = Ref{UInt64}(0)
-    st = LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
+    st = GC.@preserve m LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
     st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
     st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
     msg = last_error_message()
@@ -109,7 +109,7 @@ function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
         else
             trim!(m, 0)
         end
-        st = LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
+        st = GC.@preserve m LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
         st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
         st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
         msg = last_error_message()
@@ -121,7 +121,7 @@ end
 function map_storage(s::KmmStorage)
     mh, h = handles(s)
     out = Ref{UInt64}(0)
-    LibKmm.kmm_buffer_map(mh, h, out)
+    GC.@preserve s LibKmm.kmm_buffer_map(mh, h, out)
     out[]
 end
 
