@@ -16,12 +16,8 @@ raw_stream(s::CuStream) = UInt64(UInt(s.handle))
 Kmm.wait_stream(m::KmmManager, s::CuStream) = Kmm.wait_stream(m, raw_stream(s))
 Kmm.signal_stream(m::KmmManager, s::CuStream) = Kmm.signal_stream(m, raw_stream(s))
 
-function check_cuda(x::KmmArray)
-    Kmm.backend(Kmm.manager(x)) == :cuda ||
-        throw(ArgumentError("CuArray(x) needs a KmmArray of a manager on the CUDA backend"))
-    Kmm.kind(x) == :device ||
-        throw(ArgumentError("CuArray(x) needs device memory, not kind $(Kmm.kind(x))"))
-end
+check_cuda(x::KmmArray) = Kmm.backend(Kmm.manager(x)) == :cuda ||
+    throw(ArgumentError("CuArray(x) needs a KmmArray of a manager on the CUDA backend"))
 
 """
     CuArray(x::KmmArray)
@@ -32,6 +28,8 @@ to wait for the manager's stream; after CUDA work on the view, call
 `Kmm.wait_stream(Kmm.manager(x), CUDA.stream())` before Kmm works on `x` again.
 """
 function CUDA.CuArray(x::KmmArray{T,N}) where {T,N}
+    Kmm.kind(x) == :device ||
+        throw(ArgumentError("CuArray(x) needs device memory, not kind $(Kmm.kind(x))"))
     check_cuda(x)
     m = Kmm.manager(x)
     base = Kmm.map_storage(x.storage)                       # pin: the address stays valid
