@@ -172,8 +172,9 @@ impl Manager {
             return unsafe { self.stream.memset(addr, u32::from_le_bytes(value), width as u32, bytes / width) };
         }
         // Expand the pattern on the host, copy it once, then double it on the device.
-        let seed = bytes.min((FILL_SEED_BYTES / width).max(1) * width);
+        // The seed must fit one staging slot (as small as 4 KiB, never below the 4 KiB pattern).
         let mut staging = lock(&self.staging);
+        let seed = bytes.min((FILL_SEED_BYTES.min(staging.slot_bytes()) / width).max(1) * width);
         let block = staging.acquire(seed)?;
         // SAFETY: the staging slot holds at least `seed` bytes and is ours until submitted.
         unsafe {
