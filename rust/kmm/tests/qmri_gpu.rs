@@ -54,6 +54,26 @@ fn fisp_on_the_gpu_equals_the_cpu_reference() {
 }
 
 #[test]
+fn fisp_is_the_same_for_every_lane_count() {
+    if !gpu() {
+        return;
+    }
+    let m = Mgr::new();
+    let params = grid(8, 8);
+    let seq = FispSpec::mrf(300, 32);
+    let mut want = vec![[0f32; 2]; params.len() * 300];
+    cpu::simulate_fisp(&seq.rust(), &atoms_of(&params), &mut want);
+    for lanes in [1, 2, 4, 8, 16, 32] {
+        std::env::set_var("KMM_FISP_LANES", lanes.to_string());
+        let got = fisp(&m, &seq, &params);
+        std::env::remove_var("KMM_FISP_LANES");
+        let w = worst(&got, &want, 300);
+        println!("FISP Ns 32 with {lanes} lanes per atom: worst relative error {w:.2e}");
+        assert!(w < 1e-4, "{lanes} lanes: {w:e}");
+    }
+}
+
+#[test]
 fn pssfp_on_the_gpu_equals_the_cpu_reference() {
     if !gpu() {
         return;

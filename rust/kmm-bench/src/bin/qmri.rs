@@ -170,6 +170,15 @@ fn main() {
     let t = m.time(if small { 2 } else { 5 }, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
     let work = (fisp_atoms * fisp_ntr) as f64;
     row(if cuda { "FISP GPU" } else { "FISP host backend" }, &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), t, &format!("{:.3e} atom-TR/s", work / t), "best of runs, parameter check skipped");
+    if cuda {
+        for lanes in [1u32, 2, 4, 8, 32] {
+            std::env::set_var("KMM_FISP_LANES", lanes.to_string());
+            m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
+            let tl = m.time(3, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
+            std::env::remove_var("KMM_FISP_LANES");
+            row(&format!("  FISP GPU, {lanes} lanes/atom"), &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tl, &format!("{:.3e} atom-TR/s", work / tl), &format!("default is {}", gpu::fisp_lanes(ns)));
+        }
+    }
     let tc = m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, 0)));
     row("FISP, checked parameters", &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tc, &format!("{:.3e} atom-TR/s", work / tc), "copies parameters to the host and waits");
     // CPU reference on a subset, scaled.

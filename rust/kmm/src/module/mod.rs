@@ -214,7 +214,7 @@ pub fn compile(device: i32, src: &str, options: &[String]) -> Result<Arc<Module>
     let image = match cache::read(key) {
         Some(image) => image,
         None => {
-            let image = nvrtc_compile(src, &opts)?;
+            let (image, _log) = nvrtc_compile(src, &opts)?;
             cache::write(key, &image);
             image
         }
@@ -227,8 +227,15 @@ pub fn compile(device: i32, src: &str, options: &[String]) -> Result<Arc<Module>
     Ok(m)
 }
 
-/// NVRTC to a CUBIN (for `sm_XY`) or to PTX (for `compute_XY`), NUL-terminated.
-fn nvrtc_compile(src: &str, opts: &[String]) -> Result<Vec<u8>> {
+/// Compiles without loading (no device or driver needed, only libnvrtc): the image and NVRTC's
+/// log (with `--ptxas-options=-v`, register and spill counts). For checks and tuning.
+pub fn compile_image(src: &str, opts: &[String]) -> Result<(Vec<u8>, String)> {
+    nvrtc_version()?;
+    nvrtc_compile(src, opts)
+}
+
+/// NVRTC to a CUBIN (for `sm_XY`) or to PTX (for `compute_XY`), NUL-terminated; and the log.
+fn nvrtc_compile(src: &str, opts: &[String]) -> Result<(Vec<u8>, String)> {
     let csrc = CString::new(src).expect("checked for NUL");
     let copts: Vec<CString> = opts.iter().map(|o| CString::new(o.as_str()).expect("checked for NUL")).collect();
     let optr: Vec<*const std::ffi::c_char> = copts.iter().map(|c| c.as_ptr()).collect();
@@ -247,15 +254,15 @@ fn nvrtc_compile(src: &str, opts: &[String]) -> Result<Vec<u8>> {
         )?;
         let result = (|| {
             let status = nv::nvrtcCompileProgram(prog, optr.len() as i32, optr.as_ptr());
-            if status != nv::nvrtcResult::NVRTC_SUCCESS {
-                let mut size = 0usize;
-                let mut log = String::new();
-                if nv::nvrtcGetProgramLogSize(prog, &mut size) == nv::nvrtcResult::NVRTC_SUCCESS && size > 1 {
-                    let mut buf = vec![0u8; size];
-                    if nv::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) == nv::nvrtcResult::NVRTC_SUCCESS {
-                        log = String::from_utf8_lossy(&buf[..size - 1]).into_owned();
-                    }
+            let mut size = 0usize;
+            let mut log = String::new();
+            if nv::nvrtcGetProgramLogSize(prog, &mut size) == nv::nvrtcResult::NVRTC_SUCCESS && size > 1 {
+                let mut buf = vec![0u8; size];
+                if nv::nvrtcGetProgramLog(prog, buf.as_mut_ptr() as *mut std::ffi::c_char) == nv::nvrtcResult::NVRTC_SUCCESS {
+                    log = String::from_utf8_lossy(&buf[..size - 1]).into_owned();
                 }
+            }
+            if status != nv::nvrtcResult::NVRTC_SUCCESS {
                 fail!(KMM_ERROR_COMPILE, "NVRTC compilation failed ({status:?}) with options {opts:?}:\n{log}");
             }
             let cubin = opts.iter().any(|o| o.contains("sm_"));
@@ -273,7 +280,7 @@ fn nvrtc_compile(src: &str, opts: &[String]) -> Result<Vec<u8>> {
                     image.push(0);
                 }
             }
-            Ok(image)
+            Ok((image, log))
         })();
         nv::nvrtcDestroyProgram(&mut prog);
         result

@@ -20,14 +20,30 @@ const FISP_BLOCK: u32 = 256;
 const PSSFP_BLOCK: u32 = 128;
 
 /// Threads per atom for `ns` EPG states: about 8 states per thread, up to a warp per atom.
+/// `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides it, for tuning on a new GPU.
 pub fn fisp_lanes(ns: u32) -> u32 {
+    if let Some(l) = std::env::var("KMM_FISP_LANES").ok().and_then(|v| v.parse::<u32>().ok()) {
+        if l.is_power_of_two() && l <= 32 {
+            return l;
+        }
+    }
     ns.div_ceil(8).next_power_of_two().min(32)
 }
 
-fn function(m: &Manager, options: &[String], name: &str) -> Result<Function> {
+/// NVRTC options of the qMRI kernels, plus `extra`.
+pub fn options(extra: &[String]) -> Vec<String> {
     let mut opts = vec!["--std=c++14".to_string(), "--fmad=true".to_string()];
-    opts.extend_from_slice(options);
-    module::compile(m.device(), KERNELS, &opts)?.function(name)
+    opts.extend_from_slice(extra);
+    opts
+}
+
+/// The defines that specialise `kmm_fisp` for `ns` states.
+pub fn fisp_defines(ns: u32) -> Vec<String> {
+    vec![format!("-DNS={ns}"), format!("-DLANES={}", fisp_lanes(ns))]
+}
+
+fn function(m: &Manager, extra: &[String], name: &str) -> Result<Function> {
+    module::compile(m.device(), KERNELS, &options(extra))?.function(name)
 }
 
 /// A device buffer that lives until the end of the call; its free is stream-ordered, so
@@ -87,8 +103,7 @@ fn grid_for(threads: u64, block: u32) -> Result<[u32; 3]> {
 
 pub fn simulate_fisp(m: &Manager, seq: &Fisp, atoms: u64, natoms: usize, out: u64) -> Result<()> {
     let lanes = fisp_lanes(seq.max_state);
-    let opts = [format!("-DNS={}", seq.max_state), format!("-DLANES={lanes}")];
-    let f = function(m, &opts, "kmm_fisp")?;
+    let f = function(m, &fisp_defines(seq.max_state), "kmm_fisp")?;
     let ntr = seq.ntr();
     let mut table = Vec::with_capacity(ntr * seq.positions());
     for p in 0..seq.positions() {

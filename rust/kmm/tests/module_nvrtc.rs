@@ -1,0 +1,65 @@
+//! The qMRI kernels and a broken source through NVRTC alone (no GPU or driver needed): runs
+//! where libnvrtc is on the library path (e.g. `pip install nvidia-cuda-nvrtc` and
+//! LD_LIBRARY_PATH to its lib folder with a libnvrtc.so link), and is skipped elsewhere.
+
+use kmm::module::compile_image;
+use kmm::qmri::gpu::{fisp_defines, options, KERNELS};
+use kmm::KmmStatus;
+
+fn nvrtc() -> bool {
+    let present = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    if !present {
+        eprintln!("skipped: libnvrtc not found on the library path");
+    }
+    present
+}
+
+/// The ptxas lines of the log that name `kernel`.
+fn usage(log: &str, kernel: &str) -> String {
+    let mut lines = log.lines();
+    let mut out = String::new();
+    while let Some(l) = lines.next() {
+        if l.contains("Compiling entry function") && l.contains(kernel) {
+            for l in lines.by_ref().take(3) {
+                if l.contains("registers") || l.contains("spill") {
+                    out += l.trim_start_matches("ptxas info    : ").trim();
+                    out += "; ";
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn qmri_kernels_compile_for_every_state_count_and_arch() {
+    if !nvrtc() {
+        return;
+    }
+    for arch in ["sm_80", "sm_90"] {
+        for ns in [1u32, 5, 8, 17, 32, 64, 100, 512] {
+            let mut opts = options(&fisp_defines(ns));
+            opts.push(format!("--gpu-architecture={arch}"));
+            opts.push("--ptxas-options=-v".into());
+            let (image, log) = compile_image(KERNELS, &opts).unwrap_or_else(|e| panic!("{arch} Ns {ns}: {e:?}"));
+            assert!(!image.is_empty());
+            let fisp = usage(&log, "kmm_fisp");
+            println!("{arch} Ns {ns:>3}: kmm_fisp {fisp}");
+            if ns == 32 {
+                println!("{arch}: kmm_pssfp {}", usage(&log, "kmm_pssfp"));
+                println!("{arch}: kmm_argmax {}", usage(&log, "kmm_argmax"));
+                assert!(fisp.contains("0 bytes spill stores"), "Ns 32 spills on {arch}: {fisp}");
+            }
+        }
+    }
+}
+
+#[test]
+fn compile_errors_carry_the_log() {
+    if !nvrtc() {
+        return;
+    }
+    let err = compile_image("extern \"C\" __global__ void k(float* y) { y[0] = nope; }", &["--gpu-architecture=sm_80".into()]).unwrap_err();
+    assert_eq!(err.status, KmmStatus::KMM_ERROR_COMPILE);
+    assert!(err.message.contains("nope"), "{}", err.message);
+}
