@@ -39,6 +39,13 @@
 #define KMM_QMRI_SKIP_CHECKS 1
 
 /**
+ * `flags` bit of `kmm_qmri_match`: the outputs already hold the results of earlier dictionary
+ * batches; a voxel's results are replaced only where this batch scores strictly higher. Needs
+ * `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
+ */
+#define KMM_MATCH_ACCUMULATE 1
+
+/**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
  */
 #define KMM_ABI_VERSION 1
@@ -596,6 +603,29 @@ typedef struct {
   float gz_pr;
 } KmmPssfpSequence;
 
+/**
+ * Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out.
+ */
+typedef struct {
+  /**
+   * int32: 0-based index of the best atom, counting from the start of the whole dictionary
+   * (`atom_offset` added). Required.
+   */
+  KmmBuffer index;
+  /**
+   * float: |d^H x| / (||d|| ||x||), 1 for a perfect match, 0 for a zero signal.
+   */
+  KmmBuffer score;
+  /**
+   * complex float: d^H x / ||d||, the proton density relative to the normalised atom.
+   */
+  KmmBuffer pd;
+  /**
+   * Four floats (T1, T2, B1, B0): the best atom's record from `params`.
+   */
+  KmmBuffer params;
+} KmmMatchOutputs;
+
 
 
 #ifdef __cplusplus
@@ -951,15 +981,18 @@ void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
 KmmStatus kmm_torch_live_allocations(uint64_t *out);
 
 /**
- * Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
- * (re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
- * B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
- * has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
- * supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+ * Simulates the FISP signals of atoms `first_atom .. first_atom + natoms` of `params` into
+ * `out`: `ntr x natoms` complex float (re, im pairs; TR index fastest; column 0 is atom
+ * `first_atom`). `params` holds records of four floats (T1 s, T2 s, B1 relative, B0 Hz); T1
+ * and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags` has
+ * `KMM_QMRI_SKIP_CHECKS`. Large dictionaries go in batches: all parameters in one buffer, one
+ * output buffer per batch, each batch matched with `KMM_MATCH_ACCUMULATE`. Queued on the
+ * manager's stream; returns once queued (after a wait for the parameter check). Thread-safe.
  */
 KmmStatus kmm_qmri_simulate_fisp(KmmManager manager,
                                  const KmmFispSequence *seq,
                                  KmmBuffer params,
+                                 uint64_t first_atom,
                                  uint64_t natoms,
                                  KmmBuffer out,
                                  uint32_t flags);
@@ -971,34 +1004,35 @@ KmmStatus kmm_qmri_simulate_fisp(KmmManager manager,
 KmmStatus kmm_qmri_simulate_pssfp(KmmManager manager,
                                   const KmmPssfpSequence *seq,
                                   KmmBuffer params,
+                                  uint64_t first_atom,
                                   uint64_t natoms,
                                   KmmBuffer out,
                                   uint32_t flags);
 
 /**
- * Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
- * `signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
- * |d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
- * |d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
- * float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
- * from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
- * zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
- * dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
- * uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
- * Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+ * Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column:
+ * atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` holds
+ * `ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
+ * and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
+ * whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
+ * `outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
+ * < ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
+ * dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
+ * `KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
+ * chunks sized to free memory, then a reduction kernel. Queued on the manager's stream (a
+ * compressed match waits once, for the Gram matrix). Thread-safe.
  */
 KmmStatus kmm_qmri_match(KmmManager manager,
                          KmmBuffer dictionary,
                          uint64_t ntr,
                          uint64_t natoms,
+                         uint64_t atom_offset,
                          KmmBuffer signals,
                          uint64_t nvoxels,
                          uint32_t rank,
                          KmmBuffer params,
-                         KmmBuffer out_index,
-                         KmmBuffer out_score,
-                         KmmBuffer out_pd,
-                         KmmBuffer out_params);
+                         const KmmMatchOutputs *outputs,
+                         uint32_t flags);
 
 #ifdef __cplusplus
 }  // extern "C"

@@ -7,7 +7,7 @@ use qmri_common::*;
 use std::ffi::CString;
 
 fn sim(m: &Mgr, seq: &KmmFispSequence, params: KmmBuffer, natoms: u64, out: KmmBuffer) -> KmmStatus {
-    kmm_qmri_simulate_fisp(m.0, seq, params, natoms, out, 0)
+    kmm_qmri_simulate_fisp(m.0, seq, params, 0, natoms, out, 0)
 }
 
 #[test]
@@ -40,9 +40,9 @@ fn bad_fisp_sequences_are_invalid_arguments() {
     let mut s = spec.raw();
     s.flip_angle = nan.as_ptr();
     expect_err(sim(&m, &s, p, 1, out), KMM_ERROR_INVALID_ARGUMENT, &["seq.flip_angle[0]", "not finite"]);
-    expect_err(kmm_qmri_simulate_fisp(m.0, std::ptr::null(), p, 1, out, 0), KMM_ERROR_NULL_POINTER, &["seq"]);
+    expect_err(kmm_qmri_simulate_fisp(m.0, std::ptr::null(), p, 0, 1, out, 0), KMM_ERROR_NULL_POINTER, &["seq"]);
     expect_err(sim(&m, &spec.raw(), p, 0, out), KMM_ERROR_INVALID_ARGUMENT, &["natoms = 0"]);
-    expect_err(kmm_qmri_simulate_fisp(m.0, &spec.raw(), p, 1, out, 4), KMM_ERROR_INVALID_ARGUMENT, &["flags"]);
+    expect_err(kmm_qmri_simulate_fisp(m.0, &spec.raw(), p, 0, 1, out, 4), KMM_ERROR_INVALID_ARGUMENT, &["flags"]);
 }
 
 #[test]
@@ -61,7 +61,9 @@ fn bad_atoms_and_short_buffers_are_rejected() {
     expect_err(sim(&m, &spec.raw(), 0xB000_0000_0000_0001, 1, out), KMM_ERROR_INVALID_HANDLE, &[]);
     // Skipping the checks lets a bad atom through (NaN out) but still checks sizes.
     let bad = upload(&m, &[atom(-1.0, 0.1, 1.0, 0.0)]);
-    ok(kmm_qmri_simulate_fisp(m.0, &spec.raw(), bad, 1, out, KMM_QMRI_SKIP_CHECKS));
+    ok(kmm_qmri_simulate_fisp(m.0, &spec.raw(), bad, 0, 1, out, KMM_QMRI_SKIP_CHECKS));
+    // first_atom past the end of params.
+    expect_err(kmm_qmri_simulate_fisp(m.0, &spec.raw(), p, 2, 2, out, 0), KMM_ERROR_OUT_OF_RANGE, &["params", "64"]);
     m.sync();
 }
 
@@ -71,7 +73,7 @@ fn bad_pssfp_sequences_are_invalid_arguments() {
     let spec = PssfpSpec::mrf(10, 2);
     let p = upload(&m, &[atom(1.0, 0.1, 1.0, 0.0)]);
     let out = m.alloc(80, DEVICE);
-    let run = |s: &KmmPssfpSequence| kmm_qmri_simulate_pssfp(m.0, s, p, 1, out, 0);
+    let run = |s: &KmmPssfpSequence| kmm_qmri_simulate_pssfp(m.0, s, p, 0, 1, out, 0);
     let mut s = spec.raw();
     s.nrf = 0;
     expect_err(run(&s), KMM_ERROR_INVALID_ARGUMENT, &["seq.nrf", "1..=4096"]);
@@ -92,20 +94,29 @@ fn bad_match_arguments_are_rejected() {
     let d = m.alloc(8 * 10 * 3, DEVICE);
     let x = m.alloc(8 * 10 * 2, DEVICE);
     let idx = m.alloc(4 * 2, DEVICE);
-    let call = |ntr, natoms, nvox, rank, idx| kmm_qmri_match(m.0, d, ntr, natoms, x, nvox, rank, 0, idx, 0, 0, 0);
+    let call = |ntr, natoms, nvox, rank, idx| {
+        let outs = KmmMatchOutputs { index: idx, ..Default::default() };
+        kmm_qmri_match(m.0, d, ntr, natoms, 0, x, nvox, rank, 0, &outs, 0)
+    };
     expect_err(call(10, 0, 2, 0, idx), KMM_ERROR_INVALID_ARGUMENT, &["natoms = 0", "empty"]);
     expect_err(call(0, 3, 2, 0, idx), KMM_ERROR_INVALID_ARGUMENT, &["ntr = 0"]);
     expect_err(call(10, 3, 0, 0, idx), KMM_ERROR_INVALID_ARGUMENT, &["nvoxels = 0"]);
     expect_err(call(10, 3, 2, 11, idx), KMM_ERROR_INVALID_ARGUMENT, &["rank = 11", "ntr (10)"]);
-    expect_err(call(10, 3, 2, 0, 0), KMM_ERROR_INVALID_ARGUMENT, &["out_index"]);
+    expect_err(call(10, 3, 2, 0, 0), KMM_ERROR_INVALID_ARGUMENT, &["outputs->index"]);
     expect_err(call(10, 4, 2, 0, idx), KMM_ERROR_OUT_OF_RANGE, &["dictionary", "320"]);
     expect_err(call(10, 3, 3, 0, idx), KMM_ERROR_OUT_OF_RANGE, &["signals"]);
     let op = m.alloc(32, DEVICE);
+    let outs = KmmMatchOutputs { index: idx, params: op, ..Default::default() };
+    expect_err(kmm_qmri_match(m.0, d, 10, 3, 0, x, 2, 0, 0, &outs, 0), KMM_ERROR_INVALID_ARGUMENT, &["outputs->params", "params = 0"]);
+    let outs = KmmMatchOutputs { index: idx, ..Default::default() };
     expect_err(
-        kmm_qmri_match(m.0, d, 10, 3, x, 2, 0, 0, idx, 0, 0, op),
+        kmm_qmri_match(m.0, d, 10, 3, 0, x, 2, 0, 0, &outs, KMM_MATCH_ACCUMULATE),
         KMM_ERROR_INVALID_ARGUMENT,
-        &["out_params", "params = 0"],
+        &["KMM_MATCH_ACCUMULATE", "outputs->score"],
     );
+    expect_err(kmm_qmri_match(m.0, d, 10, 3, 0, x, 2, 0, 0, std::ptr::null(), 0), KMM_ERROR_NULL_POINTER, &["outputs"]);
+    expect_err(kmm_qmri_match(m.0, d, 10, 3, i32::MAX as u64, x, 2, 0, 0, &outs, 0), KMM_ERROR_INVALID_ARGUMENT, &["atom_offset"]);
+    expect_err(kmm_qmri_match(m.0, d, 10, 3, 0, x, 2, 0, 0, &outs, 8), KMM_ERROR_INVALID_ARGUMENT, &["flags"]);
     // Buffers stay unpinned after failures.
     let mut info = KmmBufferInfo::default();
     ok(kmm_buffer_info(m.0, d, &mut info));

@@ -53,6 +53,53 @@ fn noiseless_signals_recover_their_atom_after_rank_compression() {
 }
 
 #[test]
+fn batched_dictionary_with_accumulate_equals_one_match() {
+    // Simulate in batches with first_atom (all parameters in one buffer), match each batch with
+    // KMM_MATCH_ACCUMULATE and atom_offset: the same result as one match of the whole dictionary.
+    let m = Mgr::new();
+    let ntr = 120;
+    let seq = FispSpec::mrf(ntr, 12);
+    let params = grid(10, 10);
+    let natoms = params.len();
+    let whole = fisp(&m, &seq, &params);
+    let picks: Vec<usize> = (0..natoms).step_by(5).collect();
+    let signals: Vec<Cf> = picks.iter().flat_map(|&j| whole[j * ntr..(j + 1) * ntr].iter().map(|c| [c[0] * 0.8, c[1] * 0.8])).collect();
+    let nvox = picks.len();
+    let want = match_signals(&m, &whole, ntr, &params, &signals, 0);
+
+    let p = upload(&m, &params);
+    let x = upload(&m, &signals);
+    let outs = KmmMatchOutputs {
+        index: m.alloc(nvox as u64 * 4, DEVICE),
+        score: upload(&m, &vec![-1f32; nvox]),
+        pd: m.alloc(nvox as u64 * 8, DEVICE),
+        params: m.alloc(nvox as u64 * 16, DEVICE),
+    };
+    let batch = 17;
+    let raw = seq.raw();
+    let mut first = 0;
+    while first < natoms {
+        let n = batch.min(natoms - first);
+        let d = m.alloc((n * ntr * 8) as u64, DEVICE);
+        ok(kmm_qmri_simulate_fisp(m.0, &raw, p, first as u64, n as u64, d, 0));
+        ok(kmm_qmri_match(m.0, d, ntr as u64, n as u64, first as u64, x, nvox as u64, 0, p, &outs, KMM_MATCH_ACCUMULATE));
+        m.free(d);
+        first += n;
+    }
+    m.sync();
+    let index: Vec<i32> = download(&m, outs.index, nvox);
+    let got_params: Vec<[f32; 4]> = download(&m, outs.params, nvox);
+    let score: Vec<f32> = download(&m, outs.score, nvox);
+    assert_eq!(index, want.index);
+    assert_eq!(got_params, want.params);
+    for v in 0..nvox {
+        assert_eq!(index[v] as usize, picks[v]);
+        assert!((score[v] - want.score[v]).abs() < 1e-6);
+    }
+    println!("{} batches of {batch} atoms: {nvox} voxels as in one match", natoms.div_ceil(batch));
+}
+
+#[test]
 fn cpu_reference_prefers_the_first_of_equal_atoms_and_never_a_zero_atom() {
     let ntr = 4;
     let a: Vec<Cf> = vec![[1.0, 0.0], [0.0, 1.0], [0.5, 0.5], [0.0, 0.0]];

@@ -165,21 +165,21 @@ fn main() {
     let at = atoms(fisp_atoms, 7);
     let p = m.upload(&at);
     let out = m.alloc((fisp_atoms * fisp_ntr * 8) as u64);
-    let first = m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
+    let first = m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
     row("FISP first call", &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), first, "", "includes NVRTC compile or cache load");
-    let t = m.time(if small { 2 } else { 5 }, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
+    let t = m.time(if small { 2 } else { 5 }, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
     let work = (fisp_atoms * fisp_ntr) as f64;
     row(if cuda { "FISP GPU" } else { "FISP host backend" }, &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), t, &format!("{:.3e} atom-TR/s", work / t), "best of runs, parameter check skipped");
     if cuda {
         for lanes in [1u32, 2, 4, 8, 32] {
             std::env::set_var("KMM_FISP_LANES", lanes.to_string());
-            m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
-            let tl = m.time(3, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
+            m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
+            let tl = m.time(3, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
             std::env::remove_var("KMM_FISP_LANES");
             row(&format!("  FISP GPU, {lanes} lanes/atom"), &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tl, &format!("{:.3e} atom-TR/s", work / tl), &format!("default is {}", gpu::fisp_lanes(ns)));
         }
     }
-    let tc = m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, fisp_atoms as u64, out, 0)));
+    let tc = m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, 0)));
     row("FISP, checked parameters", &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tc, &format!("{:.3e} atom-TR/s", work / tc), "copies parameters to the host and waits");
     // CPU reference on a subset, scaled.
     let sub = &at[..cpu_atoms.min(fisp_atoms)];
@@ -223,8 +223,8 @@ fn main() {
     let pat = atoms(p_atoms, 11);
     let pp = m.upload(&pat);
     let pout = m.alloc((p_atoms * p_ntr * 8) as u64);
-    m.time(1, || ok(kmm_qmri_simulate_pssfp(m.0, &praw, pp, p_atoms as u64, pout, KMM_QMRI_SKIP_CHECKS)));
-    let tp = m.time(3, || ok(kmm_qmri_simulate_pssfp(m.0, &praw, pp, p_atoms as u64, pout, KMM_QMRI_SKIP_CHECKS)));
+    m.time(1, || ok(kmm_qmri_simulate_pssfp(m.0, &praw, pp, 0, p_atoms as u64, pout, KMM_QMRI_SKIP_CHECKS)));
+    let tp = m.time(3, || ok(kmm_qmri_simulate_pssfp(m.0, &praw, pp, 0, p_atoms as u64, pout, KMM_QMRI_SKIP_CHECKS)));
     let pwork = (p_atoms * p_ntr) as f64;
     row(if cuda { "pSSFP GPU" } else { "pSSFP host backend" }, &format!("{p_atoms} x {p_ntr}, {nrf} RF steps, {nz} z"), tp, &format!("{:.3e} atom-TR/s", pwork / tp), "");
     let psub = &pat[..(cpu_atoms / 2).min(p_atoms)];
@@ -242,18 +242,19 @@ fn main() {
     let dat = atoms(m_atoms, 3);
     let dp = m.upload(&dat);
     let dict = m.alloc((m_atoms * m_ntr * 8) as u64);
-    ok(kmm_qmri_simulate_fisp(m.0, &mraw, dp, m_atoms as u64, dict, KMM_QMRI_SKIP_CHECKS));
+    ok(kmm_qmri_simulate_fisp(m.0, &mraw, dp, 0, m_atoms as u64, dict, KMM_QMRI_SKIP_CHECKS));
     // Voxels: atoms of the dictionary (every k-th), so the answer is known.
     let step = (m_atoms / m_vox).max(1);
     let vat: Vec<Atom> = (0..m_vox).map(|v| dat[(v * step) % m_atoms]).collect();
     let vp = m.upload(&vat);
     let sig = m.alloc((m_vox * m_ntr * 8) as u64);
-    ok(kmm_qmri_simulate_fisp(m.0, &mraw, vp, m_vox as u64, sig, KMM_QMRI_SKIP_CHECKS));
+    ok(kmm_qmri_simulate_fisp(m.0, &mraw, vp, 0, m_vox as u64, sig, KMM_QMRI_SKIP_CHECKS));
     let idx = m.alloc(m_vox as u64 * 4);
     let score = m.alloc(m_vox as u64 * 4);
     let pd = m.alloc(m_vox as u64 * 8);
     let shape = format!("{m_atoms} x {m_ntr} vs {m_vox} voxels");
-    let run_match = |rank: u32| ok(kmm_qmri_match(m.0, dict, m_ntr as u64, m_atoms as u64, sig, m_vox as u64, rank, 0, idx, score, pd, 0));
+    let outs = KmmMatchOutputs { index: idx, score, pd, params: 0 };
+    let run_match = |rank: u32| ok(kmm_qmri_match(m.0, dict, m_ntr as u64, m_atoms as u64, 0, sig, m_vox as u64, rank, 0, &outs, 0));
     m.time(1, || run_match(0));
     let tm = m.time(3, || run_match(0));
     let flops = 8.0 * m_atoms as f64 * m_vox as f64 * m_ntr as f64;

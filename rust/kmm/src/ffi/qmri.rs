@@ -16,6 +16,26 @@ use crate::qmri::{self, Fisp, MatchBuffers, Pssfp};
 /// it in tight loops over parameters already checked. Bad atoms then give NaN signals.
 pub const KMM_QMRI_SKIP_CHECKS: u32 = 1;
 
+/// `flags` bit of `kmm_qmri_match`: the outputs already hold the results of earlier dictionary
+/// batches; a voxel's results are replaced only where this batch scores strictly higher. Needs
+/// `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
+pub const KMM_MATCH_ACCUMULATE: u32 = 1;
+
+/// Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct KmmMatchOutputs {
+    /// int32: 0-based index of the best atom, counting from the start of the whole dictionary
+    /// (`atom_offset` added). Required.
+    pub index: KmmBuffer,
+    /// float: |d^H x| / (||d|| ||x||), 1 for a perfect match, 0 for a zero signal.
+    pub score: KmmBuffer,
+    /// complex float: d^H x / ||d||, the proton density relative to the normalised atom.
+    pub pd: KmmBuffer,
+    /// Four floats (T1, T2, B1, B0): the best atom's record from `params`.
+    pub params: KmmBuffer,
+}
+
 /// A gradient-spoiled FISP sequence with adiabatic inversion (BlochSimulators' FISP2D),
 /// simulated with the extended phase graph. Times in seconds, angles in radians. The arrays are
 /// host memory, read during the call only.
@@ -148,16 +168,19 @@ fn sequence<'a, T>(seq: *const T) -> Result<&'a T> {
     Ok(unsafe { &*seq })
 }
 
-/// Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
-/// (re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
-/// B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
-/// has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
-/// supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+/// Simulates the FISP signals of atoms `first_atom .. first_atom + natoms` of `params` into
+/// `out`: `ntr x natoms` complex float (re, im pairs; TR index fastest; column 0 is atom
+/// `first_atom`). `params` holds records of four floats (T1 s, T2 s, B1 relative, B0 Hz); T1
+/// and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags` has
+/// `KMM_QMRI_SKIP_CHECKS`. Large dictionaries go in batches: all parameters in one buffer, one
+/// output buffer per batch, each batch matched with `KMM_MATCH_ACCUMULATE`. Queued on the
+/// manager's stream; returns once queued (after a wait for the parameter check). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_simulate_fisp(
     manager: KmmManager,
     seq: *const KmmFispSequence,
     params: KmmBuffer,
+    first_atom: u64,
     natoms: u64,
     out: KmmBuffer,
     flags: u32,
@@ -167,7 +190,7 @@ pub extern "C" fn kmm_qmri_simulate_fisp(
         // SAFETY: the caller's arrays hold the counts the struct gives (documented).
         let seq = unsafe { sequence(seq)?.read()? };
         let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
-        with_manager(manager, |m| qmri::simulate_fisp(m, &seq, params, natoms, out, check))
+        with_manager(manager, |m| qmri::simulate_fisp(m, &seq, params, first_atom, natoms, out, check))
     })
 }
 
@@ -178,6 +201,7 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
     manager: KmmManager,
     seq: *const KmmPssfpSequence,
     params: KmmBuffer,
+    first_atom: u64,
     natoms: u64,
     out: KmmBuffer,
     flags: u32,
@@ -187,37 +211,51 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
         // SAFETY: as above.
         let seq = unsafe { sequence(seq)?.read()? };
         let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
-        with_manager(manager, |m| qmri::simulate_pssfp(m, &seq, params, natoms, out, check))
+        with_manager(manager, |m| qmri::simulate_pssfp(m, &seq, params, first_atom, natoms, out, check))
     })
 }
 
-/// Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
-/// `signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
-/// |d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
-/// |d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
-/// float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
-/// from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
-/// zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
-/// dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
-/// uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
-/// Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+/// Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column:
+/// atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` holds
+/// `ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
+/// and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
+/// whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
+/// `outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
+/// < ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
+/// dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
+/// `KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
+/// chunks sized to free memory, then a reduction kernel. Queued on the manager's stream (a
+/// compressed match waits once, for the Gram matrix). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_match(
     manager: KmmManager,
     dictionary: KmmBuffer,
     ntr: u64,
     natoms: u64,
+    atom_offset: u64,
     signals: KmmBuffer,
     nvoxels: u64,
     rank: u32,
     params: KmmBuffer,
-    out_index: KmmBuffer,
-    out_score: KmmBuffer,
-    out_pd: KmmBuffer,
-    out_params: KmmBuffer,
+    outputs: *const KmmMatchOutputs,
+    flags: u32,
 ) -> KmmStatus {
     boundary(|| {
-        let outs = MatchBuffers { index: out_index, score: out_score, pd: out_pd, params, out_params };
+        check_flags(flags, KMM_MATCH_ACCUMULATE, "flags")?;
+        if outputs.is_null() {
+            fail!(KMM_ERROR_NULL_POINTER, "outputs is NULL");
+        }
+        // SAFETY: non-null, the caller's struct.
+        let o = unsafe { *outputs };
+        let outs = MatchBuffers {
+            index: o.index,
+            score: o.score,
+            pd: o.pd,
+            params,
+            out_params: o.params,
+            atom_offset,
+            accumulate: flags & KMM_MATCH_ACCUMULATE != 0,
+        };
         with_manager(manager, |m| qmri::match_dictionary(m, dictionary, ntr, natoms, signals, nvoxels, rank, outs))
     })
 }

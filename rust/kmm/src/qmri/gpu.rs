@@ -290,6 +290,8 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
                     at(a.pd, v0, 8),
                     a.params,
                     at(a.out_params, v0, 16),
+                    a.atom_offset,
+                    a.accumulate as u64,
                 ];
                 argmax_fn.launch(m.raw_stream(), [nv as u32, 1, 1], [256, 1, 1], 0, &mut p)?;
             }

@@ -221,7 +221,7 @@ extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
     const float2* __restrict__ c, long long ldc, int natoms, const float* __restrict__ inv,
     const float2* __restrict__ sig, int ntr,
     int* __restrict__ index, float* __restrict__ score, float2* __restrict__ pd,
-    const float4* __restrict__ params, float4* __restrict__ out_params)
+    const float4* __restrict__ params, float4* __restrict__ out_params, long long atom_offset, int accumulate)
 {
     __shared__ float best_v[32];
     __shared__ int best_i[32];
@@ -255,11 +255,14 @@ extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
             if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
             xs += norm_s[w];
         }
-        index[v] = bi;
+        const float sc = xs > 0.f ? sqrtf(fmaxf(bv, 0.f)) * rsqrtf(xs) : 0.f;
+        if (accumulate && score[v] >= sc) return;  // an earlier dictionary batch did better
+        const long long j = bi + atom_offset;
+        index[v] = (int)j;
         const float2 x = col[bi];
         const float w = inv[bi];
-        if (score) score[v] = xs > 0.f ? sqrtf(fmaxf(bv, 0.f)) * rsqrtf(xs) : 0.f;
+        if (score) score[v] = sc;
         if (pd) pd[v] = make_float2(x.x * w, x.y * w);
-        if (out_params) out_params[v] = params[bi];
+        if (out_params) out_params[v] = params[j];
     }
 }

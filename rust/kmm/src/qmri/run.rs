@@ -16,13 +16,18 @@ pub const MAX_COUNT: u64 = i32::MAX as u64;
 /// Output buffers of a match; 0 leaves an output out (`index` is required).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct MatchBuffers {
+    /// Added to the reported indices; `params` is indexed with it (batched dictionaries).
+    pub atom_offset: u64,
+    /// Keep the earlier result of a voxel unless this dictionary batch scores higher (needs `score`).
+    pub accumulate: bool,
     /// `nvoxels` i32: 0-based index of the best atom.
     pub index: u64,
     /// `nvoxels` f32: |d^H x| / (||d|| ||x||).
     pub score: u64,
     /// `nvoxels` complex f32: d^H x / ||d||.
     pub pd: u64,
-    /// `natoms` atom records (T1, T2, B1, B0) of the dictionary; needed for `out_params`.
+    /// Atom records (T1, T2, B1, B0) of the whole dictionary, at least `atom_offset + natoms`;
+    /// needed for `out_params`.
     pub params: u64,
     /// `nvoxels` atom records: the parameters of the best atom.
     pub out_params: u64,
@@ -73,11 +78,16 @@ fn bytes(count: u64, each: u64, name: &str) -> Result<u64> {
 }
 
 /// Reads the atom records (stream-ordered, then waits) and checks them.
-fn check_atoms(m: &Manager, params: u64, natoms: u64) -> Result<()> {
+fn check_atoms(m: &Manager, params: u64, first_atom: u64, natoms: u64) -> Result<()> {
     let mut atoms = vec![Atom::default(); natoms as usize];
     // SAFETY: `atoms` has room for natoms records; the copy completes before return.
-    unsafe { m.copy_to_host(atoms.as_mut_ptr() as *mut u8, params, 0, natoms * 16, Completion::Wait)? };
-    validate_atoms(&atoms)
+    unsafe { m.copy_to_host(atoms.as_mut_ptr() as *mut u8, params, first_atom * 16, natoms * 16, Completion::Wait)? };
+    validate_atoms(&atoms).map_err(|mut e| {
+        if first_atom > 0 {
+            e.message += &format!(" (atom numbers count from first_atom = {first_atom})");
+        }
+        e
+    })
 }
 
 /// A host stream per device that runs the CPU reference in the order of the managers' streams:
@@ -113,16 +123,17 @@ impl Addr {
 }
 
 /// Simulates `natoms` FISP signals into `out` (`ntr x natoms` complex f32).
-pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
+pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
     seq.validate()?;
     check_count("natoms", natoms)?;
     let ntr = seq.ntr() as u64;
     let out_bytes = bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "out")?;
+    let end = first_atom.checked_add(natoms).ok_or_else(|| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "first_atom + natoms overflows"))?;
     let mut pins = Pins::new(m);
-    let p = pins.map(params, bytes(natoms, 16, "params")?, "params")?;
+    let p = pins.map(params, bytes(end, 16, "params")?, "params")? + first_atom * 16;
     let o = pins.map(out, out_bytes, "out")?;
     if check {
-        check_atoms(m, params, natoms)?;
+        check_atoms(m, params, first_atom, natoms)?;
     }
     match m.backend_kind() {
         BackendKind::Cuda => gpu::simulate_fisp(m, seq, p, natoms as usize, o),
@@ -140,16 +151,17 @@ pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, natoms: u64, out: u64
 }
 
 /// Simulates `natoms` pSSFP signals into `out` (`ntr x natoms` complex f32).
-pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, params: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
+pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, params: u64, first_atom: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
     seq.validate()?;
     check_count("natoms", natoms)?;
     let ntr = seq.ntr() as u64;
     let out_bytes = bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "out")?;
+    let end = first_atom.checked_add(natoms).ok_or_else(|| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "first_atom + natoms overflows"))?;
     let mut pins = Pins::new(m);
-    let p = pins.map(params, bytes(natoms, 16, "params")?, "params")?;
+    let p = pins.map(params, bytes(end, 16, "params")?, "params")? + first_atom * 16;
     let o = pins.map(out, out_bytes, "out")?;
     if check {
-        check_atoms(m, params, natoms)?;
+        check_atoms(m, params, first_atom, natoms)?;
     }
     match m.backend_kind() {
         BackendKind::Cuda => gpu::simulate_pssfp(m, seq, p, natoms as usize, o),
@@ -174,6 +186,8 @@ pub struct MatchAddrs {
     pub pd: u64,
     pub params: u64,
     pub out_params: u64,
+    pub atom_offset: u64,
+    pub accumulate: bool,
 }
 
 /// Matches `nvoxels` signals (`ntr x nvoxels` complex f32) against a dictionary (`ntr x
@@ -201,27 +215,36 @@ pub fn match_dictionary(
         fail!(KMM_ERROR_INVALID_ARGUMENT, "rank = {rank} must be in 0..=ntr ({ntr}); 0 means no compression");
     }
     if outs.index == 0 {
-        fail!(KMM_ERROR_INVALID_ARGUMENT, "out_index = 0: the index output is required");
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "outputs->index = 0: the index output is required");
+    }
+    if outs.accumulate && outs.score == 0 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "KMM_MATCH_ACCUMULATE needs outputs->score: results are kept by score");
+    }
+    match outs.atom_offset.checked_add(natoms) {
+        Some(end) if end <= MAX_COUNT => {}
+        _ => fail!(KMM_ERROR_INVALID_ARGUMENT, "atom_offset = {} + natoms = {natoms} exceeds {MAX_COUNT} (indices are int32)", outs.atom_offset),
     }
     if outs.out_params != 0 && outs.params == 0 {
-        fail!(KMM_ERROR_INVALID_ARGUMENT, "out_params is given but params = 0: the dictionary's atom parameters are needed");
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "outputs->params is given but params = 0: the dictionary's atom parameters are needed");
     }
     let mut pins = Pins::new(m);
     let d = pins.map(dict, bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "dictionary")?, "dictionary")?;
     let s = pins.map(signals, bytes(bytes(ntr, nvoxels, "ntr x nvoxels")?, 8, "signals")?, "signals")?;
-    let mut a = MatchAddrs { index: pins.map(outs.index, bytes(nvoxels, 4, "out_index")?, "out_index")?, ..Default::default() };
+    let mut a = MatchAddrs { index: pins.map(outs.index, bytes(nvoxels, 4, "outputs->index")?, "outputs->index")?, ..Default::default() };
     if outs.score != 0 {
-        a.score = pins.map(outs.score, bytes(nvoxels, 4, "out_score")?, "out_score")?;
+        a.score = pins.map(outs.score, bytes(nvoxels, 4, "outputs->score")?, "outputs->score")?;
     }
     if outs.pd != 0 {
-        a.pd = pins.map(outs.pd, bytes(nvoxels, 8, "out_pd")?, "out_pd")?;
+        a.pd = pins.map(outs.pd, bytes(nvoxels, 8, "outputs->pd")?, "outputs->pd")?;
     }
     if outs.params != 0 {
-        a.params = pins.map(outs.params, bytes(natoms, 16, "params")?, "params")?;
+        a.params = pins.map(outs.params, bytes(outs.atom_offset + natoms, 16, "params")?, "params")?;
     }
     if outs.out_params != 0 {
-        a.out_params = pins.map(outs.out_params, bytes(nvoxels, 16, "out_params")?, "out_params")?;
+        a.out_params = pins.map(outs.out_params, bytes(nvoxels, 16, "outputs->params")?, "outputs->params")?;
     }
+    a.atom_offset = outs.atom_offset;
+    a.accumulate = outs.accumulate;
     let rank = if rank as u64 == ntr { 0 } else { rank as usize };
     let (ntr, natoms, nvoxels) = (ntr as usize, natoms as usize, nvoxels as usize);
     match m.backend_kind() {
@@ -239,7 +262,7 @@ pub fn match_dictionary(
                     } else {
                         cpu::match_dictionary(dict, ntr, sig)
                     };
-                    write_matches(&found, a, natoms);
+                    write_matches(&found, a);
                 }),
             )
         }
@@ -248,26 +271,26 @@ pub fn match_dictionary(
 
 /// # Safety
 /// The addresses are host memory of the sizes checked in `match_dictionary`.
-unsafe fn write_matches(found: &[cpu::Match], a: MatchAddrs, natoms: usize) {
+unsafe fn write_matches(found: &[cpu::Match], a: MatchAddrs) {
     let n = found.len();
     let index = Addr(a.index).slice_mut::<i32>(n);
-    for (o, f) in index.iter_mut().zip(found) {
-        *o = f.index;
-    }
-    if a.score != 0 {
-        for (o, f) in Addr(a.score).slice_mut::<f32>(n).iter_mut().zip(found) {
-            *o = f.score;
+    let mut score = (a.score != 0).then(|| Addr(a.score).slice_mut::<f32>(n));
+    let mut pd = (a.pd != 0).then(|| Addr(a.pd).slice_mut::<[f32; 2]>(n));
+    let mut out_params = (a.out_params != 0).then(|| Addr(a.out_params).slice_mut::<Atom>(n));
+    for (v, f) in found.iter().enumerate() {
+        if a.accumulate && score.as_ref().is_some_and(|s| s[v] >= f.score) {
+            continue;
         }
-    }
-    if a.pd != 0 {
-        for (o, f) in Addr(a.pd).slice_mut::<[f32; 2]>(n).iter_mut().zip(found) {
-            *o = f.pd;
+        let j = f.index as usize + a.atom_offset as usize;
+        index[v] = j as i32;
+        if let Some(s) = score.as_mut() {
+            s[v] = f.score;
         }
-    }
-    if a.out_params != 0 {
-        let params = Addr(a.params).slice::<Atom>(natoms);
-        for (o, f) in Addr(a.out_params).slice_mut::<Atom>(n).iter_mut().zip(found) {
-            *o = params[f.index as usize];
+        if let Some(p) = pd.as_mut() {
+            p[v] = f.pd;
+        }
+        if let Some(p) = out_params.as_mut() {
+            p[v] = *(a.params as *const Atom).add(j);
         }
     }
 }

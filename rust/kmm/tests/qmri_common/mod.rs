@@ -149,7 +149,7 @@ pub fn try_fisp(m: &Mgr, seq: &FispSpec, atoms: &[[f32; 4]]) -> Result<Vec<Cf>, 
     let ntr = seq.flip.len();
     let out = m.alloc((ntr * atoms.len() * 8) as u64, DEVICE);
     let raw = seq.raw();
-    let s = kmm_qmri_simulate_fisp(m.0, &raw, p, atoms.len() as u64, out, 0);
+    let s = kmm_qmri_simulate_fisp(m.0, &raw, p, 0, atoms.len() as u64, out, 0);
     let r = if s == KMM_OK {
         m.sync();
         Ok(download(m, out, ntr * atoms.len()))
@@ -170,7 +170,7 @@ pub fn pssfp(m: &Mgr, seq: &PssfpSpec, atoms: &[[f32; 4]]) -> Vec<Cf> {
     let ntr = seq.flip.len();
     let out = m.alloc((ntr * atoms.len() * 8) as u64, DEVICE);
     let raw = seq.raw();
-    ok(kmm_qmri_simulate_pssfp(m.0, &raw, p, atoms.len() as u64, out, 0));
+    ok(kmm_qmri_simulate_pssfp(m.0, &raw, p, 0, atoms.len() as u64, out, 0));
     m.sync();
     let r = download(m, out, ntr * atoms.len());
     m.free(p);
@@ -195,7 +195,8 @@ pub fn match_signals(m: &Mgr, dict: &[Cf], ntr: usize, params: &[[f32; 4]], sign
     let score = m.alloc(nvox as u64 * 4, DEVICE);
     let pd = m.alloc(nvox as u64 * 8, DEVICE);
     let op = m.alloc(nvox as u64 * 16, DEVICE);
-    ok(kmm_qmri_match(m.0, d, ntr as u64, natoms as u64, x, nvox as u64, rank, p, index, score, pd, op));
+    let outs = KmmMatchOutputs { index, score, pd, params: op };
+    ok(kmm_qmri_match(m.0, d, ntr as u64, natoms as u64, 0, x, nvox as u64, rank, p, &outs, 0));
     m.sync();
     let r = Matched {
         index: download(m, index, nvox),
