@@ -278,6 +278,27 @@ fn main() {
     } else {
         row("match host backend", &shape, tm, &format!("{:.3e} voxel/s", m_vox as f64 / tm), &format!("{exact}/{m_vox} exact"));
     }
+    if cuda {
+        // TF32 tensor cores for the GEMMs: same comparison.
+        std::env::set_var("KMM_MATCH_MATH", "tf32");
+        m.time(1, || run_match(0));
+        let tm32 = m.time(3, || run_match(0));
+        let tg32 = m.time(3, || {
+            with_manager(m.0, |mm| {
+                let (d, x) = (mm.map(dict)?, mm.map(sig)?);
+                let r = gpu::bare_gemm(mm, d, m_ntr, m_atoms, x, m_vox);
+                mm.unmap(dict)?;
+                mm.unmap(sig)?;
+                r
+            })
+            .unwrap()
+        });
+        std::env::remove_var("KMM_MATCH_MATH");
+        ok(kmm::ffi::copy::kmm_copy_to_host(m.0, found.as_mut_ptr().cast(), idx, 0, m_vox as u64 * 4));
+        let exact = found.iter().enumerate().filter(|(v, &j)| j as usize == (v * step) % m_atoms).count();
+        row("bare CGEMM, TF32", &shape, tg32, &format!("{:.1} TFLOP/s", flops / tg32 / 1e12), "KMM_MATCH_MATH=tf32");
+        row("match, TF32", &shape, tm32, &format!("{:.1} TFLOP/s", flops / tm32 / 1e12), &format!("{:.3}x bare TF32 GEMM; {exact}/{m_vox} exact", tm32 / tg32));
+    }
     for rank in [32u32, 64] {
         let tr = m.time(2, || run_match(rank));
         ok(kmm::ffi::copy::kmm_copy_to_host(m.0, found.as_mut_ptr().cast(), idx, 0, m_vox as u64 * 4));

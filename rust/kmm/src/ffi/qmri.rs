@@ -174,7 +174,9 @@ fn sequence<'a, T>(seq: *const T) -> Result<&'a T> {
 /// and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags` has
 /// `KMM_QMRI_SKIP_CHECKS`. Large dictionaries go in batches: all parameters in one buffer, one
 /// output buffer per batch, each batch matched with `KMM_MATCH_ACCUMULATE`. Queued on the
-/// manager's stream; returns once queued (after a wait for the parameter check). Thread-safe.
+/// manager's stream; returns once queued (after a wait for the parameter check). On CUDA the
+/// kernel is compiled once per state count (NVRTC, cached); `KMM_FISP_LANES` (1 to 32) sets the
+/// threads per atom for tuning. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_simulate_fisp(
     manager: KmmManager,
@@ -224,8 +226,10 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
 /// < ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
 /// dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
 /// `KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
-/// chunks sized to free memory, then a reduction kernel. Queued on the manager's stream (a
-/// compressed match waits once, for the Gram matrix). Thread-safe.
+/// chunks (scratch of natoms x chunk complex values, at most half the free memory and
+/// `$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
+/// lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
+/// once, for the Gram matrix). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_match(
     manager: KmmManager,

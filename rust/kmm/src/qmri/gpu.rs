@@ -180,6 +180,13 @@ fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) 
     }
     let h = handles[&m.device()].0;
     cublas_check(unsafe { cb::cublasSetStream_v2(h, m.raw_stream() as cb::cudaStream_t) }, "cublasSetStream")?;
+    // KMM_MATCH_MATH=tf32 lets cuBLAS use TF32 tensor cores (about 10 mantissa bits in the
+    // products: much faster, and near-equal atoms may swap); default: full FP32.
+    let math = match std::env::var("KMM_MATCH_MATH").ok().as_deref() {
+        Some("tf32") => cb::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+        _ => cb::cublasMath_t::CUBLAS_DEFAULT_MATH,
+    };
+    cublas_check(unsafe { cb::cublasSetMathMode(h, math) }, "cublasSetMathMode")?;
     f(h)
 }
 
