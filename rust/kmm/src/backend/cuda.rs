@@ -2,7 +2,7 @@
 //! context (retained, never destroyed by us), so CUDA.jl, CuPy and PyTorch in the same process
 //! share the context and can use the memory and streams Kmm hands out.
 
-use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, Stream};
+use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, PinnedRanges, Stream};
 use crate::error::{lock, Error, KmmStatus, Result};
 use crate::fail;
 use cudarc::driver::sys;
@@ -43,6 +43,7 @@ pub struct CudaBackend {
     cu_device: sys::CUdevice,
     ctx: Raw<sys::CUcontext>,
     name: String,
+    pinned_ranges: PinnedRanges,
 }
 
 impl CudaBackend {
@@ -77,7 +78,7 @@ impl CudaBackend {
             let mut name = [0 as std::ffi::c_char; 256];
             check(sys::cuDeviceGetName(name.as_mut_ptr(), 256, cu_device), "cuDeviceGetName")?;
             let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
-            Ok(CudaBackend { device, cu_device, ctx: Raw(ctx), name })
+            Ok(CudaBackend { device, cu_device, ctx: Raw(ctx), name, pinned_ranges: PinnedRanges::default() })
         }
     }
 
@@ -96,18 +97,6 @@ fn bind(ctx: sys::CUcontext) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn memory_type(ptr: u64) -> Option<u32> {
-    let mut ty: u32 = 0;
-    let status = unsafe {
-        sys::cuPointerGetAttribute(
-            &mut ty as *mut u32 as *mut c_void,
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            ptr,
-        )
-    };
-    (status == sys::CUresult::CUDA_SUCCESS).then_some(ty)
 }
 
 impl Backend for CudaBackend {
@@ -143,10 +132,12 @@ impl Backend for CudaBackend {
             unsafe { sys::cuMemHostAlloc(&mut ptr, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) },
             "cuMemHostAlloc",
         )?;
+        self.pinned_ranges.insert(ptr as u64, bytes);
         Ok(ptr as *mut u8)
     }
     unsafe fn free_pinned(&self, ptr: *mut u8) -> Result<()> {
         self.bind()?;
+        self.pinned_ranges.remove(ptr as u64);
         check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost")
     }
     unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
@@ -154,19 +145,18 @@ impl Backend for CudaBackend {
         check(
             sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes as usize, sys::CU_MEMHOSTREGISTER_PORTABLE),
             "cuMemHostRegister",
-        )
+        )?;
+        self.pinned_ranges.insert(ptr as u64, bytes);
+        Ok(())
     }
     unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
         self.bind()?;
-        check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister")
+        check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister")?;
+        self.pinned_ranges.remove(ptr as u64);
+        Ok(())
     }
     fn is_pinned_host(&self, ptr: *const u8, bytes: u64) -> bool {
-        if self.bind().is_err() || bytes == 0 {
-            return false;
-        }
-        let host = sys::CUmemorytype::CU_MEMORYTYPE_HOST as u32;
-        let start = ptr as u64;
-        memory_type(start) == Some(host) && memory_type(start + bytes - 1) == Some(host)
+        self.pinned_ranges.contains(ptr as u64, bytes)
     }
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
         self.bind()?;

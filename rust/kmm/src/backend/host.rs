@@ -2,12 +2,12 @@
 //! a stream runs later, in order, on the stream's worker thread, so an ordering bug (reusing a
 //! block before the copy that reads it has run) shows up as wrong data, as it would on a GPU.
 
-use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, Stream};
+use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, PinnedRanges, Stream};
 use crate::error::{lock, Result};
 use crate::fail;
 use std::alloc::Layout;
 use std::any::Any;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
@@ -20,8 +20,7 @@ pub struct HostBackend {
     device: i32,
     /// Every live allocation and its layout: device and pinned alike.
     layouts: Mutex<HashMap<u64, Layout>>,
-    /// Page-locked ranges (start -> length): Kmm's pinned memory and registered memory.
-    pinned_ranges: Mutex<BTreeMap<u64, u64>>,
+    pinned_ranges: PinnedRanges,
 }
 
 impl HostBackend {
@@ -33,7 +32,7 @@ impl HostBackend {
                     Arc::new(HostBackend {
                         device,
                         layouts: Mutex::new(HashMap::new()),
-                        pinned_ranges: Mutex::new(BTreeMap::new()),
+                        pinned_ranges: PinnedRanges::default(),
                     })
                 })
                 .collect()
@@ -99,35 +98,28 @@ impl Backend for HostBackend {
     }
     fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
         let ptr = self.alloc_raw(bytes)?;
-        lock(&self.pinned_ranges).insert(ptr, bytes);
+        self.pinned_ranges.insert(ptr, bytes);
         Ok(ptr as *mut u8)
     }
     unsafe fn free_pinned(&self, ptr: *mut u8) -> Result<()> {
-        lock(&self.pinned_ranges).remove(&(ptr as u64));
+        self.pinned_ranges.remove(ptr as u64);
         self.free_raw(ptr as u64);
         Ok(())
     }
     unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
-        let mut ranges = lock(&self.pinned_ranges);
-        if ranges.contains_key(&(ptr as u64)) {
+        if !self.pinned_ranges.insert(ptr as u64, bytes) {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} is already registered");
         }
-        ranges.insert(ptr as u64, bytes);
         Ok(())
     }
     unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
-        if lock(&self.pinned_ranges).remove(&(ptr as u64)).is_none() {
+        if !self.pinned_ranges.remove(ptr as u64) {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} was not registered");
         }
         Ok(())
     }
     fn is_pinned_host(&self, ptr: *const u8, bytes: u64) -> bool {
-        let start = ptr as u64;
-        let ranges = lock(&self.pinned_ranges);
-        match ranges.range(..=start).next_back() {
-            Some((&base, &len)) => start.checked_add(bytes).is_some_and(|end| end <= base + len),
-            None => false,
-        }
+        self.pinned_ranges.contains(ptr as u64, bytes)
     }
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
         Ok(HostStream::new()?)

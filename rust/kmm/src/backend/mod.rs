@@ -4,6 +4,9 @@
 pub mod cuda;
 pub mod faulty;
 pub mod host;
+mod pinned_ranges;
+
+pub use pinned_ranges::PinnedRanges;
 
 use crate::error::Result;
 use std::any::Any;

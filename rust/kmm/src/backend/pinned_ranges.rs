@@ -1,0 +1,34 @@
+//! Which host ranges are page-locked: Kmm's pinned allocations and registered memory. Backends
+//! keep this themselves rather than asking the driver, whose probe (`cuPointerGetAttribute`)
+//! fails on pageable memory and shows up as an API error under compute-sanitizer.
+
+use crate::error::lock;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct PinnedRanges(Mutex<BTreeMap<u64, u64>>);
+
+impl PinnedRanges {
+    /// Returns false when a range already starts at `start`.
+    pub fn insert(&self, start: u64, len: u64) -> bool {
+        let mut ranges = lock(&self.0);
+        if ranges.contains_key(&start) {
+            return false;
+        }
+        ranges.insert(start, len);
+        true
+    }
+
+    pub fn remove(&self, start: u64) -> bool {
+        lock(&self.0).remove(&start).is_some()
+    }
+
+    pub fn contains(&self, start: u64, len: u64) -> bool {
+        let ranges = lock(&self.0);
+        match ranges.range(..=start).next_back() {
+            Some((&base, &size)) => start.checked_add(len).is_some_and(|end| end <= base + size),
+            None => false,
+        }
+    }
+}

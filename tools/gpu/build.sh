@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the release test binaries and benchmarks into .gpu/ (ignored by git) for the GPU
+# machine, which has no Rust toolchain. Usage: tools/gpu/build.sh [cargo test target flags...]
+# e.g. tools/gpu/build.sh --lib --test abi_copies
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p .gpu/tests
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(--tests --lib)
+cargo test --release --manifest-path rust/Cargo.toml -p kmm "${targets[@]}" --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys, shutil, os
+for line in sys.stdin:
+    try: msg = json.loads(line)
+    except ValueError: continue
+    exe = msg.get("executable")
+    if msg.get("reason") == "compiler-artifact" and exe and msg["profile"]["test"]:
+        name = msg["target"]["name"]
+        name = "unit" if name == "kmm" else name
+        shutil.copy(exe, os.path.join(".gpu/tests", name))
+        print("built", name)
+'
+cargo build --release --manifest-path rust/Cargo.toml -p kmm-bench -p kmm
+cp rust/target/release/kmm-bench .gpu/
+cp rust/target/release/libkmm.so .gpu/
+strip --strip-debug .gpu/kmm-bench .gpu/libkmm.so .gpu/tests/*
+du -sh .gpu
