@@ -180,7 +180,7 @@ fn nvrtc_version() -> Result<(i32, i32)> {
     if !unsafe { nv::is_culib_present() } {
         fail!(
             KMM_ERROR_BACKEND_UNAVAILABLE,
-            "run-time compilation needs NVRTC (libnvrtc.so from the CUDA toolkit), which was not found on the library path"
+            "run-time compilation needs NVRTC, which was not found: put a directory holding libnvrtc.so (a link to libnvrtc.so.13 or .12 of the CUDA toolkit) on LD_LIBRARY_PATH"
         );
     }
     let (mut major, mut minor) = (0, 0);

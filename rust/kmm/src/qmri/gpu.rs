@@ -169,7 +169,7 @@ fn cublas_check(status: cb::cublasStatus_t, call: &str) -> Result<()> {
 fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
     static HANDLES: OnceLock<Mutex<HashMap<i32, Handle>>> = OnceLock::new();
     if !unsafe { cb::is_culib_present() } {
-        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "matching on the CUDA backend needs cuBLAS (libcublas.so), which was not found on the library path");
+        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "matching on the CUDA backend needs cuBLAS, which was not found: put a directory holding libcublas.so (a link to libcublas.so.13 or .12) and libcublasLt on LD_LIBRARY_PATH");
     }
     module::device_info(m.device())?.bind()?;
     let mut handles = lock(HANDLES.get_or_init(|| Mutex::new(HashMap::new())));
