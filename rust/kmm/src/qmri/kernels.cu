@@ -28,7 +28,13 @@ __device__ __forceinline__ float relaxf(float dt, float t) { return expf(-dt / t
 
 // atoms: natoms x (T1, T2, B1, B0); out: ntr x natoms complex; table: nprof x ntr of
 // (flip angle x profile scale, cos phase, sin phase, 0).
-extern "C" __global__ void __launch_bounds__(256) kmm_fisp(
+// Up to 8 states per thread, two blocks of 256 threads fit per multiprocessor (<= 128 registers).
+#if K <= 8
+#define FISP_BOUNDS __launch_bounds__(256, 2)
+#else
+#define FISP_BOUNDS __launch_bounds__(256)
+#endif
+extern "C" __global__ void FISP_BOUNDS kmm_fisp(
     const float4* __restrict__ atoms, float2* __restrict__ out, const float4* __restrict__ table,
     int natoms, int ntr, int nprof, float tr, float te, float ti)
 {
