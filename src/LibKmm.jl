@@ -32,6 +32,12 @@ it in tight loops over parameters already checked. Bad atoms then give NaN signa
 """
 const KMM_QMRI_SKIP_CHECKS = 1
 """
+`flags` bit of `kmm_qmri_match`: the outputs already hold the results of earlier dictionary
+batches; a voxel's results are replaced only where this batch scores strictly higher. Needs
+`outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
+"""
+const KMM_MATCH_ACCUMULATE = 1
+"""
 Bumped whenever a signature, a struct layout or a constant's meaning changes.
 """
 const KMM_ABI_VERSION = 1
@@ -249,6 +255,16 @@ struct KmmPssfpSequence
     dt_pr::Cfloat
     gz_ex::Cfloat
     gz_pr::Cfloat
+end
+
+"""
+Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out.
+"""
+struct KmmMatchOutputs
+    index::KmmBuffer
+    score::KmmBuffer
+    pd::KmmBuffer
+    params::KmmBuffer
 end
 
 "The path of the loaded library (set by `load!`; chosen by `Kmm.find_libkmm`)."
@@ -1307,30 +1323,38 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
-Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
-(re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
-B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
-has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
-supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+Simulates the FISP signals of atoms `first_atom .. first_atom + natoms` of `params` into
+`out`: `ntr x natoms` complex float (re, im pairs; TR index fastest; column 0 is atom
+`first_atom`). `params` holds records of four floats (T1 s, T2 s, B1 relative, B0 Hz); T1
+and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags` has
+`KMM_QMRI_SKIP_CHECKS`. Large dictionaries go in batches: all parameters in one buffer, one
+output buffer per batch, each batch matched with `KMM_MATCH_ACCUMULATE`. Queued on the
+manager's stream; returns once queued (after a wait for the parameter check). On CUDA the
+kernel is compiled once per state count (NVRTC, cached); `KMM_FISP_LANES` (1 to 32) sets the
+threads per atom for tuning. Thread-safe.
 
 Returns the status; `kmm_qmri_simulate_fisp` is the checked form.
 """
-@inline function unchecked_kmm_qmri_simulate_fisp(manager, seq, params, natoms, out, flags)
+@inline function unchecked_kmm_qmri_simulate_fisp(manager, seq, params, first_atom, natoms, out, flags)
     fp = _fp_kmm_qmri_simulate_fisp[]
     fp == C_NULL && throw_missing(:kmm_qmri_simulate_fisp)
-    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmFispSequence}, KmmBuffer, UInt64, KmmBuffer, UInt32), manager, seq, params, natoms, out, flags)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmFispSequence}, KmmBuffer, UInt64, UInt64, KmmBuffer, UInt32), manager, seq, params, first_atom, natoms, out, flags)
 end
 """
-Simulates the FISP signals of `natoms` atoms into `out`: `ntr x natoms` complex float
-(re, im pairs; TR index fastest). `params` holds `natoms` records of four floats (T1 s, T2 s,
-B1 relative, B0 Hz); T1 and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags`
-has `KMM_QMRI_SKIP_CHECKS`. Batch large dictionaries over calls (offset buffers are not
-supported: use one buffer per batch). Queued on the manager's stream. Thread-safe.
+Simulates the FISP signals of atoms `first_atom .. first_atom + natoms` of `params` into
+`out`: `ntr x natoms` complex float (re, im pairs; TR index fastest; column 0 is atom
+`first_atom`). `params` holds records of four floats (T1 s, T2 s, B1 relative, B0 Hz); T1
+and T2 must be > 0 (+Inf allowed), B1 and B0 finite, unless `flags` has
+`KMM_QMRI_SKIP_CHECKS`. Large dictionaries go in batches: all parameters in one buffer, one
+output buffer per batch, each batch matched with `KMM_MATCH_ACCUMULATE`. Queued on the
+manager's stream; returns once queued (after a wait for the parameter check). On CUDA the
+kernel is compiled once per state count (NVRTC, cached); `KMM_FISP_LANES` (1 to 32) sets the
+threads per atom for tuning. Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
-@inline function kmm_qmri_simulate_fisp(manager, seq, params, natoms, out, flags)
-    check_status(unchecked_kmm_qmri_simulate_fisp(manager, seq, params, natoms, out, flags))
+@inline function kmm_qmri_simulate_fisp(manager, seq, params, first_atom, natoms, out, flags)
+    check_status(unchecked_kmm_qmri_simulate_fisp(manager, seq, params, first_atom, natoms, out, flags))
 end
 
 """
@@ -1339,10 +1363,10 @@ Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex
 
 Returns the status; `kmm_qmri_simulate_pssfp` is the checked form.
 """
-@inline function unchecked_kmm_qmri_simulate_pssfp(manager, seq, params, natoms, out, flags)
+@inline function unchecked_kmm_qmri_simulate_pssfp(manager, seq, params, first_atom, natoms, out, flags)
     fp = _fp_kmm_qmri_simulate_pssfp[]
     fp == C_NULL && throw_missing(:kmm_qmri_simulate_pssfp)
-    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmPssfpSequence}, KmmBuffer, UInt64, KmmBuffer, UInt32), manager, seq, params, natoms, out, flags)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmPssfpSequence}, KmmBuffer, UInt64, UInt64, KmmBuffer, UInt32), manager, seq, params, first_atom, natoms, out, flags)
 end
 """
 Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex float), as
@@ -1350,45 +1374,51 @@ Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
-@inline function kmm_qmri_simulate_pssfp(manager, seq, params, natoms, out, flags)
-    check_status(unchecked_kmm_qmri_simulate_pssfp(manager, seq, params, natoms, out, flags))
+@inline function kmm_qmri_simulate_pssfp(manager, seq, params, first_atom, natoms, out, flags)
+    check_status(unchecked_kmm_qmri_simulate_pssfp(manager, seq, params, first_atom, natoms, out, flags))
 end
 
 """
-Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
-`signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
-|d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
-|d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
-float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
-from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
-zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
-dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
-uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
-Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column:
+atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` holds
+`ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
+and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
+whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
+`outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
+< ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
+dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
+`KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
+chunks (scratch of natoms x chunk complex values, at most half the free memory and
+`\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
+lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
+once, for the Gram matrix). Thread-safe.
 
 Returns the status; `kmm_qmri_match` is the checked form.
 """
-@inline function unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params)
+@inline function unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags)
     fp = _fp_kmm_qmri_match[]
     fp == C_NULL && throw_missing(:kmm_qmri_match)
-    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, KmmBuffer, UInt64, UInt32, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer), manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, UInt64, KmmBuffer, UInt64, UInt32, KmmBuffer, Ptr{KmmMatchOutputs}, UInt32), manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags)
 end
 """
-Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column),
-`signals` holds `ntr x nvoxels`. For each voxel signal x, finds j maximising
-|d_j^H x| / ||d_j|| and writes: `out_index` (int32, 0-based, required), `out_score` (float,
-|d_j^H x| / (||d_j|| ||x||), 1 for a perfect match; 0 to leave out), `out_pd` (complex
-float, d_j^H x / ||d_j||; 0 to leave out), `out_params` (the best atom's four-float record
-from `params`; 0 to leave out, and `params` may then be 0). Ties go to the lower index;
-zero atoms never match. `rank` > 0 (and < ntr) first projects dictionary and signals on the
-dominant rank-`rank` subspace of the dictionary's TR space (SVD compression); 0 matches
-uncompressed. On CUDA: cuBLAS CGEMM in voxel chunks sized to free memory, then a reduction.
-Queued on the manager's stream (a compressed match waits once, for the Gram matrix).
+Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column:
+atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` holds
+`ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
+and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
+whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
+`outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
+< ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
+dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
+`KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
+chunks (scratch of natoms x chunk complex values, at most half the free memory and
+`\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
+lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
+once, for the Gram matrix). Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
-@inline function kmm_qmri_match(manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params)
-    check_status(unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, signals, nvoxels, rank, params, out_index, out_score, out_pd, out_params))
+@inline function kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags)
+    check_status(unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags))
 end
 
 end # module LibKmm
