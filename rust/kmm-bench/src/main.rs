@@ -41,8 +41,9 @@ impl Rng {
 #[derive(Clone, Copy)]
 enum Op {
     Alloc(u64),
-    /// Free the live block at this position (modulo the live count).
-    Free(u64),
+    /// Free the live block at this position (the trace knows the live count, so the timed loop
+    /// does no division).
+    Free(usize),
 }
 
 /// RMM's random_allocations shape: alloc or free with equal chance, at most `max_live` blocks,
@@ -58,8 +59,9 @@ fn trace(n: usize, max_live: usize, min: u64, max: u64, seed: u64) -> Vec<Op> {
                 live += 1;
                 Op::Alloc((lmin + rng.unit() * (lmax - lmin)).exp() as u64)
             } else {
+                let pos = (rng.next() % live as u64) as usize;
                 live -= 1;
-                Op::Free(rng.next())
+                Op::Free(pos)
             }
         })
         .collect()
@@ -118,7 +120,7 @@ fn run(ops: &[Op], a: &mut dyn Allocator) -> f64 {
         match *op {
             Op::Alloc(bytes) => live.push(a.alloc(bytes)),
             Op::Free(pos) => {
-                let h = live.swap_remove((pos % live.len() as u64) as usize);
+                let h = live.swap_remove(pos);
                 a.free(h);
             }
         }

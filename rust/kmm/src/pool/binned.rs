@@ -46,7 +46,9 @@ impl BinnedSuballocator {
         if size > MAX_BINNED {
             return None;
         }
-        Some(self.sizes.partition_point(|&s| s < size))
+        let i = self.sizes.partition_point(|&s| s < size);
+        debug_assert!(i < self.sizes.len());
+        Some(i)
     }
 
     fn slab_size(&self, bin: usize) -> u64 {
