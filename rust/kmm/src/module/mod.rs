@@ -211,17 +211,21 @@ pub fn compile(device: i32, src: &str, options: &[String]) -> Result<Arc<Module>
     if let Some(m) = lock(loaded).get(&(device, key)) {
         return Ok(m.clone());
     }
-    let image = match cache::read(key) {
-        Some(image) => image,
-        None => {
+    info.bind()?;
+    let load = |image: &[u8]| {
+        let mut module = std::ptr::null_mut();
+        check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData").map(|_| module)
+    };
+    // A cached image that does not load (truncated, or from another driver) is compiled anew.
+    let module = match cache::read(key).map(|image| load(&image)) {
+        Some(Ok(module)) => module,
+        _ => {
             let (image, _log) = nvrtc_compile(src, &opts)?;
+            let module = load(&image)?;
             cache::write(key, &image);
-            image
+            module
         }
     };
-    info.bind()?;
-    let mut module = std::ptr::null_mut();
-    check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData")?;
     let m = Arc::new(Module { device, ctx: info.ctx, module: Raw(module), functions: Mutex::new(HashMap::new()) });
     lock(loaded).insert((device, key), m.clone());
     Ok(m)
