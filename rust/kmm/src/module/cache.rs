@@ -55,3 +55,29 @@ pub fn write(key: u64, image: &[u8]) {
         let _ = std::fs::remove_file(&tmp);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_depends_on_every_input_and_files_round_trip() {
+        let opts = vec!["-DNS=32".to_string()];
+        let k = key("src", &opts, (9, 0), (13, 0));
+        assert_eq!(k, key("src", &opts, (9, 0), (13, 0)), "stable");
+        assert_ne!(k, key("src ", &opts, (9, 0), (13, 0)));
+        assert_ne!(k, key("src", &["-DNS=33".to_string()], (9, 0), (13, 0)));
+        assert_ne!(k, key("src", &opts, (8, 0), (13, 0)));
+        assert_ne!(k, key("src", &opts, (9, 0), (12, 8)));
+        // Option boundaries count: ["ab"] and ["a", "b"] differ.
+        assert_ne!(key("s", &["ab".into()], (9, 0), (13, 0)), key("s", &["a".into(), "b".into()], (9, 0), (13, 0)));
+        let dir = std::env::temp_dir().join(format!("kmm-cache-test-{}", std::process::id()));
+        std::env::set_var("KMM_CACHE_DIR", &dir);
+        assert_eq!(super::dir(), Some(dir.clone()));
+        write(k, b"image");
+        assert_eq!(read(k).as_deref(), Some(&b"image"[..]));
+        assert_eq!(read(k ^ 1), None);
+        std::env::remove_var("KMM_CACHE_DIR");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -102,3 +102,45 @@ pub fn project(u: &[C64], ntr: usize, k: usize, data: &[[f32; 2]]) -> Vec<[f32; 
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rank_k_dictionary_is_captured_exactly_by_its_rank_k_subspace() {
+        // Columns are combinations of 3 fixed vectors: the rank-3 basis keeps all their energy.
+        let (ntr, natoms, k) = (50, 200, 3);
+        let basis: Vec<Vec<[f32; 2]>> = (0..k)
+            .map(|b| (0..ntr).map(|t| [((t * (b + 1)) as f32 * 0.3).cos(), ((t + b) as f32 * 0.17).sin()]).collect())
+            .collect();
+        let mut dict = Vec::new();
+        for j in 0..natoms {
+            for t in 0..ntr {
+                let mut v = [0f32; 2];
+                for (b, col) in basis.iter().enumerate() {
+                    let w = ((j * 7 + b * 3) % 11) as f32 / 11.0 - 0.4;
+                    v[0] += w * col[t][0];
+                    v[1] += w * col[t][1];
+                }
+                dict.push(v);
+            }
+        }
+        let u = dominant_subspace(&gram(&dict, ntr), ntr, k);
+        // Orthonormal columns.
+        for a in 0..k {
+            for b in 0..k {
+                let dot: C64 = (0..ntr).fold(C64::ZERO, |s, t| s + u[a * ntr + t].conj() * u[b * ntr + t]);
+                let want = if a == b { 1.0 } else { 0.0 };
+                assert!((dot.re - want).abs() < 1e-9 && dot.im.abs() < 1e-9, "U^H U[{a},{b}] = {dot:?}");
+            }
+        }
+        // Projection keeps the norm of every atom.
+        let small = project(&u, ntr, k, &dict);
+        for j in 0..natoms {
+            let n2 = |v: &[[f32; 2]]| v.iter().map(|c| (c[0] as f64).powi(2) + (c[1] as f64).powi(2)).sum::<f64>();
+            let (full, kept) = (n2(&dict[j * ntr..(j + 1) * ntr]), n2(&small[j * k..(j + 1) * k]));
+            assert!((full - kept).abs() <= 1e-4 * full.max(1e-12), "atom {j}: {kept} of {full}");
+        }
+    }
+}
