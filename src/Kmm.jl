@@ -22,6 +22,8 @@ include("array.jl")
 include("scalar.jl")
 include("pinned.jl")
 include("async.jl")
+include("qmri/QMRI.jl")    # Kmm.QMRI: MRF simulation and matching
+export QMRI
 
 function __init__()
     load_libkmm!()

@@ -1,0 +1,209 @@
+# Dictionary matching (kmm_qmri_match), from a dictionary in memory or generated in batches.
+
+"""
+    MatchResult
+
+What `QMRI.match` returns: maps with the shape of the voxel dimensions of the signals, all
+KmmArrays on the signals' manager.
+
+- `index`: the best atom of each voxel (1-based column of the dictionary / parameters), `Int32`
+- `score`: |dᴴx| / (‖d‖ ‖x‖), 1 for a perfect match, `Float32`
+- `PD`: complex proton density: the scale with x ≈ PD · d of the simulated (unnormalised)
+  atom d, `ComplexF32`
+- `pd_normalized`: dᴴx / ‖d‖, the scale of the unit-norm atom (what the C ABI reports)
+- `T1`, `T2`, `B1`, `B0`: the best atom's parameters (`Float32`; `nothing` when the match had
+  no parameters)
+- `natoms`, `batches`: the dictionary size and the number of batches it was matched in
+"""
+struct MatchResult{N}
+    index::KmmArray{Int32,N}
+    score::KmmArray{Float32,N}
+    PD::KmmArray{ComplexF32,N}
+    pd_normalized::KmmArray{ComplexF32,N}
+    T1::Union{Nothing,KmmArray{Float32,N}}
+    T2::Union{Nothing,KmmArray{Float32,N}}
+    B1::Union{Nothing,KmmArray{Float32,N}}
+    B0::Union{Nothing,KmmArray{Float32,N}}
+    natoms::Int
+    batches::Int
+end
+
+function Base.show(io::IO, r::MatchResult)
+    print(io, "MatchResult(", join(size(r.index), "x"), " voxels, ", r.natoms, " atoms in ",
+          r.batches, r.batches == 1 ? " batch)" : " batches)")
+end
+
+# Raw outputs of kmm_qmri_match: one entry per voxel, on the signals' manager.
+struct RawOutputs
+    index::KmmArray{Int32,1}
+    score::KmmArray{Float32,1}
+    pd::KmmArray{ComplexF32,1}
+    params::Union{Nothing,KmmArray{Float32,2}}
+end
+
+RawOutputs(m::KmmManager, nvox::Int, with_params::Bool) =
+    RawOutputs(KmmArray{Int32}(undef, nvox; manager = m), KmmArray{Float32}(undef, nvox; manager = m),
+               KmmArray{ComplexF32}(undef, nvox; manager = m),
+               with_params ? KmmArray{Float32}(undef, 4, nvox; manager = m) : nothing)
+
+function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms::Int, offset::Int,
+                    signals::KmmArray{ComplexF32}, nvox::Int, rank::Int,
+                    params::Union{Nothing,KmmArray{Float32}}, accumulate::Bool)
+    mh, dh = handles(dict.storage)
+    _, sh = handles(signals.storage)
+    ph = params === nothing ? UInt64(0) : handles(params.storage)[2]
+    outs = Ref(LibKmm.KmmMatchOutputs(handles(o.index.storage)[2], handles(o.score.storage)[2],
+                                      handles(o.pd.storage)[2],
+                                      o.params === nothing ? UInt64(0) : handles(o.params.storage)[2]))
+    flags = accumulate ? UInt32(LibKmm.KMM_MATCH_ACCUMULATE) : UInt32(0)
+    GC.@preserve dict signals params o begin
+        LibKmm.kmm_qmri_match(mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh,
+                              UInt64(nvox), UInt32(rank), ph, outs, flags)
+    end
+    o
+end
+
+"Signals as (ntr x nvox contiguous KmmArray on m, voxel dims)."
+function prepare_signals(signals, ntr::Int, m::KmmManager)
+    s = signals isa KmmArray ? signals : KmmArray{ComplexF32}(signals; manager = m)
+    eltype(s) == ComplexF32 || throw(ArgumentError("signals must hold ComplexF32, got $(eltype(s))"))
+    ndims(s) >= 1 || throw(ArgumentError("signals must be ntr x voxels..."))
+    size(s, 1) == ntr || throw(DimensionMismatch(
+        "signals have $(size(s, 1)) time points (first dimension) but the dictionary has $ntr"))
+    vdims = ndims(s) == 1 ? (1,) : size(s)[2:end]
+    nvox = prod(vdims)
+    nvox >= 1 || throw(ArgumentError("signals hold no voxels"))
+    Kmm.manager(s) === m || (s = KmmArray(Array(s); manager = m))
+    (whole_buffer(s), vdims, nvox)
+end
+
+check_rank(rank, ntr) = 0 <= rank <= ntr || throw(ArgumentError(
+    "rank = $rank must be in 0:ntr ($ntr); 0 matches without compression"))
+
+"""
+    match(dict, signals; params = nothing, rank = 0) -> MatchResult
+
+Matches each voxel signal (columns of `signals`: `ntr x voxels...`, `ComplexF32`) against the
+atoms of `dict` (`ntr x natoms`, e.g. from `simulate_fisp`) on the dictionary's manager: the
+atom with the largest |dᴴx|/‖d‖ wins (ties: the lower index). With `params` (`4 x natoms`)
+the maps include T1, T2, B1, B0. `rank > 0` first compresses dictionary and signals to the
+dominant rank-`rank` subspace of the dictionary (SVD). Host arrays are uploaded.
+
+    match(seq, params, signals; rank = 0, batch_atoms = nothing, max_bytes = nothing) -> MatchResult
+
+Generates the dictionary of `seq` (a `FISPSequence` or `PSSFPSequence`) over the atoms
+`params` and matches it, in batches of atoms when it does not fit: each batch is simulated,
+matched keeping the running best per voxel (`KMM_MATCH_ACCUMULATE`), and freed. The batch is
+`batch_atoms` atoms when given, else chosen from the device's free memory (a quarter of it, at
+most `max_bytes`, default 2 GiB, for the batch's dictionary); an allocation that still fails
+(e.g. the manager's hard limit) halves the batch and retries. With `rank > 0` each batch is
+compressed on its own subspace.
+"""
+function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::Integer = 0)
+    m = Kmm.manager(dict)
+    ntr, natoms = size(dict)
+    natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
+    check_rank(rank, ntr)
+    p = params === nothing ? nothing : as_params(params, m)
+    p === nothing || size(p, 2) == natoms || throw(DimensionMismatch(
+        "params describe $(size(p, 2)) atoms but the dictionary has $natoms"))
+    s, vdims, nvox = prepare_signals(signals, ntr, m)
+    d = whole_buffer(dict)
+    o = RawOutputs(m, nvox, p !== nothing)
+    match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false)
+    finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx))
+end
+
+match(dict::KmmArray{ComplexF32}, signals; kw...) =
+    throw(ArgumentError("the dictionary must be a matrix (ntr x natoms), got size $(size(dict))"))
+match(dict::AbstractMatrix{<:Complex}, signals; params = nothing, kw...) =
+    match(KmmArray{ComplexF32}(dict; manager = default_manager_of(signals)), signals; params = params, kw...)
+
+function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
+               batch_atoms::Union{Nothing,Integer} = nothing,
+               max_bytes::Union{Nothing,Integer} = nothing,
+               manager::KmmManager = default_manager_of(signals), check::Bool = true,
+               verbose::Bool = false)
+    m = manager
+    ntr = length(seq)
+    check_rank(rank, ntr)
+    p = as_params(params, m)
+    natoms = size(p, 2)
+    check && check_params(Array(p))
+    s, vdims, nvox = prepare_signals(signals, ntr, m)
+    nb = batch_atoms === nothing ? auto_batch(m, ntr, natoms, max_bytes) : Int(batch_atoms)
+    nb >= 1 || throw(ArgumentError("batch_atoms = $nb must be >= 1"))
+    nb = min(nb, natoms)
+    o = RawOutputs(m, nvox, true)
+    first, batches = 0, 0
+    while first < natoms
+        n = min(nb, natoms - first)
+        d = try
+            KmmArray{ComplexF32}(undef, ntr, n; manager = m)
+        catch err
+            (err isa KmmOutOfMemoryError && nb > 1) || rethrow()
+            nb = max(1, nb ÷ 2)
+            verbose && println("QMRI.match: out of memory for $n atoms; batches of $nb atoms now")
+            continue
+        end
+        simulate_raw!(d, seq, p, first, n, false)
+        match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0)
+        Kmm.unsafe_free!(d)
+        batches += 1
+        verbose && println("QMRI.match: batch $batches: atoms $(first + 1):$(first + n) of $natoms")
+        first += n
+    end
+    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx))
+end
+
+"Atoms per batch: the dictionary batch takes at most a quarter of the free memory and max_bytes."
+function auto_batch(m::KmmManager, ntr::Int, natoms::Int, max_bytes)
+    free, total = Ref{UInt64}(0), Ref{UInt64}(0)
+    GC.@preserve m LibKmm.kmm_manager_memory_info(Kmm.handle(m), free, total)
+    budget = min(Int(min(free[], UInt64(typemax(Int)))) ÷ 4,
+                 max_bytes === nothing ? 2^31 : Int(max_bytes))
+    per_atom = 8 * ntr
+    max(1, min(natoms, budget ÷ per_atom, typemax(Int32)))
+end
+
+cnorm(v) = sqrt(sum(z -> abs2(ComplexF64(z)), v))
+
+"‖d_j‖ for the 0-based atoms `idx` of a dictionary in memory (copies those columns only)."
+function dictionary_norms(d::KmmArray{ComplexF32,2}, idx::Vector{Int})
+    ntr = size(d, 1)
+    col = Vector{ComplexF32}(undef, ntr)
+    map(idx) do j
+        copyto!(col, 1, d, j * ntr + 1, ntr)
+        cnorm(col)
+    end
+end
+
+"‖d_j‖ for the 0-based atoms `idx`, simulated again (only those atoms)."
+function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vector{Int})
+    ph = Array(p)
+    sub = KmmArray(ph[:, idx .+ 1]; manager = Kmm.manager(p))
+    sig = Array(simulate_raw!(KmmArray{ComplexF32}(undef, length(seq), length(idx);
+                                                   manager = Kmm.manager(p)), seq, sub, 0,
+                              length(idx), false))
+    [cnorm(view(sig, :, k)) for k in 1:length(idx)]
+end
+
+# Raw outputs -> maps: 1-based index, PD of the unnormalised atom, parameter maps.
+function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of)
+    m = Kmm.manager(o.index)
+    idx0 = Array(o.index)
+    pdn = Array(o.pd)
+    atoms = sort!(unique(idx0))
+    norms = norms_of(Int.(atoms))
+    normof = Dict(zip(atoms, norms))
+    PD = ComplexF32[(nd = normof[j]; nd > 0 ? pdn[v] / nd : zero(ComplexF32)) for (v, j) in enumerate(idx0)]
+    up(a) = KmmArray(reshape(a, vdims); manager = m)
+    shape(x::KmmArray) = reshape(x, vdims)
+    T1 = T2 = B1 = B0 = nothing
+    if o.params !== nothing
+        rec = Array(o.params)
+        T1, T2, B1, B0 = (up(rec[r, :]) for r in 1:4)
+    end
+    MatchResult{length(vdims)}(up(idx0 .+ Int32(1)), shape(o.score), up(PD), shape(o.pd),
+                               T1, T2, B1, B0, natoms, batches)
+end

@@ -1,0 +1,77 @@
+# Atom parameters: `4 x natoms` Float32 (T1 s, T2 s, B1 relative, B0 Hz), one atom per column,
+# in a KmmArray (the layout of the C ABI's atom records).
+
+"""
+    log_grid(lo, hi, n) -> Vector{Float64}
+
+`n` logarithmically spaced values from `lo` to `hi` (both > 0), ends included.
+"""
+function log_grid(lo::Real, hi::Real, n::Integer)
+    lo > 0 && hi > 0 || throw(ArgumentError("log_grid: the ends must be > 0, got $lo and $hi"))
+    n >= 1 || throw(ArgumentError("log_grid: n = $n must be >= 1"))
+    n == 1 && return [Float64(lo)]
+    a, b = log(Float64(lo)), log(Float64(hi))
+    [exp(a + (b - a) * (i - 1) / (n - 1)) for i in 1:n]
+end
+
+grid_values(v::Tuple{Real,Real,Integer}) = log_grid(v...)
+grid_values(v::AbstractVector{<:Real}) = Float64.(collect(v))
+grid_values(v::Real) = [Float64(v)]
+
+"""
+    parameter_grid(; T1, T2, B1 = 1.0, B0 = 0.0, drop_T2_above_T1 = true,
+                   manager = Kmm.default_manager()) -> KmmArray{Float32,2}
+
+The atoms of a dictionary: every combination of the `T1`, `T2`, `B1` and `B0` values (T1
+fastest, then T2, B1, B0), as `4 x natoms` parameters on `manager`. Each of `T1`, `T2`, `B1`,
+`B0` is a vector of values, a single value, or `(lo, hi, n)` for `n` log-spaced values
+(`log_grid`). Combinations with T2 > T1 are dropped unless `drop_T2_above_T1 = false`.
+T1 and T2 in seconds (> 0, `Inf` allowed), B1 relative, B0 in Hz.
+"""
+function parameter_grid(; T1, T2, B1 = 1.0, B0 = 0.0, drop_T2_above_T1::Bool = true,
+                        manager::KmmManager = default_manager())
+    t1s, t2s, b1s, b0s = grid_values(T1), grid_values(T2), grid_values(B1), grid_values(B0)
+    recs = Float32[]
+    for b0 in b0s, b1 in b1s, t2 in t2s, t1 in t1s
+        drop_T2_above_T1 && t2 > t1 && continue
+        push!(recs, t1, t2, b1, b0)
+    end
+    isempty(recs) && throw(ArgumentError("parameter_grid: no atoms (every T2 exceeds every T1?)"))
+    p = reshape(recs, 4, :)
+    check_params(p)
+    KmmArray(p; manager = manager)
+end
+
+"""
+    tissue_parameters(T1, T2, B1 = 1, B0 = 0; manager = Kmm.default_manager()) -> KmmArray{Float32,2}
+
+`4 x n` atom parameters from per-atom values (vectors of one length, or scalars repeated).
+"""
+function tissue_parameters(T1, T2, B1 = 1.0, B0 = 0.0; manager::KmmManager = default_manager())
+    cols = map(v -> v isa Real ? nothing : collect(v), (T1, T2, B1, B0))
+    lens = [length(c) for c in cols if c !== nothing]
+    n = isempty(lens) ? 1 : lens[1]
+    all(==(n), lens) || throw(ArgumentError("tissue_parameters: T1, T2, B1, B0 have lengths $lens; they must match"))
+    n >= 1 || throw(ArgumentError("tissue_parameters: no atoms"))
+    p = Matrix{Float32}(undef, 4, n)
+    for (r, v) in enumerate((T1, T2, B1, B0))
+        for j in 1:n
+            p[r, j] = v isa Real ? v : cols[r][j]
+        end
+    end
+    check_params(p)
+    KmmArray(p; manager = manager)
+end
+
+"Throws an ArgumentError naming the first bad atom (T1, T2 > 0, B1 and B0 finite)."
+function check_params(p::AbstractMatrix)
+    size(p, 1) == 4 || throw(ArgumentError("parameters must be 4 x natoms (T1, T2, B1, B0), got $(size(p))"))
+    size(p, 2) >= 1 || throw(ArgumentError("the dictionary is empty: parameters have 0 atoms"))
+    for j in 1:size(p, 2)
+        t1, t2, b1, b0 = p[1, j], p[2, j], p[3, j], p[4, j]
+        t1 > 0 || throw(ArgumentError("atom $j has T1 = $t1 s; T1 must be > 0 (Inf allowed)"))
+        t2 > 0 || throw(ArgumentError("atom $j has T2 = $t2 s; T2 must be > 0 (Inf allowed)"))
+        isfinite(b1) && isfinite(b0) || throw(ArgumentError("atom $j has B1 = $b1, B0 = $b0; both must be finite"))
+    end
+    nothing
+end

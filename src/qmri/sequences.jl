@@ -1,0 +1,159 @@
+# Sequence descriptions: plain Julia structs checked on construction, packed into the C structs
+# of gen/kmm.h (KmmFispSequence, KmmPssfpSequence) for each call.
+
+"Largest number of EPG states (`Ns`) of a FISP simulation (the library's `MAX_STATES`)."
+const MAX_STATES = 512
+"Largest number of TRs of one sequence."
+const MAX_TRS = 2^20
+"Largest number of slice positions / slice-profile columns, and of RF sub-steps."
+const MAX_POSITIONS = 4096
+
+abstract type AbstractSequence end
+
+"""
+    FISPSequence(flip_angles; phases = zeros, TR, TE = TR / 2, TI = 0, Ns = 32, profile = nothing)
+
+A gradient-spoiled FISP (FISP2D of BlochSimulators.jl) MR-fingerprinting train with an
+adiabatic inversion, simulated with the extended phase graph.
+
+- `flip_angles`: one flip angle per TR (radians)
+- `phases`: RF phase per TR (radians), default all zero
+- `TR`, `TE`, `TI`: repetition time, echo time (≤ TR) and the delay from the inversion to the
+  first RF pulse, in seconds
+- `Ns`: number of EPG states kept (1 to 512); more states follow the spin history longer
+- `profile`: optional `ntr x npositions` flip-angle scale factors (slice profile); the signal is
+  summed over the positions
+
+Fields: `flip_angles`, `phases`, `TR`, `TE`, `TI`, `Ns`, `profile` (`ntr x 0` when none).
+`length(seq)` is the number of TRs.
+"""
+struct FISPSequence <: AbstractSequence
+    flip_angles::Vector{Float32}
+    phases::Vector{Float32}
+    TR::Float32
+    TE::Float32
+    TI::Float32
+    Ns::Int
+    profile::Matrix{Float32}
+    function FISPSequence(flip_angles::AbstractVector{<:Real}, phases::AbstractVector{<:Real},
+                          TR::Real, TE::Real, TI::Real, Ns::Integer, profile::AbstractMatrix{<:Real})
+        ntr = length(flip_angles)
+        1 <= ntr <= MAX_TRS || throw(ArgumentError("FISPSequence: $ntr flip angles; need 1 to $MAX_TRS"))
+        length(phases) == ntr || throw(ArgumentError(
+            "FISPSequence: $(length(phases)) phases for $ntr flip angles; they must have the same length"))
+        1 <= Ns <= MAX_STATES || throw(ArgumentError(
+            "FISPSequence: Ns = $Ns EPG states is not allowed; Ns must be in 1:$MAX_STATES"))
+        check_time("TR", TR); check_time("TE", TE); check_time("TI", TI)
+        TE <= TR || throw(ArgumentError("FISPSequence: TE = $TE s must be at most TR = $TR s"))
+        size(profile, 2) == 0 || size(profile, 1) == ntr || throw(ArgumentError(
+            "FISPSequence: profile is $(size(profile, 1)) x $(size(profile, 2)); it must be ntr ($ntr) x npositions"))
+        size(profile, 2) <= MAX_POSITIONS || throw(ArgumentError(
+            "FISPSequence: $(size(profile, 2)) profile positions; at most $MAX_POSITIONS"))
+        check_finite("flip_angles", flip_angles); check_finite("phases", phases)
+        check_finite("profile", profile)
+        new(Float32.(collect(flip_angles)), Float32.(collect(phases)), TR, TE, TI, Ns,
+            Matrix{Float32}(profile))
+    end
+end
+
+function FISPSequence(flip_angles::AbstractVector{<:Real}; phases = nothing, TR::Real,
+                      TE::Real = TR / 2, TI::Real = 0, Ns::Integer = 32, profile = nothing)
+    ntr = length(flip_angles)
+    ph = phases === nothing ? zeros(Float32, ntr) : phases
+    prof = profile === nothing ? zeros(Float32, ntr, 0) : profile
+    FISPSequence(flip_angles, ph, TR, TE, TI, Ns, prof)
+end
+
+Base.length(s::AbstractSequence) = length(s.flip_angles)
+
+function Base.show(io::IO, s::FISPSequence)
+    print(io, "FISPSequence(", length(s), " TRs, TR = ", s.TR * 1000, " ms, TE = ", s.TE * 1000,
+          " ms, TI = ", s.TI * 1000, " ms, Ns = ", s.Ns)
+    size(s.profile, 2) > 0 && print(io, ", ", size(s.profile, 2), " profile positions")
+    print(io, ")")
+end
+
+"""
+    PSSFPSequence(flip_angles; phases = zeros, TR, rf_shape = [1], z = [0], dt_ex = 0,
+                  dt_inv = 0, dt_pr = (TR - length(rf_shape) * dt_ex) / 2, gz_ex = 0, gz_pr = 0)
+
+A balanced pSSFP (pSSFP2D of BlochSimulators.jl) train simulated with isochromats: a
+B1-scaled inversion, `dt_inv` of relaxation, an α/2 prepulse, then per TR an RF pulse in
+`length(rf_shape)` hard-pulse sub-steps of `dt_ex` with slice-select gradient area `gz_ex`
+(rad/cm) each, precession over `dt_pr` (gradient area `gz_pr`) to TE, a sample of
+`m_x + i m_y`, and precession over `dt_pr` to the next pulse. The signal is summed over the
+slice positions `z` (cm).
+
+- `flip_angles`, `phases`: per TR (radians)
+- `rf_shape`: fractions of the flip angle per RF sub-step (summing to 1 for the nominal angle)
+- times in seconds; `TR` only sets the default `dt_pr`
+"""
+struct PSSFPSequence <: AbstractSequence
+    flip_angles::Vector{Float32}
+    phases::Vector{Float32}
+    rf_shape::Vector{Float32}
+    z::Vector{Float32}
+    dt_ex::Float32
+    dt_inv::Float32
+    dt_pr::Float32
+    gz_ex::Float32
+    gz_pr::Float32
+    function PSSFPSequence(flip_angles::AbstractVector{<:Real}, phases::AbstractVector{<:Real},
+                           rf_shape::AbstractVector{<:Real}, z::AbstractVector{<:Real},
+                           dt_ex::Real, dt_inv::Real, dt_pr::Real, gz_ex::Real, gz_pr::Real)
+        ntr = length(flip_angles)
+        1 <= ntr <= MAX_TRS || throw(ArgumentError("PSSFPSequence: $ntr flip angles; need 1 to $MAX_TRS"))
+        length(phases) == ntr || throw(ArgumentError(
+            "PSSFPSequence: $(length(phases)) phases for $ntr flip angles; they must have the same length"))
+        1 <= length(rf_shape) <= MAX_POSITIONS || throw(ArgumentError(
+            "PSSFPSequence: rf_shape has $(length(rf_shape)) sub-steps; need 1 to $MAX_POSITIONS"))
+        1 <= length(z) <= MAX_POSITIONS || throw(ArgumentError(
+            "PSSFPSequence: z has $(length(z)) positions; need 1 to $MAX_POSITIONS"))
+        check_time("dt_ex", dt_ex); check_time("dt_inv", dt_inv); check_time("dt_pr", dt_pr)
+        isfinite(gz_ex) && isfinite(gz_pr) || throw(ArgumentError(
+            "PSSFPSequence: gz_ex = $gz_ex and gz_pr = $gz_pr must be finite"))
+        check_finite("flip_angles", flip_angles); check_finite("phases", phases)
+        check_finite("rf_shape", rf_shape); check_finite("z", z)
+        new(Float32.(collect(flip_angles)), Float32.(collect(phases)), Float32.(collect(rf_shape)),
+            Float32.(collect(z)), dt_ex, dt_inv, dt_pr, gz_ex, gz_pr)
+    end
+end
+
+function PSSFPSequence(flip_angles::AbstractVector{<:Real}; phases = nothing, TR::Real,
+                       rf_shape = Float32[1], z = Float32[0], dt_ex::Real = 0, dt_inv::Real = 0,
+                       dt_pr = nothing, gz_ex::Real = 0, gz_pr::Real = 0)
+    ntr = length(flip_angles)
+    ph = phases === nothing ? zeros(Float32, ntr) : phases
+    pr = dt_pr === nothing ? (TR - length(rf_shape) * dt_ex) / 2 : dt_pr
+    pr >= 0 || throw(ArgumentError(
+        "PSSFPSequence: the RF pulse ($(length(rf_shape)) x dt_ex = $(length(rf_shape) * dt_ex) s) is longer than TR = $TR s"))
+    PSSFPSequence(flip_angles, ph, rf_shape, z, dt_ex, dt_inv, pr, gz_ex, gz_pr)
+end
+
+function Base.show(io::IO, s::PSSFPSequence)
+    print(io, "PSSFPSequence(", length(s), " TRs, ", length(s.rf_shape), " RF sub-steps of ",
+          s.dt_ex * 1e6, " µs, dt_pr = ", s.dt_pr * 1000, " ms, ", length(s.z), " slice positions)")
+end
+
+@noinline function check_time(name, t)
+    isfinite(t) && t >= 0 || throw(ArgumentError("$name = $t s must be finite and >= 0"))
+end
+
+@noinline function check_finite(name, v)
+    i = findfirst(x -> !isfinite(x), v)
+    i === nothing || throw(ArgumentError("$name[$i] = $(v[i]) is not finite"))
+end
+
+# The C structs hold pointers into the Julia vectors: build and use them under GC.@preserve seq.
+function cstruct(s::FISPSequence)
+    LibKmm.KmmFispSequence(pointer(s.flip_angles), pointer(s.phases),
+                           size(s.profile, 2) == 0 ? Ptr{Cfloat}(C_NULL) : pointer(s.profile),
+                           UInt32(length(s)), UInt32(s.Ns), UInt32(size(s.profile, 2)),
+                           s.TR, s.TE, s.TI)
+end
+
+function cstruct(s::PSSFPSequence)
+    LibKmm.KmmPssfpSequence(pointer(s.flip_angles), pointer(s.phases), pointer(s.rf_shape),
+                            pointer(s.z), UInt32(length(s)), UInt32(length(s.rf_shape)),
+                            UInt32(length(s.z)), s.dt_ex, s.dt_inv, s.dt_pr, s.gz_ex, s.gz_pr)
+end

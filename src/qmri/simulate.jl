@@ -1,0 +1,75 @@
+# Dictionary simulation: kmm_qmri_simulate_fisp / kmm_qmri_simulate_pssfp on KmmArrays.
+
+"""
+The qMRI calls take buffer handles without offsets: an array that starts inside its buffer
+(a view) is copied to a buffer of its own first.
+"""
+whole_buffer(x::KmmArray) = x.offset == 0 ? x : copy(x)
+
+"`params` as a `4 x natoms` `KmmArray{Float32,2}` on `m` (host arrays are checked and uploaded)."
+function as_params(params, m::KmmManager)
+    if params isa KmmArray
+        eltype(params) == Float32 || throw(ArgumentError(
+            "parameters must hold Float32 (T1, T2, B1, B0 records), got $(eltype(params))"))
+        p = ndims(params) == 2 ? params : reshape(params, 4, :)
+        size(p, 1) == 4 || throw(ArgumentError("parameters must be 4 x natoms (T1, T2, B1, B0), got $(size(params))"))
+        size(p, 2) >= 1 || throw(ArgumentError("the dictionary is empty: parameters have 0 atoms"))
+        Kmm.manager(p) === m && return whole_buffer(p)
+        return KmmArray(Array(p); manager = m)
+    elseif params isa AbstractMatrix{<:Real}
+        check_params(params)
+        return KmmArray{Float32}(params; manager = m)
+    end
+    throw(ArgumentError("parameters must be a 4 x natoms KmmArray{Float32} or matrix, got $(typeof(params))"))
+end
+
+default_manager_of(x) = x isa KmmArray ? Kmm.manager(x) : default_manager()
+
+# The raw call: atoms first_atom .. first_atom + n - 1 (0-based) into `out` (ntr x n).
+function simulate_raw!(out::KmmArray{ComplexF32}, seq::FISPSequence, p::KmmArray{Float32},
+                       first_atom::Integer, n::Integer, check::Bool)
+    (mh, ph), (_, oh) = handles(p.storage), handles(out.storage)
+    flags = check ? UInt32(0) : UInt32(LibKmm.KMM_QMRI_SKIP_CHECKS)
+    GC.@preserve seq p out begin
+        cs = Ref(cstruct(seq))
+        LibKmm.kmm_qmri_simulate_fisp(mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags)
+    end
+    out
+end
+
+function simulate_raw!(out::KmmArray{ComplexF32}, seq::PSSFPSequence, p::KmmArray{Float32},
+                       first_atom::Integer, n::Integer, check::Bool)
+    (mh, ph), (_, oh) = handles(p.storage), handles(out.storage)
+    flags = check ? UInt32(0) : UInt32(LibKmm.KMM_QMRI_SKIP_CHECKS)
+    GC.@preserve seq p out begin
+        cs = Ref(cstruct(seq))
+        LibKmm.kmm_qmri_simulate_pssfp(mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags)
+    end
+    out
+end
+
+function simulate(seq::AbstractSequence, params; manager::KmmManager = default_manager_of(params),
+                  check::Bool = true)
+    p = as_params(params, manager)
+    n = size(p, 2)
+    out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
+    simulate_raw!(out, seq, p, 0, n, check)
+end
+
+"""
+    simulate_fisp(seq::FISPSequence, params; manager, check = true) -> KmmArray{ComplexF32,2}
+
+The FISP signals (`ntr x natoms`, one atom per column) of the atoms `params` (`4 x natoms`
+Float32: T1 s, T2 s, B1, B0 Hz; a KmmArray, or a host matrix that is uploaded) on `manager`
+(default: the manager of `params`, else `Kmm.default_manager()`). Returns once the work is
+queued; reading the result (`Array`) waits for it. `check = false` skips the library's check
+of the parameters (T1, T2 > 0; B1, B0 finite), which waits for the stream.
+"""
+simulate_fisp(seq::FISPSequence, params; kw...) = simulate(seq, params; kw...)
+
+"""
+    simulate_pssfp(seq::PSSFPSequence, params; manager, check = true) -> KmmArray{ComplexF32,2}
+
+The pSSFP signals (`ntr x natoms`) of the atoms `params`, as `simulate_fisp` does for FISP.
+"""
+simulate_pssfp(seq::PSSFPSequence, params; kw...) = simulate(seq, params; kw...)
