@@ -112,9 +112,39 @@ impl KmmStatus {
     }
 }
 
-/// Mutex lock that survives poisoning: a panic is already reported as `KMM_ERROR_INTERNAL` at
-/// the boundary, and refusing every later call (including frees from finalizers) would only
-/// turn one bug into a leak.
-pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+/// Locks either kind of mutex the crate uses. std's lock survives poisoning: a panic is already
+/// reported as `KMM_ERROR_INTERNAL` at the boundary, and refusing every later call (including
+/// frees from finalizers) would only turn one bug into a leak.
+pub fn lock<L: Lockable>(m: &L) -> L::Guard<'_> {
+    m.acquire()
+}
+
+pub trait Lockable {
+    type Guard<'a>
+    where
+        Self: 'a;
+    fn acquire(&self) -> Self::Guard<'_>;
+}
+
+impl<T> Lockable for std::sync::Mutex<T> {
+    type Guard<'a> = std::sync::MutexGuard<'a, T> where T: 'a;
+    fn acquire(&self) -> Self::Guard<'_> {
+        self.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The manager's hot lock: parking_lot spins briefly before sleeping, which keeps a manager
+/// shared by many threads from collapsing into futex round trips.
+impl<T> Lockable for parking_lot::Mutex<T> {
+    type Guard<'a> = parking_lot::MutexGuard<'a, T> where T: 'a;
+    fn acquire(&self) -> Self::Guard<'_> {
+        self.lock()
+    }
+}
+
+impl<M: Lockable> Lockable for std::sync::Arc<M> {
+    type Guard<'a> = M::Guard<'a> where M: 'a;
+    fn acquire(&self) -> Self::Guard<'_> {
+        (**self).acquire()
+    }
 }

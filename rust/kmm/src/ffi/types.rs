@@ -117,7 +117,7 @@ pub struct KmmConfig {
     pub pinned_chunk_size: u64,
     /// Most pinned bytes the manager may reserve; 0 means no limit (default 0).
     pub pinned_limit: u64,
-    /// Size of one staging slot for pageable copies (default 8 MiB; 4 KiB to 1 GiB).
+    /// Size of one staging slot for pageable copies (default 16 MiB; 4 KiB to 1 GiB).
     pub staging_chunk_size: u64,
     /// Number of staging slots (default 4; 2 to 64).
     pub staging_chunks: u32,

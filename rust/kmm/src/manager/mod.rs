@@ -69,7 +69,7 @@ impl Default for Config {
             release_threshold: u64::MAX,
             pinned_chunk_size: 32 << 20,
             pinned_limit: 0,
-            staging_chunk_size: 8 << 20,
+            staging_chunk_size: 16 << 20,
             staging_chunks: 4,
         }
     }
@@ -144,7 +144,7 @@ pub struct Manager {
     backend: Arc<dyn Backend>,
     stream: Arc<dyn Stream>,
     config: Config,
-    state: Mutex<State>,
+    state: parking_lot::Mutex<State>,
     staging: Mutex<staging::Staging>,
 }
 
@@ -208,7 +208,7 @@ impl Manager {
             usage: [UsageCounters::default(); 2],
         };
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
-        Ok(Manager { backend, stream, config, state: Mutex::new(state), staging: Mutex::new(staging) })
+        Ok(Manager { backend, stream, config, state: parking_lot::Mutex::new(state), staging: Mutex::new(staging) })
     }
 
     pub fn config(&self) -> &Config {
