@@ -93,7 +93,10 @@ impl Manager {
                     let len = slot.min(bytes - off);
                     let block = staging.acquire(len)?;
                     parallel_copy(block.addr as *mut u8, src.add(off as usize), len as usize);
-                    self.stream.copy_h2d(addr + off, block.addr as *const u8, len)?;
+                    if let Err(e) = self.stream.copy_h2d(addr + off, block.addr as *const u8, len) {
+                        staging.abandon(block);
+                        return Err(e);
+                    }
                     staging.submit(self.stream.as_ref(), block, None)?;
                     off += len;
                 }
@@ -125,26 +128,41 @@ impl Manager {
             } else {
                 let mut staging = lock(&self.staging);
                 let slot = staging.slot_bytes();
-                let mut off = 0;
-                while off < bytes {
-                    let len = slot.min(bytes - off);
-                    let block = staging.acquire(len)?;
-                    self.stream.copy_d2h(block.addr as *mut u8, addr + off, len)?;
-                    let out = dst as u64 + off;
-                    if completion == Completion::Wait {
-                        staging.submit(self.stream.as_ref(), block, Some((out, len)))?;
-                    } else {
-                        let from = block.addr;
-                        self.stream.launch_host_fn(Box::new(move || {
-                            // SAFETY: the caller keeps `dst` valid until the event completes.
-                            unsafe { parallel_copy(out as *mut u8, from as *const u8, len as usize) }
-                        }))?;
-                        staging.submit(self.stream.as_ref(), block, None)?;
+                let stage_out = |staging: &mut super::staging::Staging| -> Result<()> {
+                    let mut off = 0;
+                    while off < bytes {
+                        let len = slot.min(bytes - off);
+                        let block = staging.acquire(len)?;
+                        if let Err(e) = self.stream.copy_d2h(block.addr as *mut u8, addr + off, len) {
+                            staging.abandon(block);
+                            return Err(e);
+                        }
+                        let out = dst as u64 + off;
+                        if completion == Completion::Wait {
+                            staging.submit(self.stream.as_ref(), block, Some((out, len)))?;
+                        } else {
+                            let from = block.addr;
+                            let queued = self.stream.launch_host_fn(Box::new(move || {
+                                // SAFETY: the caller keeps `dst` valid until the event completes.
+                                unsafe { parallel_copy(out as *mut u8, from as *const u8, len as usize) }
+                            }));
+                            // The copy into the slot is queued either way: release it in order.
+                            staging.submit(self.stream.as_ref(), block, None)?;
+                            queued?;
+                        }
+                        off += len;
                     }
-                    off += len;
-                }
+                    Ok(())
+                };
+                let queued = stage_out(&mut staging);
                 if completion == Completion::Wait {
-                    staging.retire_all()?;
+                    // Retiring a slot copies it into `dst`, which is only valid during this call:
+                    // every slot retires before returning, on error too.
+                    let retired = staging.retire_all();
+                    queued?;
+                    retired?;
+                } else {
+                    queued?;
                 }
             }
         }
@@ -182,7 +200,10 @@ impl Manager {
             for chunk in out.chunks_exact_mut(width as usize) {
                 chunk.copy_from_slice(pattern);
             }
-            self.stream.copy_h2d(addr, block.addr as *const u8, seed)?;
+            if let Err(e) = self.stream.copy_h2d(addr, block.addr as *const u8, seed) {
+                staging.abandon(block);
+                return Err(e);
+            }
         }
         staging.submit(self.stream.as_ref(), block, None)?;
         drop(staging);

@@ -58,21 +58,47 @@ impl Staging {
                 return Ok(block);
             }
             if self.pending.is_empty() {
-                return Err(err!(KMM_ERROR_INTERNAL, "staging ring cannot hold {len} bytes"));
+                return Err(err!(
+                    KMM_ERROR_BACKEND,
+                    "no staging slot of {len} bytes is free: an earlier device failure left slots in use; trim the manager"
+                ));
             }
             self.retire_oldest()?;
         }
     }
 
-    /// Queues the slot's release behind the work just enqueued on `stream`.
+    /// Queues the slot's release behind the work just enqueued on `stream`. When the event
+    /// cannot be recorded, the slot is released once the stream is idle; if even that fails it
+    /// stays out of use until `release` (trim), so a device failure cannot corrupt later copies.
     pub fn submit(&mut self, stream: &dyn Stream, block: Block, host_copy: HostCopy) -> Result<()> {
-        let event = match self.spare_events.pop() {
-            Some(e) => e,
-            None => self.backend.create_event()?,
-        };
-        stream.record(event.as_ref())?;
-        self.pending.push_back((event, block, host_copy));
-        Ok(())
+        let recorded = match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.backend.create_event(),
+        }
+        .and_then(|event| match stream.record(event.as_ref()) {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                self.spare_events.push(event);
+                Err(e)
+            }
+        });
+        match recorded {
+            Ok(event) => {
+                self.pending.push_back((event, block, host_copy));
+                Ok(())
+            }
+            Err(e) => {
+                if stream.synchronize().is_ok() {
+                    self.ring.free(block);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Returns a slot whose work could not be queued (the copy into or out of it failed).
+    pub fn abandon(&mut self, block: Block) {
+        self.ring.free(block);
     }
 
     fn retire_oldest(&mut self) -> Result<()> {
@@ -114,7 +140,7 @@ impl Staging {
 /// # Safety
 /// `dst` and `src` are valid for `len` bytes and do not overlap.
 pub unsafe fn parallel_copy(dst: *mut u8, src: *const u8, len: usize) {
-    const PIECE: usize = 1 << 20;
+    const PIECE: usize = 256 << 10;
     if len < 4 * PIECE {
         std::ptr::copy_nonoverlapping(src, dst, len);
         return;

@@ -14,11 +14,14 @@ pub struct Deferred<R> {
     stream: Arc<dyn Stream>,
     pending: VecDeque<(Box<dyn Event>, Block)>,
     spare_events: Vec<Box<dyn Event>>,
+    /// Blocks freed when no event could be recorded nor the stream waited for (a failing
+    /// device): handed back at the next `trim`, which runs with the stream idle.
+    orphans: Vec<Block>,
 }
 
 impl<R: MemoryResource> Deferred<R> {
     pub fn new(inner: R, backend: Arc<dyn Backend>, stream: Arc<dyn Stream>) -> Self {
-        Deferred { inner, backend, stream, pending: VecDeque::new(), spare_events: Vec::new() }
+        Deferred { inner, backend, stream, pending: VecDeque::new(), spare_events: Vec::new(), orphans: Vec::new() }
     }
 
     pub fn inner_mut(&mut self) -> &mut R {
@@ -53,18 +56,38 @@ impl<R: MemoryResource> MemoryResource for Deferred<R> {
         }
     }
 
+    /// Never loses the block: when the event cannot be recorded, the block goes back once the
+    /// stream is idle (now, or at the next trim).
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        let event = match self.spare_events.pop() {
-            Some(e) => e,
-            None => self.backend.create_event()?,
-        };
-        self.stream.record(event.as_ref())?;
-        self.pending.push_back((event, block));
-        Ok(())
+        let recorded = match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.backend.create_event(),
+        }
+        .and_then(|event| match self.stream.record(event.as_ref()) {
+            Ok(()) => Ok(event),
+            Err(e) => {
+                self.spare_events.push(event);
+                Err(e)
+            }
+        });
+        match recorded {
+            Ok(event) => {
+                self.pending.push_back((event, block));
+                Ok(())
+            }
+            Err(_) if self.stream.synchronize().is_ok() => self.inner.deallocate(block),
+            Err(_) => {
+                self.orphans.push(block);
+                Ok(())
+            }
+        }
     }
 
     fn trim(&mut self, keep_bytes: u64) -> Result<()> {
         self.reclaim(true)?;
+        while let Some(block) = self.orphans.pop() {
+            self.inner.deallocate(block)?;
+        }
         self.inner.trim(keep_bytes)
     }
 
