@@ -101,6 +101,8 @@ struct Buf {
     known: Vec<bool>,
     pins: u32,
     borrowed: bool,
+    /// Memory from `wrap` (its address is the caller's even when empty).
+    wrapped: bool,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -428,6 +430,7 @@ impl Walk {
             known: vec![false; bytes as usize],
             pins: 0,
             borrowed: false,
+            wrapped: false,
         });
         if mgr.buffers.len() > 48 {
             self.free_one(i, 0);
@@ -748,8 +751,8 @@ impl Walk {
         self.expect(st, KMM_OK, "map");
         let b = &mut self.mgrs[mi.unwrap()].buffers[x];
         b.pins += 1;
-        let (bytes, borrowed) = (b.bytes, b.borrowed);
-        check!(self, (ptr == 0) == (bytes == 0) || borrowed, "map of a {bytes}-byte buffer gave {ptr:#x}");
+        let (bytes, wrapped) = (b.bytes, b.wrapped);
+        check!(self, (ptr == 0) == (bytes == 0) || wrapped, "map of a {bytes}-byte buffer gave {ptr:#x}");
     }
 
     fn op_info(&mut self) {
@@ -1138,6 +1141,7 @@ impl Walk {
             known: vec![ownership == 0; bytes as usize],
             pins: 0,
             borrowed: ownership == 0,
+            wrapped: true,
         });
     }
 
@@ -1223,7 +1227,7 @@ impl Walk {
         self.resolve(i, u64::MAX);
         let mgr = &mut self.mgrs[i];
         mgr.usage[kind as usize].on_alloc(bytes);
-        mgr.buffers.push(Buf { handle: h, kind, bytes, data, known: vec![true; bytes as usize], pins: 0, borrowed: false });
+        mgr.buffers.push(Buf { handle: h, kind, bytes, data, known: vec![true; bytes as usize], pins: 0, borrowed: false, wrapped: false });
         if mgr.buffers.len() > 48 {
             self.free_one(i, 0);
         }
