@@ -28,7 +28,8 @@ begin
 		import Pkg
 		Pkg.activate(dirname(@__DIR__))
 	end
-	using Kmm   # exports QMRI (Kmm.QMRI)
+	using Kmm
+	const QMRI = Kmm.QMRI
 end
 
 # ╔═╡ 6748b3e0-917d-424d-ac53-5dd46e59675b
@@ -134,19 +135,25 @@ begin
 	end
 	gauss(g::Gauss) = sqrt(-2 * log(1 - uniform!(g))) * cospi(2 * uniform!(g))
 
+	# measured[:, k] = PD * fingerprint of the tissue + complex Gaussian noise of σ
+	function measure(fingerprints, voxels, noise, seed)
+		clean = Matrix{ComplexF32}(undef, NTR, length(voxels))
+		for (k, v) in enumerate(voxels)
+			clean[:, k] = true_PD[v] .* view(fingerprints, :, labels[v] - 1)
+		end
+		σ = noise * sum(abs, clean) / length(clean)
+		rng = Gauss(seed)
+		for i in eachindex(clean)
+			clean[i] += σ / sqrt(2) * complex(gauss(rng), gauss(rng))
+		end
+		clean, σ
+	end
 	t_signals = @elapsed begin
 		tissue_params = QMRI.tissue_parameters([t[2] for t in TISSUES[2:end]],
 		                                       [t[3] for t in TISSUES[2:end]]; manager = mgr)
 		fingerprints = Array(QMRI.simulate_fisp(seq, tissue_params))   # NTR x 4
 		voxels = findall(vec(mask))
-		clean = Matrix{ComplexF32}(undef, NTR, length(voxels))
-		for (k, v) in enumerate(voxels)
-			clean[:, k] = true_PD[v] .* view(fingerprints, :, labels[v] - 1)
-		end
-		sigma = NOISE * sum(abs, clean) / length(clean)
-		rng = Gauss(0x9e3779b97f4a7c15)
-		measured = clean .+ ComplexF32[sigma / sqrt(2) * complex(gauss(rng), gauss(rng))
-		                              for _ in 1:NTR, _ in 1:length(voxels)]
+		measured, sigma = measure(fingerprints, voxels, NOISE, 0x9e3779b97f4a7c15)
 		signals = KmmArray(measured; manager = mgr)
 	end
 	println("signals: $(length(voxels)) voxels x $NTR TRs, noise σ = ",

@@ -22,8 +22,7 @@ include("array.jl")
 include("scalar.jl")
 include("pinned.jl")
 include("async.jl")
-include("qmri/QMRI.jl")    # Kmm.QMRI: MRF simulation and matching
-export QMRI
+include("qmri/QMRI.jl")    # Kmm.QMRI: MRF simulation and matching (not exported)
 
 function __init__()
     load_libkmm!()
