@@ -240,16 +240,17 @@ fn main() {
         ok(kmm_manager_destroy(m, 0));
         1e9 / ns
     };
-    let parallel = |shared: bool| -> f64 {
+    let parallel = |shared: bool, threads: usize| -> f64 {
         let common = if shared { manager(backend, |_| {}) } else { 0 };
         let managers: Vec<KmmManager> = (0..threads).map(|_| if shared { common } else { manager(backend, |_| {}) }).collect();
-        for (m, t) in managers.iter().zip(&traces) {
+        let traces = &traces[..threads];
+        for (m, t) in managers.iter().zip(traces) {
             run(t, &mut KmmAlloc(*m)); // warm-up
         }
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
         let start = Instant::now();
         std::thread::scope(|s| {
-            for (m, t) in managers.iter().zip(&traces) {
+            for (m, t) in managers.iter().zip(traces) {
                 let barrier = barrier.clone();
                 s.spawn(move || {
                     barrier.wait();
@@ -265,14 +266,39 @@ fn main() {
         }
         (threads * ops_per_thread) as f64 / secs
     };
-    let separate = parallel(false);
-    let shared = parallel(true);
+    let separate = parallel(false, threads);
+    let separate8 = parallel(false, threads / 2);
+    let shared = parallel(true, threads);
     r.row("1 thread, trace R", format!("{:.2} Mops/s", one / 1e6), "");
+    r.row("8 threads, own managers", format!("{:.2} Mops/s ({:.1}x one thread)", separate8 / 1e6, separate8 / one), "context");
     r.row("16 threads, own managers", format!("{:.2} Mops/s ({:.1}x one thread)", separate / 1e6, separate / one), ">= 8x");
     r.row("16 threads, one shared manager", format!("{:.2} Mops/s ({:.1}x one thread)", shared / 1e6, shared / one), "report");
 
     copies(backend, cuda, quick, &mut r);
     pinned_alloc(backend, cuda, &mut r);
+    pair_1mib(backend, &mut r);
+}
+
+/// The peer of bench/julia_alloc.jl: one 1 MiB device buffer allocated and freed through the
+/// C ABI, on the default manager configuration.
+fn pair_1mib(backend: u32, r: &mut Report) {
+    let m = manager(backend, |_| {});
+    let pair = || {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut b));
+        ok(kmm_buffer_free(m, b, 0));
+    };
+    for _ in 0..1000 {
+        pair();
+    }
+    let n = 200_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        pair();
+    }
+    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    ok(kmm_manager_destroy(m, 0));
+    r.row("1 MiB device alloc+free pair, C ABI from Rust", format!("{ns:.0} ns"), "peer of bench/julia_alloc.jl");
 }
 
 fn gbps(bytes: u64, secs: f64) -> f64 {
