@@ -1,0 +1,124 @@
+//! The CUDA C of the qMRI kernels, compiled as C++ with a small CUDA shim and run on the CPU
+//! (threads stand in for the lanes of an atom, shuffles go through a barrier), against the
+//! Rust reference. Guards the kernels' math and lane exchange in CI, where there is no GPU.
+//! Skipped when no C++ compiler (`c++`) is found.
+
+use kmm::qmri::{cpu, Atom, Fisp, Pssfp};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn build(ns: u32, lanes: u32, dir: &Path) -> Option<PathBuf> {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let exe = dir.join(format!("harness_{ns}_{lanes}"));
+    let status = Command::new("c++")
+        .args(["-O2", "-std=c++14", "-D_GNU_SOURCE", "-Wno-unused-result"])
+        .arg(format!("-DNS={ns}"))
+        .arg(format!("-DLANES={lanes}"))
+        .arg(format!("-DKERNELS_CU=\"{}\"", here.join("src/qmri/kernels.cu").display()))
+        .arg(format!("-I{}", here.join("tests/qmri_common").display()))
+        .arg(here.join("tests/qmri_common/kernel_harness.cpp"))
+        .arg("-o")
+        .arg(&exe)
+        .arg("-lpthread")
+        .status()
+        .ok()?;
+    assert!(status.success(), "the kernel harness did not compile");
+    Some(exe)
+}
+
+fn f32s(buf: &mut Vec<u8>, vals: impl IntoIterator<Item = f32>) {
+    for v in vals {
+        buf.extend(v.to_le_bytes());
+    }
+}
+
+fn worst(g: &[[f32; 2]], w: &[[f32; 2]], ntr: usize) -> f64 {
+    g.chunks(ntr)
+        .zip(w.chunks(ntr))
+        .map(|(g, w)| {
+            let (mut n, mut d) = (0f64, 0f64);
+            for (x, y) in g.iter().zip(w) {
+                n += ((x[0] - y[0]) as f64).powi(2) + ((x[1] - y[1]) as f64).powi(2);
+                d += (y[0] as f64).powi(2) + (y[1] as f64).powi(2);
+            }
+            (n / d).sqrt()
+        })
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn kernels_run_on_the_cpu_equal_the_reference() {
+    if Command::new("c++").arg("--version").output().is_err() {
+        eprintln!("skipped: no C++ compiler");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kmm-kernel-harness-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ntr = 200;
+    let mut atoms = Vec::new();
+    for t1 in [0.3f32, 2.5] {
+        for t2 in [0.02f32, 0.25] {
+            for (b1, b0) in [(1.0f32, 0.0f32), (0.8, 12.0), (1.15, -25.0)] {
+                atoms.push(Atom { t1, t2, b1, b0 });
+            }
+        }
+    }
+    atoms.push(Atom { t1: f32::INFINITY, t2: f32::INFINITY, b1: 1.0, b0: 3.0 });
+    let flip: Vec<f32> = (0..ntr).map(|n| (n as f32 / 40.0).sin().abs() * 1.2 + 0.05).collect();
+    let phase: Vec<f32> = (0..ntr).map(|n| 0.07 * n as f32).collect();
+    let pssfp = Pssfp {
+        flip: flip.clone(),
+        phase: phase.clone(),
+        rf_shape: vec![0.1; 10],
+        z: vec![-0.05, 0.0, 0.05],
+        dt_ex: 1e-4,
+        dt_inv: 0.015,
+        dt_pr: 0.002,
+        gz_ex: 2.0,
+        gz_pr: -10.0,
+    };
+    // (Ns, lanes, profile positions): the default layouts, padded states, more lanes than states.
+    for (ns, lanes, nprof) in [(32u32, 4u32, 0usize), (32, 2, 2), (32, 32, 0), (17, 4, 2), (5, 1, 0), (3, 4, 0)] {
+        let Some(exe) = build(ns, lanes, &dir) else {
+            eprintln!("skipped: c++ did not run");
+            return;
+        };
+        let profile: Vec<f32> = (0..ntr * nprof).map(|i| 0.6 + 0.4 * ((i % ntr) as f32 / ntr as f32) + 0.1 * (i / ntr) as f32).collect();
+        let fisp = Fisp { flip: flip.clone(), phase: phase.clone(), tr: 0.0087, te: 0.0035, ti: 0.015, max_state: ns, profile };
+        let np = fisp.positions();
+        let mut buf = Vec::new();
+        for v in [atoms.len() as i32, ntr as i32, np as i32, pssfp.rf_shape.len() as i32, pssfp.z.len() as i32] {
+            buf.extend(v.to_le_bytes());
+        }
+        f32s(&mut buf, atoms.iter().flat_map(|a| [a.t1, a.t2, a.b1, a.b0]));
+        for p in 0..np {
+            for n in 0..ntr {
+                let (s, c) = (phase[n] as f64).sin_cos();
+                f32s(&mut buf, [flip[n] * fisp.scale(n, p), c as f32, s as f32, 0.0]);
+            }
+        }
+        for n in 0..ntr {
+            let (s, c) = (phase[n] as f64).sin_cos();
+            f32s(&mut buf, [flip[n], c as f32, s as f32, 0.0]);
+        }
+        f32s(&mut buf, pssfp.rf_shape.iter().chain(&pssfp.z).copied());
+        f32s(&mut buf, [fisp.tr, fisp.te, fisp.ti, pssfp.dt_ex, pssfp.dt_inv, pssfp.dt_pr, pssfp.gz_ex, pssfp.gz_pr]);
+        let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&input, &buf).unwrap();
+        assert!(Command::new(&exe).arg(&input).arg(&output).status().unwrap().success());
+        let raw = std::fs::read(&output).unwrap();
+        let vals: Vec<[f32; 2]> = raw
+            .chunks(8)
+            .map(|c| [f32::from_le_bytes(c[0..4].try_into().unwrap()), f32::from_le_bytes(c[4..8].try_into().unwrap())])
+            .collect();
+        let (gf, gp) = vals.split_at(atoms.len() * ntr);
+        let mut wf = vec![[0f32; 2]; gf.len()];
+        let mut wp = vec![[0f32; 2]; gp.len()];
+        cpu::simulate_fisp(&fisp, &atoms, &mut wf);
+        cpu::simulate_pssfp(&pssfp, &atoms, &mut wp);
+        let (ef, ep) = (worst(gf, &wf, ntr), worst(gp, &wp, ntr));
+        println!("Ns {ns}, {lanes} lanes, {nprof} profile positions: kernels on the CPU vs reference: FISP {ef:.2e}, pSSFP {ep:.2e}");
+        assert!(ef < 1e-4 && ep < 1e-4, "Ns {ns} lanes {lanes}: FISP {ef:e}, pSSFP {ep:e}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
