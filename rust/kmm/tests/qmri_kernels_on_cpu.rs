@@ -8,15 +8,19 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn build(ns: u32, lanes: u32, dir: &Path) -> Option<PathBuf> {
+    compile("kernel_harness.cpp", ns, lanes, dir)
+}
+
+fn compile(source: &str, ns: u32, lanes: u32, dir: &Path) -> Option<PathBuf> {
     let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join(format!("harness_{ns}_{lanes}"));
+    let exe = dir.join(format!("{source}_{ns}_{lanes}"));
     let status = Command::new("c++")
         .args(["-O2", "-std=c++14", "-D_GNU_SOURCE", "-Wno-unused-result"])
         .arg(format!("-DNS={ns}"))
         .arg(format!("-DLANES={lanes}"))
         .arg(format!("-DKERNELS_CU=\"{}\"", here.join("src/qmri/kernels.cu").display()))
         .arg(format!("-I{}", here.join("tests/qmri_common").display()))
-        .arg(here.join("tests/qmri_common/kernel_harness.cpp"))
+        .arg(here.join("tests/qmri_common").join(source))
         .arg("-o")
         .arg(&exe)
         .arg("-lpthread")
@@ -120,5 +124,86 @@ fn kernels_run_on_the_cpu_equal_the_reference() {
         println!("Ns {ns}, {lanes} lanes, {nprof} profile positions: kernels on the CPU vs reference: FISP {ef:.2e}, pSSFP {ep:.2e}");
         assert!(ef < 1e-4 && ep < 1e-4, "Ns {ns} lanes {lanes}: FISP {ef:e}, pSSFP {ep:e}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+
+#[test]
+fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
+    if Command::new("c++").arg("--version").output().is_err() {
+        eprintln!("skipped: no C++ compiler");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kmm-argmax-harness-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(exe) = compile("argmax_harness.cpp", 32, 4, &dir) else { return };
+    // A small dictionary with a zero atom and a duplicate (ties go to the lower index).
+    let (ntr, natoms, nvox, offset) = (24usize, 301usize, 5usize, 1000u64);
+    let mut dict: Vec<[f32; 2]> = (0..ntr * natoms).map(|i| [((i * 7919) % 97) as f32 / 50.0 - 1.0, ((i * 104729) % 89) as f32 / 45.0 - 1.0]).collect();
+    for t in 0..ntr {
+        dict[5 * ntr + t] = [0.0, 0.0];
+        dict[9 * ntr + t] = [dict[8 * ntr + t][0] * 2.0, dict[8 * ntr + t][1] * 2.0]; // exact scaling: an exact tie
+    }
+    let picks = [8usize, 0, 150, 300, 9];
+    let sig: Vec<[f32; 2]> = picks.iter().flat_map(|&j| dict[j * ntr..(j + 1) * ntr].iter().map(|c| [0.5 * c[0] - 0.2 * c[1], 0.5 * c[1] + 0.2 * c[0]])).collect();
+    let mut c = vec![[0f32; 2]; natoms * nvox];
+    for v in 0..nvox {
+        for j in 0..natoms {
+            let (mut re, mut im) = (0f64, 0f64);
+            for t in 0..ntr {
+                let (a, b) = (dict[j * ntr + t], sig[v * ntr + t]);
+                re += a[0] as f64 * b[0] as f64 + a[1] as f64 * b[1] as f64;
+                im += a[0] as f64 * b[1] as f64 - a[1] as f64 * b[0] as f64;
+            }
+            c[v * natoms + j] = [re as f32, im as f32];
+        }
+    }
+    let params: Vec<[f32; 4]> = (0..offset as usize + natoms).map(|i| [i as f32, 0.5, 1.0, 0.0]).collect();
+    let run = |accumulate: i64, score0: &[f32]| {
+        let mut buf = Vec::new();
+        for v in [ntr as i64, natoms as i64, nvox as i64, offset as i64, accumulate] {
+            buf.extend(v.to_le_bytes());
+        }
+        buf.extend(bytes_of(&dict));
+        buf.extend(bytes_of(&sig));
+        buf.extend(bytes_of(&c));
+        buf.extend(bytes_of(&params));
+        buf.extend(bytes_of(&vec![-7i32; nvox]));
+        buf.extend(bytes_of(score0));
+        buf.extend(bytes_of(&vec![[0f32; 2]; nvox]));
+        buf.extend(bytes_of(&vec![[0f32; 4]; nvox]));
+        let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&input, &buf).unwrap();
+        assert!(Command::new(&exe).arg(&input).arg(&output).status().unwrap().success());
+        let raw = std::fs::read(&output).unwrap();
+        let f = |i: usize| f32::from_le_bytes(raw[i..i + 4].try_into().unwrap());
+        let inv: Vec<f32> = (0..natoms).map(|j| f(4 * j)).collect();
+        let base = 4 * natoms;
+        let index: Vec<i32> = (0..nvox).map(|v| f(base + 4 * v).to_bits() as i32).collect();
+        let score: Vec<f32> = (0..nvox).map(|v| f(base + 4 * nvox + 4 * v)).collect();
+        let pd: Vec<[f32; 2]> = (0..nvox).map(|v| [f(base + 8 * nvox + 8 * v), f(base + 8 * nvox + 8 * v + 4)]).collect();
+        let outp: Vec<f32> = (0..nvox).map(|v| f(base + 16 * nvox + 16 * v)).collect();
+        (inv, index, score, pd, outp)
+    };
+    let want = cpu::match_dictionary(&dict, ntr, &sig);
+    let (inv, index, score, pd, outp) = run(0, &vec![0.0; nvox]);
+    assert_eq!(inv[5], 0.0, "a zero atom gets a zero inverse norm");
+    for v in 0..nvox {
+        assert_eq!(index[v] as u64, want[v].index as u64 + offset, "voxel {v}");
+        assert_eq!(outp[v], (want[v].index as u64 + offset) as f32, "voxel {v}: parameters of the global index");
+        assert!((score[v] - want[v].score).abs() < 1e-5, "voxel {v}: score {} vs {}", score[v], want[v].score);
+        let d = ((pd[v][0] - want[v].pd[0]).powi(2) + (pd[v][1] - want[v].pd[1]).powi(2)).sqrt();
+        assert!(d < 1e-4 * (want[v].pd[0].hypot(want[v].pd[1])), "voxel {v}: pd {:?} vs {:?}", pd[v], want[v].pd);
+    }
+    assert_eq!(want[4].index, 8, "the duplicate atom 9 loses the tie to atom 8");
+    // Accumulate: earlier scores of 2 (above any real score) are kept; -1 are replaced.
+    let (_, index, _, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0]);
+    assert_eq!(index[0], -7);
+    assert_eq!(index[2], -7);
+    assert_eq!(index[1] as u64, want[1].index as u64 + offset);
+    println!("argmax kernel on the CPU: {nvox} voxels as the reference, ties, zero atom, offset, accumulate");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,12 +13,14 @@ static inline float3 make_float3(float a, float b, float c) { return {a, b, c}; 
 static inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 struct dim { unsigned x, y, z; };
 #include <thread>
+#include <functional>
 #include <mutex>
 #include <condition_variable>
 static thread_local dim threadIdx;
 static dim blockIdx, blockDim;
 static std::mutex mu; static std::condition_variable cv; static unsigned arrived = 0, generation = 0, nthreads = 1;
-static float slots[64];
+static float slots[1024];
+static int islots[1024];
 static void barrier() {
     std::unique_lock<std::mutex> l(mu);
     unsigned g = generation;
@@ -40,5 +42,7 @@ static inline float __shfl_down_sync(unsigned, float v, int d, int w = 32) {
 static inline float __shfl_up_sync(unsigned, float v, int d, int w = 32) {
     unsigned l = threadIdx.x; slots[l] = v; barrier();
     float r = (l % w >= (unsigned)d) ? slots[l - d] : v; barrier(); return r; }
-static inline int __shfl_down_sync(unsigned, int v, int, int = 32) { abort(); return v; }
-static inline void __syncthreads() {}
+static inline int __shfl_down_sync(unsigned, int v, int d, int w = 32) {
+    unsigned l = threadIdx.x; islots[l] = v; barrier();
+    int r = (l % w + d < (unsigned)w) ? islots[l + d] : v; barrier(); return r; }
+static inline void __syncthreads() { barrier(); }
