@@ -416,7 +416,7 @@ typedef struct {
    */
   uint64_t pinned_limit;
   /**
-   * Size of one staging slot for pageable copies (default 8 MiB; 4 KiB to 1 GiB).
+   * Size of one staging slot for pageable copies (default 16 MiB; 4 KiB to 1 GiB).
    */
   uint64_t staging_chunk_size;
   /**
