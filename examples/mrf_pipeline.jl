@@ -249,13 +249,16 @@ low to high along the bar below; black outside the head).
 begin
 	scale = max(1, 256 ÷ N)
 	pngs = [QMRI.save_png_pair(joinpath(OUTDIR, "T1_true_vs_estimated.png"), ref_T1, est_T1;
-	                           range = (0.0, 4.5), scale = scale),
+	                           range = (0.0, 2.0), scale = scale),
 	        QMRI.save_png_pair(joinpath(OUTDIR, "T2_true_vs_estimated.png"), ref_T2, est_T2;
 	                           range = (0.0, 0.15), scale = scale),
 	        QMRI.save_png_pair(joinpath(OUTDIR, "PD_true_vs_estimated.png"), ref_PD, est_PD;
 	                           range = (0.0, 1.1), scale = scale)]
-	println("maps (true | estimated): T1 0 to 4.5 s, T2 0 to 0.15 s (CSF saturates), |PD| 0 to 1.1:")
+	write(joinpath(OUTDIR, "errors.txt"), table)
+	println("maps (true | estimated; colour bar: T1 0 to 2 s, T2 0 to 0.15 s (CSF saturates both), ",
+	        "|PD| 0 to 1.1):")
 	foreach(p -> println("  ", p), pngs)
+	println("error table: ", joinpath(OUTDIR, "errors.txt"))
 	println("timings: signals ", round(t_signals; digits = 2), " s, dictionary + matching ",
 	        round(t_match; digits = 2), " s")
 	println(Kmm.memory_status(mgr))

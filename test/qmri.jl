@@ -291,6 +291,17 @@ end
     @test bytes[end-7:end-4] == codeunits("IEND")
 end
 
+@testset "MRF notebook: Pluto file format" begin
+    text = read(joinpath(ROOT, "examples", "mrf_pipeline.jl"), String)
+    @test startswith(text, "### A Pluto.jl notebook ###\n")
+    body, order = split(text, "# ╔═╡ Cell order:\n")
+    cells = [m[1] for m in eachmatch(r"^# ╔═╡ ([0-9a-f-]{36})$"m, body)]
+    listed = [m[1] for m in eachmatch(r"^# [╠╟]─?═?([0-9a-f-]{36})$"m, order)]
+    @test length(cells) >= 10
+    @test allunique(cells)
+    @test sort(cells) == sort(listed)
+end
+
 @testset "MRF notebook end to end (tiny)" begin
     out = mktempdir()
     script = joinpath(ROOT, "examples", "mrf_pipeline.jl")
