@@ -222,6 +222,9 @@ end
         @test Array(rb.score) ≈ Array(r.score)
         @test Array(rb.PD) ≈ Array(r.PD) rtol = 1e-5
     end
+    rt = Q.match(seq, p, KmmArray(sig); batch_atoms = 50, timings = true)
+    @test rt.seconds[:simulate] >= 0 && rt.seconds[:match] >= 0
+    @test isempty(r.seconds)
     # batches from a memory budget, and from a manager with a hard limit (halving on OOM)
     rm = Q.match(seq, p, KmmArray(sig); max_bytes = 8 * NTR * 50)
     @test rm.batches == cld(size(ph, 2), 50)

@@ -14,6 +14,8 @@ KmmArrays on the signals' manager.
 - `T1`, `T2`, `B1`, `B0`: the best atom's parameters (`Float32`; `nothing` when the match had
   no parameters)
 - `natoms`, `batches`: the dictionary size and the number of batches it was matched in
+- `seconds`: with `timings = true`, the time spent simulating (`:simulate`) and matching
+  (`:match`), each step waited for; else empty
 """
 struct MatchResult{N}
     index::KmmArray{Int32,N}
@@ -26,6 +28,7 @@ struct MatchResult{N}
     B0::Union{Nothing,KmmArray{Float32,N}}
     natoms::Int
     batches::Int
+    seconds::Dict{Symbol,Float64}
 end
 
 function Base.show(io::IO, r::MatchResult)
@@ -97,9 +100,11 @@ matched keeping the running best per voxel (`KMM_MATCH_ACCUMULATE`), and freed. 
 `batch_atoms` atoms when given, else chosen from the device's free memory (a quarter of it, at
 most `max_bytes`, default 2 GiB, for the batch's dictionary); an allocation that still fails
 (e.g. the manager's hard limit) halves the batch and retries. With `rank > 0` each batch is
-compressed on its own subspace.
+compressed on its own subspace. `timings = true` waits for each step and records the time
+spent simulating and matching in `result.seconds`; `verbose = true` prints each batch.
 """
-function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::Integer = 0)
+function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::Integer = 0,
+               timings::Bool = false)
     m = Kmm.manager(dict)
     ntr, natoms = size(dict)
     natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
@@ -110,8 +115,12 @@ function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::In
     s, vdims, nvox = prepare_signals(signals, ntr, m)
     d = whole_buffer(dict)
     o = RawOutputs(m, nvox, p !== nothing)
-    match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false)
-    finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx))
+    t = @elapsed begin
+        match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false)
+        timings && Kmm.synchronize(m)
+    end
+    finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx),
+           timings ? Dict(:match => t) : Dict{Symbol,Float64}())
 end
 
 match(dict::KmmArray{ComplexF32}, signals; kw...) =
@@ -123,7 +132,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
                batch_atoms::Union{Nothing,Integer} = nothing,
                max_bytes::Union{Nothing,Integer} = nothing,
                manager::KmmManager = default_manager_of(signals), check::Bool = true,
-               verbose::Bool = false)
+               verbose::Bool = false, timings::Bool = false)
     m = manager
     ntr = length(seq)
     check_rank(rank, ntr)
@@ -136,6 +145,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
     nb = min(nb, natoms)
     o = RawOutputs(m, nvox, true)
     first, batches = 0, 0
+    tsim = tmatch = 0.0
     while first < natoms
         n = min(nb, natoms - first)
         d = try
@@ -146,14 +156,18 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
             verbose && println("QMRI.match: out of memory for $n atoms; batches of $nb atoms now")
             continue
         end
+        t0 = time()
         simulate_raw!(d, seq, p, first, n, false)
+        timings && (Kmm.synchronize(m); tsim += time() - t0; t0 = time())
         match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0)
+        timings && (Kmm.synchronize(m); tmatch += time() - t0)
         Kmm.unsafe_free!(d)
         batches += 1
         verbose && println("QMRI.match: batch $batches: atoms $(first + 1):$(first + n) of $natoms")
         first += n
     end
-    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx))
+    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx),
+           timings ? Dict(:simulate => tsim, :match => tmatch) : Dict{Symbol,Float64}())
 end
 
 "Atoms per batch: the dictionary batch takes at most a quarter of the free memory and max_bytes."
@@ -189,7 +203,7 @@ function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vec
 end
 
 # Raw outputs -> maps: 1-based index, PD of the unnormalised atom, parameter maps.
-function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of)
+function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of, seconds)
     m = Kmm.manager(o.index)
     idx0 = Array(o.index)
     pdn = Array(o.pd)
@@ -205,5 +219,5 @@ function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of
         T1, T2, B1, B0 = (up(rec[r, :]) for r in 1:4)
     end
     MatchResult{length(vdims)}(up(idx0 .+ Int32(1)), shape(o.score), up(PD), shape(o.pd),
-                               T1, T2, B1, B0, natoms, batches)
+                               T1, T2, B1, B0, natoms, batches, seconds)
 end
