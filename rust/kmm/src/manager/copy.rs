@@ -55,7 +55,19 @@ impl Manager {
 
     fn complete(&self, completion: Completion) -> Result<Option<u64>> {
         match completion {
-            Completion::Wait => self.stream.synchronize().map(|_| None),
+            Completion::Wait => match self.stream.synchronize() {
+                Ok(()) => Ok(None),
+                Err(e) => {
+                    // The copy may still be queued and use the caller's memory, which is valid
+                    // only during this call: wait again before reporting the failure.
+                    for _ in 0..3 {
+                        if self.stream.synchronize().is_ok() {
+                            break;
+                        }
+                    }
+                    Err(e)
+                }
+            },
             Completion::Event => self.record_event().map(Some),
             Completion::Queue => Ok(None),
         }
