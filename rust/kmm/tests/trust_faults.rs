@@ -159,8 +159,14 @@ fn scenario(f: &Faulty, name: &str, cfg: KmmConfig, periods: (u64, u64, u64), se
                     for j in 0..out.len() {
                         assert!(!t.known[j] || out[j] == t.data[j], "{what}: byte {j} of a buffer read back wrong");
                     }
+                    drain(f, &m);
+                } else {
+                    // A failed synchronous copy has returned: it must never write `out` again.
+                    let snapshot = out.clone();
+                    drain(f, &m);
+                    std::thread::sleep(Duration::from_micros(200));
+                    assert!(out == snapshot, "{what}: a failed synchronous copy_to_host wrote the caller's memory after returning");
                 }
-                drain(f, &m);
             }
             6 if bufs.len() >= 2 => {
                 let (a, b) = (rng.below(bufs.len() as u64) as usize, rng.below(bufs.len() as u64) as usize);

@@ -7,7 +7,7 @@
 //! copies and, on the host, through mapped pointers) match the model; at the end nothing leaks
 //! (every allocation made through the backend has been freed).
 //!
-//! KMM_TRUST_CASES (walks, default 24), KMM_TRUST_STEPS (steps per walk, default 1500),
+//! KMM_TRUST_CASES (walks, default 64), KMM_TRUST_STEPS (steps per walk, default 2000),
 //! KMM_TRUST_SEED (replay one walk: the failure message prints it).
 mod common;
 use common::*;
@@ -28,12 +28,12 @@ fn random_walks_match_the_model() {
     let _serial = plan_lock();
     let plan = FaultPlan::new();
     faulty::install(Some(plan.clone()));
-    let steps = env_u64("KMM_TRUST_STEPS", 1500) as usize;
+    let steps = env_u64("KMM_TRUST_STEPS", 2000) as usize;
     let seeds: Vec<u64> = match std::env::var("KMM_TRUST_SEED").ok().and_then(|v| v.parse().ok()) {
         Some(seed) => vec![seed],
         None => {
             let base = env_u64("KMM_TRUST_SEED_BASE", 1);
-            (0..env_u64("KMM_TRUST_CASES", 24)).map(|i| base + i).collect()
+            (0..env_u64("KMM_TRUST_CASES", 64)).map(|i| base + i).collect()
         }
     };
     let mut totals = Tally::default();
@@ -584,6 +584,11 @@ impl Walk {
             return self.expect(st, KMM_ERROR_OUT_OF_RANGE, "copy out of range");
         }
         self.expect(st, KMM_OK, "copy_to_host");
+        if mode == 1 {
+            // Even an empty copy hands out an event.
+            let seq = self.seq;
+            self.mgrs[i].events.push((ev, seq));
+        }
         if null_dst || len == 0 {
             return;
         }
@@ -595,10 +600,6 @@ impl Walk {
             self.resolve(i, u64::MAX);
         } else {
             self.mgrs[i].pending.push(pending);
-            if mode == 1 {
-                let seq = self.seq;
-                self.mgrs[i].events.push((ev, seq));
-            }
         }
     }
 
