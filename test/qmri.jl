@@ -148,6 +148,10 @@ end
     sinf = Array(Q.simulate_fisp(seq, Q.tissue_parameters(Inf, Inf)))[:, 1]
     @test sinf[1] ≈ im * sin(a1) rtol = 1e-6
     @test sinf[2] ≈ im * sin(a2) * cos(a1) rtol = 1e-6
+    # T2 -> infinity alone: the first echo loses its exp(-TE/T2); T2 = 1e6 s is continuous with Inf
+    st2 = Array(Q.simulate_fisp(seq, Q.tissue_parameters([T1, T1], [Inf, 1e6])))
+    @test st2[1, 1] ≈ -im * sin(a1) * z1 rtol = 1e-5
+    @test st2[:, 1] ≈ st2[:, 2] rtol = 1e-5
     # Constant flip angle: FISP (SSFP-FID) converges to its analytic steady state.
     α, T1, T2, TR, TE = deg2rad(30), 0.8, 0.1, 0.01, 0.0
     seqc = Q.FISPSequence(fill(α, 1500); TR = TR, TE = TE, TI = 0, Ns = 160)
