@@ -366,6 +366,7 @@ impl Walk {
                 79 => self.op_bad_create(),
                 80..=81 => self.op_wrap(),
                 82 => self.op_register(),
+                83..=84 => self.op_cross_manager_race(),
                 _ => self.op_alloc_then_write(),
             }
             self.check_stats();
@@ -1201,6 +1202,55 @@ impl Walk {
                 self.keep_alive.push(r);
             }
         }
+    }
+
+    /// Work queued on one manager's stream, then at once a copy from that buffer on another
+    /// manager's stream: the copy must wait for the first stream (a missing wait reads stale
+    /// bytes), and the source's later writes must wait for the copy.
+    fn op_cross_manager_race(&mut self) {
+        let live = self.live_indices();
+        let (i, j) = (live[self.rng.below(live.len() as u64) as usize], live[self.rng.below(live.len() as u64) as usize]);
+        if i == j || self.mgrs[i].limited() || self.mgrs[j].limited() {
+            return;
+        }
+        let len = 48 << 10;
+        let mut h = [0u64; 2];
+        for (k, &mi) in [i, j].iter().enumerate() {
+            let st = kmm_buffer_alloc(self.mgrs[mi].handle, len, DEVICE, &mut h[k]);
+            self.note("buffer_alloc", false, format!("race alloc({:#x}, {len}) = {st:?} {:#x}", self.mgrs[mi].handle, h[k]));
+            self.expect(st, KMM_OK, "race alloc");
+            let m = &mut self.mgrs[mi];
+            m.usage[0].on_alloc(len);
+            m.buffers.push(Buf { handle: h[k], kind: DEVICE, bytes: len, data: vec![0; len as usize], known: vec![false; len as usize], pins: 0, borrowed: false, wrapped: false });
+        }
+        // A slow chain on i: a 3-byte fill is a host seed plus doubling copies.
+        let pat = pattern(3, self.rng.next());
+        let n = len / 3 * 3;
+        let st = kmm_fill(self.mgrs[i].handle, h[0], 0, n, pat.as_ptr().cast(), 3);
+        self.note("fill", false, format!("race fill({:#x}, {:#x}, {n}) = {st:?}", self.mgrs[i].handle, h[0]));
+        self.expect(st, KMM_OK, "race fill");
+        let st = kmm_copy_buffer(self.mgrs[j].handle, h[1], 0, self.mgrs[i].handle, h[0], 0, n);
+        self.note("copy_buffer", false, format!("race copy_buffer({:#x} <- {:#x}, {n}) = {st:?}", h[1], h[0]));
+        self.expect(st, KMM_OK, "race copy_buffer");
+        // The source is overwritten at once: the copy must already have read it.
+        let junk = vec![0xEEu8; n as usize];
+        let st = kmm_copy_to_device_async(self.mgrs[i].handle, h[0], 0, junk.as_ptr().cast(), n, null_mut());
+        self.note("copy_to_device", false, format!("race overwrite({:#x}) = {st:?}", h[0]));
+        self.expect(st, KMM_OK, "race overwrite");
+        self.mgrs[i].sources.push(junk.into_boxed_slice());
+        let filled: Vec<u8> = (0..n as usize).map(|k| pat[k % 3]).collect();
+        let xi = self.mgrs[i].find(h[0]).unwrap();
+        self.mgrs[i].buffers[xi].data[..n as usize].fill(0xEE);
+        self.mgrs[i].buffers[xi].known[..n as usize].iter_mut().for_each(|k| *k = true);
+        let xj = self.mgrs[j].find(h[1]).unwrap();
+        self.mgrs[j].buffers[xj].data[..n as usize].copy_from_slice(&filled);
+        self.mgrs[j].buffers[xj].known[..n as usize].iter_mut().for_each(|k| *k = true);
+        let mut out = vec![0u8; n as usize];
+        let st = kmm_copy_to_host(self.mgrs[j].handle, out.as_mut_ptr().cast(), h[1], 0, n);
+        self.note("copy_to_host", false, format!("race read({:#x}) = {st:?}", h[1]));
+        self.expect(st, KMM_OK, "race read");
+        self.verify(Pending { seq: self.seq, dst: out.into_boxed_slice(), expect: filled, known: vec![true; n as usize] }, "copy_buffer across managers");
+        self.resolve(j, u64::MAX);
     }
 
     /// A valid allocation followed at once by a full write: keeps most buffers fully known.
