@@ -94,7 +94,7 @@ end
     @test cfg.hard_limit == 0
     @test cfg.release_threshold == typemax(UInt64)
     @test cfg.pinned_chunk_size == 32 * 2^20
-    @test cfg.staging_chunk_size == 8 * 2^20
+    @test cfg.staging_chunk_size == 16 * 2^20
     @test cfg.staging_chunks == 4
     @test cfg.reserved == 0
 
