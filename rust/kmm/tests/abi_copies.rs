@@ -157,3 +157,25 @@ fn out_of_range_and_null_copies_leave_data_intact() {
     assert_eq!(info.pins, 0, "a failed copy must not leave the buffer pinned");
     m.free(b);
 }
+
+#[test]
+fn copies_between_a_host_and_a_cuda_manager_go_through_host_memory() {
+    if !gpu() {
+        return;
+    }
+    let cuda = Mgr::new();
+    let host = Mgr::with(|c| c.backend = KmmBackend::KMM_BACKEND_HOST as u32);
+    let len = 20_000_003usize;
+    let data = pattern(len, 21);
+    let h = host.alloc(len as u64, DEVICE);
+    host.upload(h, 0, &data);
+    let d = cuda.alloc(len as u64 + 8, DEVICE);
+    ok(kmm_copy_buffer(cuda.0, d, 8, host.0, h, 0, len as u64));
+    assert_eq!(cuda.download(d, 8, len), data);
+    ok(kmm_fill(host.0, h, 0, len as u64, [0u8].as_ptr().cast(), 1));
+    ok(kmm_copy_buffer(host.0, h, 0, cuda.0, d, 8, len as u64));
+    assert_eq!(host.download(h, 0, len), data);
+    expect_err(kmm_copy_buffer(host.0, h, 1, cuda.0, d, 0, len as u64), KMM_ERROR_OUT_OF_RANGE, &["dst_offset = 1"]);
+    host.free(h);
+    cuda.free(d);
+}

@@ -97,7 +97,9 @@ fn gpu_matching_indices_equal_the_cpu_reference() {
     let m = Mgr::new();
     let ntr = 400;
     let seq = FispSpec::mrf(ntr, 24);
-    let params = wide_grid();
+    // B0 barely changes a spoiled FISP signal's magnitude: atoms differing only in B0 are ties
+    // at float32 resolution, so this grid varies T1, T2 and B1 only.
+    let params: Vec<[f32; 4]> = wide_grid().into_iter().filter(|a| a[3] == 0.0).collect();
     let dict = fisp(&m, &seq, &params);
     let natoms = params.len();
     let picks: Vec<usize> = (0..natoms).step_by(3).collect();

@@ -74,9 +74,10 @@ pub extern "C" fn kmm_copy_to_host_async(
     })
 }
 
-/// Copies `bytes` between buffers of one manager or of two managers of the same backend.
-/// Stream-ordered (returns once queued): queued on the destination's stream after the source's
-/// work so far, and the source's later work waits for it. Overlapping ranges of one buffer are
+/// Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
+/// once queued): queued on the destination's stream after the source's work so far, and the
+/// source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
+/// through host memory and returns once done. Overlapping ranges of one buffer are
 /// `KMM_ERROR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub extern "C" fn kmm_copy_buffer(

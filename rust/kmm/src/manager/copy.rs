@@ -252,12 +252,7 @@ pub fn copy_buffer(
         );
     }
     if dst_manager.backend.kind() != src_manager.backend.kind() {
-        fail!(
-            KMM_ERROR_NOT_SUPPORTED,
-            "copy between a {:?}-backend and a {:?}-backend manager; copy through host memory instead",
-            dst_manager.backend.kind(),
-            src_manager.backend.kind()
-        );
+        return copy_across_backends(dst_manager, dst, dst_offset, src_manager, src, src_offset, bytes);
     }
     let (_dst_lease, dst_addr, _) = dst_manager.lease(dst, dst_offset, bytes, "dst")?;
     let (_src_lease, src_addr, _) = src_manager.lease(src, src_offset, bytes, "src")?;
@@ -271,6 +266,34 @@ pub fn copy_buffer(
     unsafe { dst_manager.stream.copy_d2d(dst_addr, src_addr, bytes)? };
     if !same {
         order(dst_manager.backend.as_ref(), &dst_manager.stream, &src_manager.stream)?;
+    }
+    Ok(())
+}
+
+/// Between a host-backend and a CUDA manager no stream can wait for the other: go through host
+/// memory in pieces, synchronously. Both ranges are checked before any byte moves.
+fn copy_across_backends(
+    dst_manager: &Manager,
+    dst: u64,
+    dst_offset: u64,
+    src_manager: &Manager,
+    src: u64,
+    src_offset: u64,
+    bytes: u64,
+) -> Result<()> {
+    drop(dst_manager.lease(dst, dst_offset, bytes, "dst")?);
+    drop(src_manager.lease(src, src_offset, bytes, "src")?);
+    const PIECE: u64 = 16 << 20;
+    let mut host = vec![0u8; bytes.min(PIECE) as usize];
+    let mut done = 0;
+    while done < bytes {
+        let n = PIECE.min(bytes - done);
+        // SAFETY: `host` holds at least `n` bytes and outlives both synchronous copies.
+        unsafe {
+            src_manager.copy_to_host(host.as_mut_ptr(), src, src_offset + done, n, Completion::Wait)?;
+            dst_manager.copy_to_device(dst, dst_offset + done, host.as_ptr(), n, Completion::Wait)?;
+        }
+        done += n;
     }
     Ok(())
 }
