@@ -758,9 +758,10 @@ KmmStatus kmm_copy_to_host_async(KmmManager manager,
                                  KmmEvent *event);
 
 /**
- * Copies `bytes` between buffers of one manager or of two managers of the same backend.
- * Stream-ordered (returns once queued): queued on the destination's stream after the source's
- * work so far, and the source's later work waits for it. Overlapping ranges of one buffer are
+ * Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
+ * once queued): queued on the destination's stream after the source's work so far, and the
+ * source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
+ * through host memory and returns once done. Overlapping ranges of one buffer are
  * `KMM_ERROR_INVALID_ARGUMENT`.
  */
 KmmStatus kmm_copy_buffer(KmmManager dst_manager,

@@ -700,9 +700,10 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
-Copies `bytes` between buffers of one manager or of two managers of the same backend.
-Stream-ordered (returns once queued): queued on the destination's stream after the source's
-work so far, and the source's later work waits for it. Overlapping ranges of one buffer are
+Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
+once queued): queued on the destination's stream after the source's work so far, and the
+source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
+through host memory and returns once done. Overlapping ranges of one buffer are
 `KMM_ERROR_INVALID_ARGUMENT`.
 
 Returns the status; `kmm_copy_buffer` is the checked form.
@@ -713,9 +714,10 @@ Returns the status; `kmm_copy_buffer` is the checked form.
     ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, KmmManager, KmmBuffer, UInt64, UInt64), dst_manager, dst, dst_offset, src_manager, src, src_offset, bytes)
 end
 """
-Copies `bytes` between buffers of one manager or of two managers of the same backend.
-Stream-ordered (returns once queued): queued on the destination's stream after the source's
-work so far, and the source's later work waits for it. Overlapping ranges of one buffer are
+Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
+once queued): queued on the destination's stream after the source's work so far, and the
+source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
+through host memory and returns once done. Overlapping ranges of one buffer are
 `KMM_ERROR_INVALID_ARGUMENT`.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
