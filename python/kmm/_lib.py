@@ -116,7 +116,12 @@ class KmmPssfpSequence(ctypes.Structure):
     ]
 
 
+class KmmMatchOutputs(ctypes.Structure):
+    _fields_ = [("index", c_uint64), ("score", c_uint64), ("pd", c_uint64), ("params", c_uint64)]
+
+
 STRUCTS = {
+    "KmmMatchOutputs": KmmMatchOutputs,
     "KmmKernelArg": KmmKernelArg,
     "KmmFispSequence": KmmFispSequence,
     "KmmPssfpSequence": KmmPssfpSequence,
@@ -170,10 +175,12 @@ FUNCTIONS = {
     "kmm_module_launch": (S, [c_uint64, c_uint64, c_char_p, POINTER(c_uint32), POINTER(c_uint32), c_uint32,
                               POINTER(KmmKernelArg), c_uint32]),
     "kmm_module_destroy": (S, [c_uint64]),
-    "kmm_qmri_simulate_fisp": (S, [c_uint64, POINTER(KmmFispSequence), c_uint64, c_uint64, c_uint64, c_uint32]),
-    "kmm_qmri_simulate_pssfp": (S, [c_uint64, POINTER(KmmPssfpSequence), c_uint64, c_uint64, c_uint64, c_uint32]),
-    "kmm_qmri_match": (S, [c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint32, c_uint64,
-                           c_uint64, c_uint64, c_uint64, c_uint64]),
+    "kmm_qmri_simulate_fisp": (S, [c_uint64, POINTER(KmmFispSequence), c_uint64, c_uint64, c_uint64, c_uint64,
+                                   c_uint32]),
+    "kmm_qmri_simulate_pssfp": (S, [c_uint64, POINTER(KmmPssfpSequence), c_uint64, c_uint64, c_uint64,
+                                    c_uint64, c_uint32]),
+    "kmm_qmri_match": (S, [c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint32,
+                           c_uint64, POINTER(KmmMatchOutputs), c_uint32]),
     # Plugins (rust/kmm/src/ffi/plugins.rs). Out-pointers as c_void_p so callers can pass the
     # address of a preallocated scratch array as a plain int (the allocation fast path).
     "kmm_plugin_alloc": (S, [c_uint64, c_uint64, c_uint32, c_uint64, c_void_p, c_void_p]),

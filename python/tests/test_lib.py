@@ -9,7 +9,7 @@ import pytest
 from kmm import _lib
 
 HEADER = os.path.join(os.path.dirname(__file__), "..", "..", "gen", "kmm.h")
-SIZES = {"uint64_t": 8, "int64_t": 8, "uint32_t": 4, "int32_t": 4, "uint16_t": 2, "uint8_t": 1, "bool": 1,
+SIZES = {"uint64_t": 8, "KmmBuffer": 8, "KmmManager": 8, "KmmEvent": 8, "int64_t": 8, "uint32_t": 4, "int32_t": 4, "uint16_t": 2, "uint8_t": 1, "bool": 1,
          "float": 4, "double": 8, "pointer": 8}
 
 
