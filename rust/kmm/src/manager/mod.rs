@@ -208,6 +208,9 @@ impl Manager {
             usage: [UsageCounters::default(); 2],
         };
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
+        if backend.kind() == BackendKind::Cuda {
+            *lock(live_cuda_managers()).entry(backend.device()).or_insert(0) += 1;
+        }
         Ok(Manager { backend, stream, config, state: parking_lot::Mutex::new(state), staging: Mutex::new(staging) })
     }
 
@@ -523,7 +526,24 @@ impl Drop for Manager {
         }
         drop(st);
         let _ = lock(&self.staging).release();
+        if self.backend.kind() == BackendKind::Cuda {
+            let device = self.backend.device();
+            let mut live = lock(live_cuda_managers());
+            let count = live.entry(device).or_insert(1);
+            *count -= 1;
+            if *count == 0 {
+                live.remove(&device);
+                // Device-wide helpers (the cuBLAS handle) live while some manager of the device does.
+                crate::qmri::gpu::release_device(device);
+            }
+        }
     }
+}
+
+/// How many CUDA managers are alive per device.
+fn live_cuda_managers() -> &'static Mutex<std::collections::HashMap<i32, usize>> {
+    static LIVE: std::sync::OnceLock<Mutex<std::collections::HashMap<i32, usize>>> = std::sync::OnceLock::new();
+    LIVE.get_or_init(|| Mutex::new(std::collections::HashMap::new()))
 }
 
 pub fn human_bytes(bytes: u64) -> String {

@@ -165,14 +165,31 @@ fn cublas_check(status: cb::cublasStatus_t, call: &str) -> Result<()> {
     }
 }
 
+/// One cuBLAS handle per device, shared by its managers (creating one costs milliseconds and a
+/// workspace of tens of MiB).
+fn cublas_handles() -> &'static Mutex<HashMap<i32, Handle>> {
+    static HANDLES: OnceLock<Mutex<HashMap<i32, Handle>>> = OnceLock::new();
+    HANDLES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Destroys the device's cuBLAS handle (and its workspace); called when the last CUDA manager
+/// of the device goes away, so nothing Kmm allocated outlives its managers.
+pub fn release_device(device: i32) {
+    if let Some(h) = lock(cublas_handles()).remove(&device) {
+        if module::device_info(device).and_then(|d| d.bind()).is_ok() {
+            // SAFETY: the handle came from cublasCreate and no manager of the device is left.
+            unsafe { cb::cublasDestroy_v2(h.0) };
+        }
+    }
+}
+
 /// Runs `f` with the device's cuBLAS handle bound to the manager's stream (one user at a time).
 fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
-    static HANDLES: OnceLock<Mutex<HashMap<i32, Handle>>> = OnceLock::new();
     if !unsafe { cb::is_culib_present() } {
         fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "matching on the CUDA backend needs cuBLAS, which was not found: put a directory holding libcublas.so (a link to libcublas.so.13 or .12) and libcublasLt on LD_LIBRARY_PATH");
     }
     module::device_info(m.device())?.bind()?;
-    let mut handles = lock(HANDLES.get_or_init(|| Mutex::new(HashMap::new())));
+    let mut handles = lock(cublas_handles());
     if !handles.contains_key(&m.device()) {
         let mut h = std::ptr::null_mut();
         cublas_check(unsafe { cb::cublasCreate_v2(&mut h) }, "cublasCreate")?;
