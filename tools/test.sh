@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test suite of Kmm on the default backend (host when there is no GPU):
-# Rust (unit, C-ABI integration, header staleness, qMRI, trust suite at CI size), the Julia
+# Rust (unit, C-ABI integration, header staleness, qMRI, trust suite at CI size; Valgrind on a
+# C driver; AddressSanitizer over the host suite when a nightly toolchain is there), the Julia
 # package (bindings staleness, tests, doc examples) and the Python package. Prints each
 # runner's summary lines at the end and exits non-zero when any suite failed.
 set -uo pipefail
@@ -15,6 +16,12 @@ step() {
 
 step rust-build cargo build --release --manifest-path rust/Cargo.toml --workspace
 step rust-test cargo test --release --manifest-path rust/Cargo.toml --workspace
+step valgrind bash tools/valgrind_c_abi.sh
+if cargo +nightly --version >/dev/null 2>&1; then
+  step asan bash tools/asan.sh
+else
+  echo "=== asan: SKIPPED (no nightly Rust toolchain for -Zsanitizer=address)"
+fi
 step julia-bindings julia gen/generator.jl --check
 step julia-test julia --project=. test/runtests.jl
 step python-test python3 -m pytest python/tests -q -rs -p no:cacheprovider
@@ -22,6 +29,8 @@ step python-test python3 -m pytest python/tests -q -rs -p no:cacheprovider
 echo
 echo "=== summary"
 grep -h "^test result:" "$logs/rust-test.log" | awk '{p+=$4; f+=$6; i+=$8} END {printf "rust: %d passed, %d failed, %d ignored (cargo test, %d binaries)\n", p, f, i, NR}'
+tail -n 1 "$logs/valgrind.log"
+[ -f "$logs/asan.log" ] && grep -h "^test result:" "$logs/asan.log" | awk '{p+=$4; f+=$6} END {printf "asan: %d passed, %d failed (host suite under AddressSanitizer)\n", p, f}'
 grep -hE "^(Test Summary|Kmm\.jl|  [A-Za-z].*\|)" "$logs/julia-test.log" | tail -3
 tail -n 1 "$logs/python-test.log"
 rust_passed=$(grep -h "^test result:" "$logs/rust-test.log" | awk '{p+=$4} END {print p+0}')

@@ -88,7 +88,8 @@ impl CudaBackend {
     }
 }
 
-fn bind(ctx: sys::CUcontext) -> Result<()> {
+/// Makes `ctx` current on this thread unless it already is.
+pub(crate) fn bind(ctx: sys::CUcontext) -> Result<()> {
     let mut current = std::ptr::null_mut();
     unsafe {
         check(sys::cuCtxGetCurrent(&mut current), "cuCtxGetCurrent")?;

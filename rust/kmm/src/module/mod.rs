@@ -8,7 +8,7 @@
 
 mod cache;
 
-use crate::backend::cuda::check;
+use crate::backend::cuda::{bind, check};
 use crate::backend::BackendKind;
 use crate::error::{lock, Error, KmmStatus, Result};
 use crate::manager::handles::{HandleTable, TAG_MODULE};
@@ -113,17 +113,6 @@ impl Function {
         )?;
         Ok(n.max(0) as u32)
     }
-}
-
-fn bind(ctx: sys::CUcontext) -> Result<()> {
-    let mut current = std::ptr::null_mut();
-    unsafe {
-        check(sys::cuCtxGetCurrent(&mut current), "cuCtxGetCurrent")?;
-        if current != ctx {
-            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-        }
-    }
-    Ok(())
 }
 
 /// A device's primary context (retained once, for the life of the process) and architecture.
