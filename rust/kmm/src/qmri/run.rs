@@ -122,11 +122,18 @@ impl Addr {
     }
 }
 
-/// Simulates `natoms` FISP signals into `out` (`ntr x natoms` complex f32).
-pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
-    seq.validate()?;
+/// Checks and maps a simulation's buffers: the addresses of atom `first_atom` in `params` and of
+/// `out` (`ntr x natoms` complex f32), mapped until the returned `Pins` drop.
+fn map_simulation(
+    m: &Manager,
+    ntr: u64,
+    params: u64,
+    first_atom: u64,
+    natoms: u64,
+    out: u64,
+    check: bool,
+) -> Result<(Pins<'_>, u64, u64)> {
     check_count("natoms", natoms)?;
-    let ntr = seq.ntr() as u64;
     let out_bytes = bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "out")?;
     let end = first_atom.checked_add(natoms).ok_or_else(|| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "first_atom + natoms overflows"))?;
     let mut pins = Pins::new(m);
@@ -135,6 +142,13 @@ pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, nato
     if check {
         check_atoms(m, params, first_atom, natoms)?;
     }
+    Ok((pins, p, o))
+}
+
+/// Simulates `natoms` FISP signals into `out` (`ntr x natoms` complex f32).
+pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
+    seq.validate()?;
+    let (_pins, p, o) = map_simulation(m, seq.ntr() as u64, params, first_atom, natoms, out, check)?;
     match m.backend_kind() {
         BackendKind::Cuda => gpu::simulate_fisp(m, seq, p, natoms as usize, o),
         BackendKind::Host => {
@@ -153,16 +167,7 @@ pub fn simulate_fisp(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, nato
 /// Simulates `natoms` pSSFP signals into `out` (`ntr x natoms` complex f32).
 pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, params: u64, first_atom: u64, natoms: u64, out: u64, check: bool) -> Result<()> {
     seq.validate()?;
-    check_count("natoms", natoms)?;
-    let ntr = seq.ntr() as u64;
-    let out_bytes = bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "out")?;
-    let end = first_atom.checked_add(natoms).ok_or_else(|| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "first_atom + natoms overflows"))?;
-    let mut pins = Pins::new(m);
-    let p = pins.map(params, bytes(end, 16, "params")?, "params")? + first_atom * 16;
-    let o = pins.map(out, out_bytes, "out")?;
-    if check {
-        check_atoms(m, params, first_atom, natoms)?;
-    }
+    let (_pins, p, o) = map_simulation(m, seq.ntr() as u64, params, first_atom, natoms, out, check)?;
     match m.backend_kind() {
         BackendKind::Cuda => gpu::simulate_pssfp(m, seq, p, natoms as usize, o),
         BackendKind::Host => {
