@@ -142,17 +142,31 @@ end
     nothing
 end
 
-# host -> Kmm
-function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soffs::Integer,
-                      n::Integer) where {T}
-    check_range(dest, doffs, n); check_range(src, soffs, n)
+# The one place host pointers cross into libkmm: `host` is dense host memory (an Array, a
+# contiguous view of one, or a PinnedArray), kept alive for the synchronous copy.
+function copy_from_host!(dest::KmmArray{T}, doffs, host, soffs, n) where {T}
+    check_range(dest, doffs, n); check_range(host, soffs, n)
     n == 0 && return dest
     ds = dest.storage
     mh, h = handles(ds)
-    GC.@preserve ds src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
-                                               pointer(src, soffs), n * sizeof(T))
+    GC.@preserve ds host LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
+                                                pointer(host, soffs), n * sizeof(T))
     dest
 end
+
+function copy_to_host!(host, doffs, src::KmmArray{T}, soffs, n) where {T}
+    check_range(host, doffs, n); check_range(src, soffs, n)
+    n == 0 && return host
+    ss = src.storage
+    mh, h = handles(ss)
+    GC.@preserve ss host LibKmm.kmm_copy_to_host(mh, pointer(host, doffs), h, byteoffset(src, soffs),
+                                              n * sizeof(T))
+    host
+end
+
+# host -> Kmm
+Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soffs::Integer, n::Integer) where {T} =
+    copy_from_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::KmmArray{T}, src::HostDense{T}) where {T} =
     (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
 Base.copyto!(dest::KmmArray{T}, src::AbstractArray) where {T} = copyto!(dest, host_dense(T, src))
@@ -163,16 +177,8 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::AbstractArray, sof
 end
 
 # Kmm -> host
-function Base.copyto!(dest::HostDense{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
-                      n::Integer) where {T}
-    check_range(dest, doffs, n); check_range(src, soffs, n)
-    n == 0 && return dest
-    ss = src.storage
-    mh, h = handles(ss)
-    GC.@preserve ss dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
-                                              n * sizeof(T))
-    dest
-end
+Base.copyto!(dest::HostDense{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer, n::Integer) where {T} =
+    copy_to_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::HostDense{T}, src::KmmArray{T}) where {T} =
     (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
 function Base.copyto!(dest::AbstractArray, src::KmmArray)

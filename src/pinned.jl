@@ -79,29 +79,13 @@ Base.show(io::IO, m::MIME"text/plain", p::PinnedArray) =
 
 const HostMem{T} = Union{HostDense{T},PinnedArray{T}}
 
-function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, soffs::Integer,
-                      n::Integer) where {T}
-    check_range(dest, doffs, n); check_range(src, soffs, n)
-    n == 0 && return dest
-    ds = dest.storage
-    mh, h = handles(ds)
-    GC.@preserve ds src LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
-                                               pointer(src, soffs), n * sizeof(T))
-    dest
-end
+Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, soffs::Integer, n::Integer) where {T} =
+    copy_from_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::KmmArray{T}, src::PinnedArray{T}) where {T} =
     (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
 
-function Base.copyto!(dest::PinnedArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
-                      n::Integer) where {T}
-    check_range(dest, doffs, n); check_range(src, soffs, n)
-    n == 0 && return dest
-    ss = src.storage
-    mh, h = handles(ss)
-    GC.@preserve ss dest LibKmm.kmm_copy_to_host(mh, pointer(dest, doffs), h, byteoffset(src, soffs),
-                                              n * sizeof(T))
-    dest
-end
+Base.copyto!(dest::PinnedArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer, n::Integer) where {T} =
+    copy_to_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::PinnedArray{T}, src::KmmArray{T}) where {T} =
     (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
 

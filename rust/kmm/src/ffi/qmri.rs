@@ -160,6 +160,28 @@ impl KmmPssfpSequence {
     }
 }
 
+type Simulation<Q> = fn(&crate::manager::Manager, &Q, u64, u64, u64, u64, bool) -> Result<()>;
+
+/// The body both simulation exports share: flags, the sequence struct read and checked, the
+/// manager looked up. `buffers` is [params, first_atom, natoms, out].
+fn simulate<S, Q>(
+    manager: KmmManager,
+    seq: *const S,
+    read: unsafe fn(&S) -> Result<Q>,
+    run: Simulation<Q>,
+    buffers: [u64; 4],
+    flags: u32,
+) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_QMRI_SKIP_CHECKS, "flags")?;
+        // SAFETY: the caller's arrays hold the counts the struct gives (documented).
+        let seq = unsafe { read(sequence(seq)?)? };
+        let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
+        let [params, first_atom, natoms, out] = buffers;
+        with_manager(manager, |m| run(m, &seq, params, first_atom, natoms, out, check))
+    })
+}
+
 fn sequence<'a, T>(seq: *const T) -> Result<&'a T> {
     if seq.is_null() {
         fail!(KMM_ERROR_NULL_POINTER, "seq is NULL");
@@ -187,13 +209,7 @@ pub extern "C" fn kmm_qmri_simulate_fisp(
     out: KmmBuffer,
     flags: u32,
 ) -> KmmStatus {
-    boundary(|| {
-        check_flags(flags, KMM_QMRI_SKIP_CHECKS, "flags")?;
-        // SAFETY: the caller's arrays hold the counts the struct gives (documented).
-        let seq = unsafe { sequence(seq)?.read()? };
-        let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
-        with_manager(manager, |m| qmri::simulate_fisp(m, &seq, params, first_atom, natoms, out, check))
-    })
+    simulate(manager, seq, KmmFispSequence::read, qmri::simulate_fisp, [params, first_atom, natoms, out], flags)
 }
 
 /// Simulates the pSSFP signals of `natoms` atoms into `out` (`ntr x natoms` complex float), as
@@ -208,13 +224,7 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
     out: KmmBuffer,
     flags: u32,
 ) -> KmmStatus {
-    boundary(|| {
-        check_flags(flags, KMM_QMRI_SKIP_CHECKS, "flags")?;
-        // SAFETY: as above.
-        let seq = unsafe { sequence(seq)?.read()? };
-        let check = flags & KMM_QMRI_SKIP_CHECKS == 0;
-        with_manager(manager, |m| qmri::simulate_pssfp(m, &seq, params, first_atom, natoms, out, check))
-    })
+    simulate(manager, seq, KmmPssfpSequence::read, qmri::simulate_pssfp, [params, first_atom, natoms, out], flags)
 }
 
 /// Dictionary matching. `dictionary` holds `ntr x natoms` complex float (one atom per column:
