@@ -4,9 +4,9 @@
 #     julia gen/generator.jl --check    # exit 1 when src/LibKmm.jl is stale (CI)
 #
 # The header is regular (cbindgen writes it), so a small line-based parser suffices: `#define`
-# constants, `enum` blocks, `typedef struct { ... } Name;`, `typedef uint64_t Name;` and function
-# prototypes. Anything else the parser does not understand is an error, so a header change that
-# needs generator work is noticed instead of silently dropped.
+# constants, `enum` blocks, `typedef struct { ... } Name;`, `typedef uint64_t Name;`, function
+# pointer typedefs and function prototypes. Anything else the parser does not understand is an
+# error, so a header change that needs generator work is noticed instead of silently dropped.
 #
 # Calls go through function pointers resolved once by `LibKmm.load!(path)` (the library is chosen
 # at load time, see src/library.jl), cached in one `Ref` per function. Every function returning a
@@ -111,6 +111,10 @@ function parse_header(text)
                 constdocs[m[2]] = clean_doc(doc)
             end
             doc = String[]
+        elseif (m = match(r"^typedef \w+ \(\*(\w+)\)\(.*\);$", l)) !== nothing
+            # A C function pointer type: Julia passes it as a `Ptr{Cvoid}` (`@cfunction`).
+            push!(aliases, m[1] => "Ptr{Cvoid}"); push!(typedefs, m[1])
+            constdocs[m[1]] = clean_doc(doc); doc = String[]
         elseif l == "typedef struct {"
             sdoc = clean_doc(doc); fields = Pair{String,String}[]; i += 1
             while !startswith(strip(lines[i]), "}")

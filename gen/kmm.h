@@ -501,6 +501,16 @@ typedef struct {
 } KmmKernelArg;
 
 /**
+ * Reads CuPy's current stream (CuPy's `get_current_stream_ptr`); -1 on error.
+ */
+typedef ptrdiff_t (*KmmStreamSource)(void);
+
+/**
+ * Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
+ */
+typedef void (*KmmErrorHook)(void);
+
+/**
  * A gradient-spoiled FISP sequence with adiabatic inversion (BlochSimulators' FISP2D),
  * simulated with the extended phase graph. Times in seconds, angles in radians. The arrays are
  * host memory, read during the call only.
@@ -980,6 +990,40 @@ void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
  * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
  */
 KmmStatus kmm_torch_live_allocations(uint64_t *out);
+
+/**
+ * Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+ * alive while CuPy may allocate). Thread-safe.
+ */
+KmmStatus kmm_cupy_set_manager(int32_t device, KmmManager manager);
+
+/**
+ * Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+ * `get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+ * that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+ * a pending Python exception; may be NULL).
+ */
+KmmStatus kmm_cupy_set_stream_source(KmmStreamSource source, KmmErrorHook on_error);
+
+/**
+ * The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
+ * device memory from the manager registered for `device`, ready for work on CuPy's current
+ * stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
+ * check; `kmm.cupy` does and raises).
+ */
+void *kmm_cupy_malloc(void *param, size_t size, int32_t device);
+
+/**
+ * The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
+ * the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
+ * ignored (the error is readable with `kmm_last_error`).
+ */
+void kmm_cupy_free(void *param, void *ptr, int32_t device);
+
+/**
+ * How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+ */
+KmmStatus kmm_cupy_live_allocations(uint64_t *out);
 
 /**
  * Simulates the FISP signals of atoms `first_atom .. first_atom + natoms` of `params` into

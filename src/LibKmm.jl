@@ -146,6 +146,14 @@ A compiled, loaded CUDA module. Process-wide: usable with any manager on the dev
 compiled for. 0 is never valid.
 """
 const KmmModule = UInt64
+"""
+Reads CuPy's current stream (CuPy's `get_current_stream_ptr`); -1 on error.
+"""
+const KmmStreamSource = Ptr{Cvoid}
+"""
+Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
+"""
+const KmmErrorHook = Ptr{Cvoid}
 
 # structs (field order and types as in C; layout checked by test/bindings.jl)
 """
@@ -316,12 +324,17 @@ const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_set_manager = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_set_stream_source = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_malloc = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_free = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_simulate_fisp = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_buffer_ipc_handle, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_buffer_ipc_handle, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
 
 """
     load!(path) -> handle
@@ -376,6 +389,11 @@ function load!(path::AbstractString)
     _fp_kmm_torch_malloc[] = something(Libdl.dlsym(lib, :kmm_torch_malloc; throw_error = false), C_NULL)
     _fp_kmm_torch_free[] = something(Libdl.dlsym(lib, :kmm_torch_free; throw_error = false), C_NULL)
     _fp_kmm_torch_live_allocations[] = something(Libdl.dlsym(lib, :kmm_torch_live_allocations; throw_error = false), C_NULL)
+    _fp_kmm_cupy_set_manager[] = something(Libdl.dlsym(lib, :kmm_cupy_set_manager; throw_error = false), C_NULL)
+    _fp_kmm_cupy_set_stream_source[] = something(Libdl.dlsym(lib, :kmm_cupy_set_stream_source; throw_error = false), C_NULL)
+    _fp_kmm_cupy_malloc[] = something(Libdl.dlsym(lib, :kmm_cupy_malloc; throw_error = false), C_NULL)
+    _fp_kmm_cupy_free[] = something(Libdl.dlsym(lib, :kmm_cupy_free; throw_error = false), C_NULL)
+    _fp_kmm_cupy_live_allocations[] = something(Libdl.dlsym(lib, :kmm_cupy_live_allocations; throw_error = false), C_NULL)
     _fp_kmm_qmri_simulate_fisp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_fisp; throw_error = false), C_NULL)
     _fp_kmm_qmri_simulate_pssfp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_pssfp; throw_error = false), C_NULL)
     _fp_kmm_qmri_match[] = something(Libdl.dlsym(lib, :kmm_qmri_match; throw_error = false), C_NULL)
@@ -1322,6 +1340,94 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_torch_live_allocations(out)
     check_status(unchecked_kmm_torch_live_allocations(out))
+end
+
+"""
+Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+alive while CuPy may allocate). Thread-safe.
+
+Returns the status; `kmm_cupy_set_manager` is the checked form.
+"""
+@inline function unchecked_kmm_cupy_set_manager(device, manager)
+    fp = _fp_kmm_cupy_set_manager[]
+    fp == C_NULL && throw_missing(:kmm_cupy_set_manager)
+    ccall(fp, KmmStatus, (Int32, KmmManager), device, manager)
+end
+"""
+Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+alive while CuPy may allocate). Thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_cupy_set_manager(device, manager)
+    check_status(unchecked_kmm_cupy_set_manager(device, manager))
+end
+
+"""
+Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+`get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+a pending Python exception; may be NULL).
+
+Returns the status; `kmm_cupy_set_stream_source` is the checked form.
+"""
+@inline function unchecked_kmm_cupy_set_stream_source(source, on_error)
+    fp = _fp_kmm_cupy_set_stream_source[]
+    fp == C_NULL && throw_missing(:kmm_cupy_set_stream_source)
+    ccall(fp, KmmStatus, (KmmStreamSource, KmmErrorHook), source, on_error)
+end
+"""
+Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+`get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+a pending Python exception; may be NULL).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_cupy_set_stream_source(source, on_error)
+    check_status(unchecked_kmm_cupy_set_stream_source(source, on_error))
+end
+
+"""
+The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
+device memory from the manager registered for `device`, ready for work on CuPy's current
+stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
+check; `kmm.cupy` does and raises).
+"""
+@inline function kmm_cupy_malloc(param, size, device)
+    fp = _fp_kmm_cupy_malloc[]
+    fp == C_NULL && throw_missing(:kmm_cupy_malloc)
+    ccall(fp, Ptr{Cvoid}, (Ptr{Cvoid}, Csize_t, Int32), param, size, device)
+end
+
+"""
+The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
+the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
+ignored (the error is readable with `kmm_last_error`).
+"""
+@inline function kmm_cupy_free(param, ptr, device)
+    fp = _fp_kmm_cupy_free[]
+    fp == C_NULL && throw_missing(:kmm_cupy_free)
+    ccall(fp, Cvoid, (Ptr{Cvoid}, Ptr{Cvoid}, Int32), param, ptr, device)
+end
+
+"""
+How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+
+Returns the status; `kmm_cupy_live_allocations` is the checked form.
+"""
+@inline function unchecked_kmm_cupy_live_allocations(out)
+    fp = _fp_kmm_cupy_live_allocations[]
+    fp == C_NULL && throw_missing(:kmm_cupy_live_allocations)
+    ccall(fp, KmmStatus, (Ptr{UInt64},), out)
+end
+"""
+How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_cupy_live_allocations(out)
+    check_status(unchecked_kmm_cupy_live_allocations(out))
 end
 
 """

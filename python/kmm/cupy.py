@@ -8,6 +8,12 @@ Device memory comes from one Kmm manager per CUDA device (`manager(device)`, cre
 use with the options of `configure(**config)`), stream-ordered on CuPy's current stream: an
 allocation is ready for work on that stream, and its free is ordered after the work queued on
 that stream when CuPy drops it. Out of memory raises `cupy.cuda.memory.OutOfMemoryError`.
+
+Speed: `allocator` hands CuPy a `CFunctionAllocator` over libkmm's `kmm_cupy_malloc` and
+`kmm_cupy_free`, which read CuPy's current stream through CuPy's own C function
+(`get_current_stream_ptr`), so no Python runs between CuPy and Kmm. Only a failed allocation
+(the first on a device, out of memory) takes the Python path, which creates the device's manager
+or raises. CuPy builds without that C function use the Python path throughout.
 """
 
 import ctypes
@@ -16,10 +22,10 @@ import threading
 import cupy
 
 from . import _lib
-from ._errors import error
+from ._errors import check, error
 from .manager import Manager
 
-__all__ = ["allocator", "pinned_allocator", "manager", "configure"]
+__all__ = ["allocator", "pinned_allocator", "manager", "configure", "live_allocations"]
 
 _plugin_alloc = _lib.lib.kmm_plugin_alloc
 _plugin_free = _lib.lib.kmm_plugin_free
@@ -56,7 +62,9 @@ def manager(device=None):
             if m is None:
                 config = dict(_config)
                 config["device"] = device
-                m = _managers[device] = Manager(**config)
+                m = Manager(**config)
+                check(_lib.lib.kmm_cupy_set_manager(device, m._handle))
+                _managers[device] = m
     return m
 
 
@@ -109,12 +117,57 @@ def _alloc(nbytes, kind, device):
     return a
 
 
-def allocator(nbytes):
-    """For `cupy.cuda.set_allocator`: `nbytes` of device memory on CuPy's current device and
-    stream, as a `cupy.cuda.MemoryPointer`."""
+def _allocate_in_python(nbytes):
+    """The allocator's Python path: creates the device's manager if needed; raises on failure."""
     device = _get_device_id()
     a = _alloc(nbytes, _DEVICE, device)
     return _MemoryPointer(_UnownedMemory(a.ptr, nbytes, a, device), 0)
+
+
+def _c_function_allocator():
+    """`CFunctionAllocator.malloc` over kmm_cupy_malloc/kmm_cupy_free, or None when this CuPy
+    does not export `get_current_stream_ptr` with the expected signature."""
+    capi = getattr(cupy.cuda.stream, "__pyx_capi__", {})
+    capsule = capi.get("get_current_stream_ptr")
+    c_allocator = getattr(cupy.cuda.memory, "CFunctionAllocator", None)
+    if capsule is None or c_allocator is None:
+        return None
+    api = ctypes.pythonapi
+    api.PyCapsule_GetName.restype = ctypes.c_char_p
+    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    name = api.PyCapsule_GetName(capsule)
+    if name != b"intptr_t (void)":
+        return None
+
+    def address(function):
+        return ctypes.cast(function, ctypes.c_void_p).value
+
+    source = api.PyCapsule_GetPointer(capsule, name)
+    check(_lib.lib.kmm_cupy_set_stream_source(source, address(api.PyErr_Clear)))
+    malloc, free = address(_lib.lib.kmm_cupy_malloc), address(_lib.lib.kmm_cupy_free)
+    return c_allocator(0, malloc, free, _lib.lib).malloc
+
+
+_c_malloc = _c_function_allocator()
+
+
+def allocator(nbytes):
+    """For `cupy.cuda.set_allocator`: `nbytes` of device memory on CuPy's current device and
+    stream, as a `cupy.cuda.MemoryPointer`."""
+    if _c_malloc is not None:
+        mp = _c_malloc(nbytes)
+        if mp.ptr or not nbytes:
+            return mp
+    return _allocate_in_python(nbytes)
+
+
+def live_allocations():
+    """How many allocations of the C path (`kmm_cupy_malloc`) are live."""
+    out = ctypes.c_uint64()
+    check(_lib.lib.kmm_cupy_live_allocations(ctypes.byref(out)))
+    return out.value
 
 
 def pinned_allocator(nbytes):

@@ -51,7 +51,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
     """An NBEP 7 EMM plugin allocating Numba's device memory from a Kmm pool.
 
     - `memalloc`: one call into libkmm (allocate and map); freed, stream-ordered, when Numba
-      drops the pointer, or later when `defer_cleanup` is active.
+      drops the pointer (or calls its `free`), or later when `defer_cleanup` is active.
     - `get_memory_info`: device free memory plus what Kmm's pool holds unused; total is the
       device's (or Kmm's hard limit).
     - `get_ipc_handle`: `cuIpcGetMemHandle` of the pool chunk holding the allocation plus the
@@ -97,14 +97,10 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
     def memalloc(self, size):
         m = self._manager or self._create()
-        local = self._local
-        scratch = getattr(local, "scratch", None)
-        if scratch is None:
-            import ctypes
-
-            scratch = local.scratch = (ctypes.c_uint64 * 2)()
-            local.addr = ctypes.addressof(scratch)
-        addr = local.addr
+        try:
+            scratch, addr = self._local.scratch, self._local.addr
+        except AttributeError:
+            scratch, addr = self._new_scratch()
         handle = m._handle
         status = _plugin_alloc(handle, size, 0, _STREAM, addr, addr + 8)
         if status == _OOM and self._pending:
@@ -112,19 +108,23 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
             status = _plugin_alloc(handle, size, 0, _STREAM, addr, addr + 8)
         if status:
             raise error(status)
-        buf, ptr = scratch[0], scratch[1]
-        return _driver.MemoryPointer(self._ctx_proxy, _devptr(ptr), size, finalizer=self._finalizer(handle, buf))
+        return _KmmPointer(self._ctx_proxy, _devptr(scratch[1]), size, _Free(self, handle, scratch[0]))
 
-    def _finalizer(self, manager, buffer):
-        def free():
-            if self._defer_depth:
-                with self._lock:
-                    if self._defer_depth:
-                        self._pending.append((manager, buffer))
-                        return
-            _plugin_free(manager, buffer, _STREAM)  # an INVALID_HANDLE after reset() is expected
+    def _new_scratch(self):
+        import ctypes
 
-        return free
+        local = self._local
+        local.scratch = (ctypes.c_uint64 * 2)()
+        local.addr = ctypes.addressof(local.scratch)
+        return local.scratch, local.addr
+
+    def _release(self, manager, buffer):
+        if self._defer_depth:
+            with self._lock:
+                if self._defer_depth:
+                    self._pending.append((manager, buffer))
+                    return
+        _plugin_free(manager, buffer, _STREAM)  # an INVALID_HANDLE after reset() is expected
 
     def _flush(self):
         with self._lock:
@@ -184,6 +184,38 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         m = getattr(self, "_manager", None)
         if m is not None:
             m.__del__()
+
+
+class _Free:
+    """Frees one Kmm buffer, once: when Numba calls it (`MemoryPointer.free`) or when the pointer
+    holding it is collected. It stands in for the `weakref.finalize` Numba would make, which
+    costs more than the rest of an allocation."""
+
+    __slots__ = ("plugin", "manager", "buffer", "alive")
+
+    def __init__(self, plugin, manager, buffer):
+        self.plugin, self.manager, self.buffer, self.alive = plugin, manager, buffer, True
+
+    def __call__(self):
+        if self.alive:
+            self.alive = False
+            self.plugin._release(self.manager, self.buffer)
+
+    __del__ = __call__
+
+
+class _KmmPointer(_driver.MemoryPointer):
+    """Numba's `MemoryPointer` with a `_Free` as its finalizer (the attributes Numba's own
+    constructor sets, without its `weakref.finalize`)."""
+
+    def __init__(self, context, pointer, size, free):
+        self.context = context
+        self.device_pointer = self.handle = pointer
+        self.size = self._cuda_memsize_ = size
+        self.is_managed = True
+        self.refct = 1
+        self._owner = None
+        self._finalizer = free
 
 
 #: The class Numba loads for NUMBA_CUDA_MEMORY_MANAGER=kmm.numba.

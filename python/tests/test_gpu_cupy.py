@@ -40,6 +40,28 @@ def test_cupy_computes_on_kmm_memory(kc):
     assert m.stats("device")["live_buffers"] < live
 
 
+def test_cupy_allocates_through_the_c_path_on_its_current_stream(kc):
+    import cupy
+
+    assert kc._c_malloc is not None, "this CuPy has no get_current_stream_ptr: Python path only"
+    kc.manager()  # registered with libkmm, so the C path serves from the first allocation on
+    before = kc.live_allocations()
+    x = cupy.arange(4096, dtype=cupy.int64)
+    assert kc.live_allocations() == before + 1
+    with cupy.cuda.Stream(non_blocking=True) as s:
+        y = cupy.ones(1 << 20, dtype=cupy.float32)  # allocated for, and freed after, stream s
+        total = float(y.sum())
+        del y
+        z = cupy.full(1 << 20, 2, dtype=cupy.float32)  # may reuse y's block: ordered by s
+        assert float(z.sum()) == 2 * total
+        del z
+        s.synchronize()
+    assert int(x.sum()) == 4095 * 4096 // 2
+    del x
+    gc.collect()
+    assert kc.live_allocations() == before
+
+
 def test_cupy_on_non_default_streams(kc):
     import cupy
 

@@ -54,6 +54,23 @@ def test_memalloc_returns_memory_pointer(plugin):
     assert plugin.manager.stats("device")["live_buffers"] == 0
 
 
+def test_pointer_frees_once_when_dropped_or_freed(plugin):
+    stats = lambda: plugin.manager.stats("device")["live_buffers"]  # noqa: E731
+    mem = plugin.memalloc(4096)
+    view = mem.view(256)  # Numba's views keep their owner alive
+    del mem
+    assert stats() == 1
+    del view  # reference counting alone frees it, as weakref.finalize would
+    assert stats() == 0
+    mem = plugin.memalloc(4096)
+    mem.free()  # Numba's explicit free
+    assert stats() == 0 and not mem._finalizer.alive
+    with pytest.raises(RuntimeError, match="dead memory"):
+        mem.free()
+    del mem
+    assert plugin.manager.stats("device")["frees"] == 2
+
+
 def test_memalloc_oom_raises(plugin):
     kn.configure(backend=BACKEND, hard_limit=2 << 20, chunk_size=1 << 20)
     p = kn.KmmNumbaMemoryManager(context=None)

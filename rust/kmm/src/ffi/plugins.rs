@@ -1,6 +1,6 @@
 //! Exported functions for allocator plugins of other libraries (Numba, CuPy, PyTorch): one call
 //! that allocates and maps, one that frees, both ordered with the caller's stream, and the two
-//! functions PyTorch's `CUDAPluggableAllocator` loads.
+//! functions PyTorch's `CUDAPluggableAllocator` loads and the two of CuPy's `CFunctionAllocator`.
 //!
 //! Stream ordering. A plugin allocates for work on a foreign stream S (CuPy's current stream,
 //! PyTorch's stream) while Kmm's pool reuses freed memory in the order of the manager's stream.
@@ -21,7 +21,7 @@ use crate::manager::registry::{self, with_manager};
 use crate::manager::{AllocMode, Config, FreeMode, Manager, MemoryKind};
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Mutex, OnceLock};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -200,16 +200,40 @@ pub const KMM_TORCH_OOM_NULL: u32 = 1;
 
 static TORCH_OOM_POLICY: AtomicU32 = AtomicU32::new(KMM_TORCH_OOM_ABORT);
 
-struct TorchState {
-    /// Device ordinal -> the lazily created default manager of that device.
+/// Allocations handed to a library that frees by address (PyTorch's pluggable allocator,
+/// CuPy's C function allocator): the manager serving each device and every live allocation.
+struct ByAddress {
+    /// Device ordinal -> the manager serving the library on that device.
     managers: HashMap<i32, u64>,
-    /// Address -> (manager, buffer) of every live allocation.
-    live: HashMap<u64, (u64, u64)>,
+    /// Address -> (manager, buffer, stream it was allocated for) of every live allocation.
+    live: HashMap<u64, (u64, u64, u64)>,
 }
 
-fn torch_state() -> &'static Mutex<TorchState> {
-    static STATE: OnceLock<Mutex<TorchState>> = OnceLock::new();
-    STATE.get_or_init(|| Mutex::new(TorchState { managers: HashMap::new(), live: HashMap::new() }))
+impl ByAddress {
+    fn new() -> Mutex<ByAddress> {
+        Mutex::new(ByAddress { managers: HashMap::new(), live: HashMap::new() })
+    }
+}
+
+/// Allocates `bytes` of device memory from `mgr` for work on `stream` and records it by address.
+fn alloc_by_address(table: &Mutex<ByAddress>, mgr: u64, bytes: u64, stream: u64) -> Result<u64> {
+    let (b, p) = with_manager(mgr, |m| plugin_alloc(mgr, m, bytes, MemoryKind::Device, stream))?;
+    lock(table).live.insert(p, (mgr, b, stream));
+    Ok(p)
+}
+
+/// Frees what `alloc_by_address` recorded at `ptr`, after the work queued so far on `stream`
+/// (`None`: the stream it was allocated for).
+fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, stream: Option<u64>, owner: &str) -> Result<()> {
+    let Some((mgr, b, alloc_stream)) = lock(table).live.remove(&ptr) else {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
+    };
+    with_manager(mgr, |m| plugin_free(mgr, m, b, stream.unwrap_or(alloc_stream)))
+}
+
+fn torch_state() -> &'static Mutex<ByAddress> {
+    static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
+    STATE.get_or_init(ByAddress::new)
 }
 
 fn torch_manager(device: i32) -> Result<u64> {
@@ -259,10 +283,7 @@ pub extern "C" fn kmm_torch_malloc(size: usize, device: i32, stream: *mut c_void
     }
     let mut addr = 0u64;
     let status = boundary(|| {
-        let mgr = torch_manager(device)?;
-        let (b, p) = with_manager(mgr, |m| plugin_alloc(mgr, m, size as u64, MemoryKind::Device, stream as u64))?;
-        lock(torch_state()).live.insert(p, (mgr, b));
-        addr = p;
+        addr = alloc_by_address(torch_state(), torch_manager(device)?, size as u64, stream as u64)?;
         Ok(())
     });
     if status != KmmStatus::KMM_OK {
@@ -290,16 +311,111 @@ pub extern "C" fn kmm_torch_free(ptr: *mut c_void, size: usize, device: i32, str
     if ptr.is_null() {
         return;
     }
-    let _ = boundary(|| {
-        let Some((mgr, b)) = lock(torch_state()).live.remove(&(ptr as u64)) else {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:p} was not allocated by kmm_torch_malloc (or is freed)");
-        };
-        with_manager(mgr, |m| plugin_free(mgr, m, b, stream as u64))
-    });
+    let _ = boundary(|| free_by_address(torch_state(), ptr as u64, Some(stream as u64), "kmm_torch_malloc"));
 }
 
 /// How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
 #[no_mangle]
 pub extern "C" fn kmm_torch_live_allocations(out: *mut u64) -> KmmStatus {
     boundary(|| write_out(out, "out", lock(torch_state()).live.len() as u64))
+}
+
+// ---------------------------------------------------------------------------------------------
+// CuPy's CFunctionAllocator
+
+/// Reads CuPy's current stream (CuPy's `get_current_stream_ptr`); -1 on error.
+pub type KmmStreamSource = Option<unsafe extern "C" fn() -> isize>;
+/// Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
+pub type KmmErrorHook = Option<unsafe extern "C" fn()>;
+
+static CUPY_STREAM_SOURCE: AtomicUsize = AtomicUsize::new(0);
+static CUPY_STREAM_ERROR_HOOK: AtomicUsize = AtomicUsize::new(0);
+
+fn cupy_state() -> &'static Mutex<ByAddress> {
+    static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
+    STATE.get_or_init(ByAddress::new)
+}
+
+fn cupy_stream() -> Result<u64> {
+    let source = CUPY_STREAM_SOURCE.load(AtomicOrdering::Acquire);
+    if source == 0 {
+        return Ok(0);
+    }
+    // SAFETY: set by kmm_cupy_set_stream_source to a function of that type; CuPy calls the
+    // allocator with the GIL held, as the function needs.
+    let read: unsafe extern "C" fn() -> isize = unsafe { std::mem::transmute(source) };
+    match unsafe { read() } {
+        -1 => {
+            let hook = CUPY_STREAM_ERROR_HOOK.load(AtomicOrdering::Acquire);
+            if hook != 0 {
+                // SAFETY: set with the source by kmm_cupy_set_stream_source; same thread and GIL.
+                let clear: unsafe extern "C" fn() = unsafe { std::mem::transmute(hook) };
+                unsafe { clear() };
+            }
+            fail!(KMM_ERROR_BACKEND, "CuPy's current stream could not be read (get_current_stream_ptr failed)")
+        }
+        s => Ok(s as u64),
+    }
+}
+
+/// Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+/// alive while CuPy may allocate). Thread-safe.
+#[no_mangle]
+pub extern "C" fn kmm_cupy_set_manager(device: i32, manager: KmmManager) -> KmmStatus {
+    boundary(|| {
+        if device < 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "device = {device} is negative");
+        }
+        with_manager(manager, |_| Ok(()))?;
+        lock(cupy_state()).managers.insert(device, manager);
+        Ok(())
+    })
+}
+
+/// Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+/// `get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+/// that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+/// a pending Python exception; may be NULL).
+#[no_mangle]
+pub extern "C" fn kmm_cupy_set_stream_source(source: KmmStreamSource, on_error: KmmErrorHook) -> KmmStatus {
+    boundary(|| {
+        CUPY_STREAM_ERROR_HOOK.store(on_error.map_or(0, |f| f as usize), AtomicOrdering::Release);
+        CUPY_STREAM_SOURCE.store(source.map_or(0, |f| f as usize), AtomicOrdering::Release);
+        Ok(())
+    })
+}
+
+/// The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
+/// device memory from the manager registered for `device`, ready for work on CuPy's current
+/// stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
+/// check; `kmm.cupy` does and raises).
+#[no_mangle]
+pub extern "C" fn kmm_cupy_malloc(param: *mut c_void, size: usize, device: i32) -> *mut c_void {
+    let _ = param;
+    let mut addr = 0u64;
+    let _ = boundary(|| {
+        let Some(mgr) = lock(cupy_state()).managers.get(&device).copied() else {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "device = {device} has no Kmm manager for CuPy (kmm_cupy_set_manager)");
+        };
+        addr = alloc_by_address(cupy_state(), mgr, size as u64, cupy_stream()?)?;
+        Ok(())
+    });
+    addr as *mut c_void
+}
+
+/// The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
+/// the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
+/// ignored (the error is readable with `kmm_last_error`).
+#[no_mangle]
+pub extern "C" fn kmm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
+    let _ = (param, device);
+    if !ptr.is_null() {
+        let _ = boundary(|| free_by_address(cupy_state(), ptr as u64, None, "kmm_cupy_malloc"));
+    }
+}
+
+/// How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+#[no_mangle]
+pub extern "C" fn kmm_cupy_live_allocations(out: *mut u64) -> KmmStatus {
+    boundary(|| write_out(out, "out", lock(cupy_state()).live.len() as u64))
 }
