@@ -661,6 +661,13 @@ uint32_t kmm_abi_version(void);
 const char *kmm_last_error(void);
 
 /**
+ * The status of the last failed call on this thread (`KMM_OK` before any failure), for the
+ * functions that return an address instead of a status (`kmm_plugin_malloc`). Successful calls
+ * leave it unchanged.
+ */
+KmmStatus kmm_last_status(void);
+
+/**
  * The name of a status code ("KMM_ERROR_OUT_OF_MEMORY"), or "KMM_UNKNOWN_STATUS".
  * Static string; never NULL; do not free.
  */
@@ -947,6 +954,20 @@ KmmStatus kmm_plugin_alloc(KmmManager manager,
  * thread and from finalizers.
  */
 KmmStatus kmm_plugin_free(KmmManager manager, KmmBuffer buffer, uint64_t stream);
+
+/**
+ * For allocator plugins that keep only the address (Numba's): allocates, as `kmm_plugin_alloc`
+ * does, `bytes` (at least 1) of device memory ready for work on `stream`, and returns its
+ * address. 0 on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the
+ * status). Free with `kmm_plugin_free_address`.
+ */
+uint64_t kmm_plugin_malloc(KmmManager manager, uint64_t bytes, uint64_t stream);
+
+/**
+ * Frees the allocation of `kmm_plugin_malloc` at `address` of `manager` after the work queued
+ * so far on `stream`. Non-blocking; callable from any thread and from finalizers.
+ */
+KmmStatus kmm_plugin_free_address(KmmManager manager, uint64_t address, uint64_t stream);
 
 /**
  * Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device

@@ -282,6 +282,7 @@ const libkmm = Ref{String}("")
 const _fp_kmm_version = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_abi_version = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_last_error = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_last_status = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_status_name = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_wrap = Ref{Ptr{Cvoid}}(C_NULL)
@@ -318,6 +319,8 @@ const _fp_kmm_module_launch = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_module_destroy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_free = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_plugin_malloc = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_plugin_free_address = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_ipc_handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_manager = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
@@ -334,7 +337,7 @@ const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_buffer_ipc_handle, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_buffer_ipc_handle, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
 
 """
     load!(path) -> handle
@@ -347,6 +350,7 @@ function load!(path::AbstractString)
     _fp_kmm_version[] = something(Libdl.dlsym(lib, :kmm_version; throw_error = false), C_NULL)
     _fp_kmm_abi_version[] = something(Libdl.dlsym(lib, :kmm_abi_version; throw_error = false), C_NULL)
     _fp_kmm_last_error[] = something(Libdl.dlsym(lib, :kmm_last_error; throw_error = false), C_NULL)
+    _fp_kmm_last_status[] = something(Libdl.dlsym(lib, :kmm_last_status; throw_error = false), C_NULL)
     _fp_kmm_status_name[] = something(Libdl.dlsym(lib, :kmm_status_name; throw_error = false), C_NULL)
     _fp_kmm_buffer_alloc[] = something(Libdl.dlsym(lib, :kmm_buffer_alloc; throw_error = false), C_NULL)
     _fp_kmm_buffer_wrap[] = something(Libdl.dlsym(lib, :kmm_buffer_wrap; throw_error = false), C_NULL)
@@ -383,6 +387,8 @@ function load!(path::AbstractString)
     _fp_kmm_module_destroy[] = something(Libdl.dlsym(lib, :kmm_module_destroy; throw_error = false), C_NULL)
     _fp_kmm_plugin_alloc[] = something(Libdl.dlsym(lib, :kmm_plugin_alloc; throw_error = false), C_NULL)
     _fp_kmm_plugin_free[] = something(Libdl.dlsym(lib, :kmm_plugin_free; throw_error = false), C_NULL)
+    _fp_kmm_plugin_malloc[] = something(Libdl.dlsym(lib, :kmm_plugin_malloc; throw_error = false), C_NULL)
+    _fp_kmm_plugin_free_address[] = something(Libdl.dlsym(lib, :kmm_plugin_free_address; throw_error = false), C_NULL)
     _fp_kmm_buffer_ipc_handle[] = something(Libdl.dlsym(lib, :kmm_buffer_ipc_handle; throw_error = false), C_NULL)
     _fp_kmm_torch_manager[] = something(Libdl.dlsym(lib, :kmm_torch_manager; throw_error = false), C_NULL)
     _fp_kmm_torch_set_oom_policy[] = something(Libdl.dlsym(lib, :kmm_torch_set_oom_policy; throw_error = false), C_NULL)
@@ -441,6 +447,29 @@ do not free. Successful calls leave it unchanged.
     fp = _fp_kmm_last_error[]
     fp == C_NULL && throw_missing(:kmm_last_error)
     ccall(fp, Ptr{Cchar}, ())
+end
+
+"""
+The status of the last failed call on this thread (`KMM_OK` before any failure), for the
+functions that return an address instead of a status (`kmm_plugin_malloc`). Successful calls
+leave it unchanged.
+
+Returns the status; `kmm_last_status` is the checked form.
+"""
+@inline function unchecked_kmm_last_status()
+    fp = _fp_kmm_last_status[]
+    fp == C_NULL && throw_missing(:kmm_last_status)
+    ccall(fp, KmmStatus, ())
+end
+"""
+The status of the last failed call on this thread (`KMM_OK` before any failure), for the
+functions that return an address instead of a status (`kmm_plugin_malloc`). Successful calls
+leave it unchanged.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_last_status()
+    check_status(unchecked_kmm_last_status())
 end
 
 """
@@ -1230,6 +1259,39 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_plugin_free(manager, buffer, stream)
     check_status(unchecked_kmm_plugin_free(manager, buffer, stream))
+end
+
+"""
+For allocator plugins that keep only the address (Numba's): allocates, as `kmm_plugin_alloc`
+does, `bytes` (at least 1) of device memory ready for work on `stream`, and returns its
+address. 0 on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the
+status). Free with `kmm_plugin_free_address`.
+"""
+@inline function kmm_plugin_malloc(manager, bytes, stream)
+    fp = _fp_kmm_plugin_malloc[]
+    fp == C_NULL && throw_missing(:kmm_plugin_malloc)
+    ccall(fp, UInt64, (KmmManager, UInt64, UInt64), manager, bytes, stream)
+end
+
+"""
+Frees the allocation of `kmm_plugin_malloc` at `address` of `manager` after the work queued
+so far on `stream`. Non-blocking; callable from any thread and from finalizers.
+
+Returns the status; `kmm_plugin_free_address` is the checked form.
+"""
+@inline function unchecked_kmm_plugin_free_address(manager, address, stream)
+    fp = _fp_kmm_plugin_free_address[]
+    fp == C_NULL && throw_missing(:kmm_plugin_free_address)
+    ccall(fp, KmmStatus, (KmmManager, UInt64, UInt64), manager, address, stream)
+end
+"""
+Frees the allocation of `kmm_plugin_malloc` at `address` of `manager` after the work queued
+so far on `stream`. Non-blocking; callable from any thread and from finalizers.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_plugin_free_address(manager, address, stream)
+    check_status(unchecked_kmm_plugin_free_address(manager, address, stream))
 end
 
 """

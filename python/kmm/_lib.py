@@ -185,6 +185,9 @@ FUNCTIONS = {
     # address of a preallocated scratch array as a plain int (the allocation fast path).
     "kmm_plugin_alloc": (S, [c_uint64, c_uint64, c_uint32, c_uint64, c_void_p, c_void_p]),
     "kmm_plugin_free": (S, [c_uint64, c_uint64, c_uint64]),
+    "kmm_last_status": (c_uint32, []),
+    "kmm_plugin_malloc": (c_uint64, [c_uint64, c_uint64, c_uint64]),
+    "kmm_plugin_free_address": (S, [c_uint64, c_uint64, c_uint64]),
     "kmm_buffer_ipc_handle": (S, [c_uint64, c_uint64, c_void_p, _u64p]),
     "kmm_torch_manager": (S, [c_int32, _u64p]),
     "kmm_torch_set_oom_policy": (S, [c_uint32]),

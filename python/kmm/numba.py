@@ -23,10 +23,9 @@ from .manager import Manager
 
 __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
 
-_plugin_alloc = _lib.lib.kmm_plugin_alloc
-_plugin_free = _lib.lib.kmm_plugin_free
+_malloc = _lib.lib.kmm_plugin_malloc
+_free = _lib.lib.kmm_plugin_free_address
 _OOM = 3001
-_INVALID_HANDLE = 2001
 #: Numba allocates without a stream; its default stream is the legacy default stream.
 _STREAM = 0
 
@@ -67,7 +66,6 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         self._lock = threading.Lock()
         self._defer_depth = 0
         self._pending = []
-        self._local = threading.local()
 
     # -- NBEP 7 -----------------------------------------------------------------------------
     @property
@@ -97,40 +95,30 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
     def memalloc(self, size):
         m = self._manager or self._create()
-        try:
-            scratch, addr = self._local.scratch, self._local.addr
-        except AttributeError:
-            scratch, addr = self._new_scratch()
         handle = m._handle
-        status = _plugin_alloc(handle, size, 0, _STREAM, addr, addr + 8)
-        if status == _OOM and self._pending:
+        if not size:  # nothing to allocate or free
+            return _driver.MemoryPointer(self._ctx_proxy, _devptr(0), 0)
+        ptr = _malloc(handle, size, _STREAM)
+        if not ptr and _lib.lib.kmm_last_status() == _OOM and self._pending:
             self._flush()
-            status = _plugin_alloc(handle, size, 0, _STREAM, addr, addr + 8)
-        if status:
-            raise error(status)
-        return _KmmPointer(self._ctx_proxy, _devptr(scratch[1]), size, _Free(self, handle, scratch[0]))
+            ptr = _malloc(handle, size, _STREAM)
+        if not ptr:
+            raise error(_lib.lib.kmm_last_status())
+        return _KmmPointer(self._ctx_proxy, _devptr(ptr), size, _Free(self, handle, ptr))
 
-    def _new_scratch(self):
-        import ctypes
-
-        local = self._local
-        local.scratch = (ctypes.c_uint64 * 2)()
-        local.addr = ctypes.addressof(local.scratch)
-        return local.scratch, local.addr
-
-    def _release(self, manager, buffer):
+    def _release(self, manager, ptr):
         if self._defer_depth:
             with self._lock:
                 if self._defer_depth:
-                    self._pending.append((manager, buffer))
+                    self._pending.append((manager, ptr))
                     return
-        _plugin_free(manager, buffer, _STREAM)  # an INVALID_HANDLE after reset() is expected
+        _free(manager, ptr, _STREAM)  # an INVALID_ARGUMENT after reset() is expected
 
     def _flush(self):
         with self._lock:
             pending, self._pending = self._pending, []
-        for manager, buffer in pending:
-            _plugin_free(manager, buffer, _STREAM)
+        for manager, ptr in pending:
+            _free(manager, ptr, _STREAM)
 
     @contextlib.contextmanager
     def defer_cleanup(self):
@@ -187,19 +175,19 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
 
 class _Free:
-    """Frees one Kmm buffer, once: when Numba calls it (`MemoryPointer.free`) or when the pointer
-    holding it is collected. It stands in for the `weakref.finalize` Numba would make, which
-    costs more than the rest of an allocation."""
+    """Frees one Kmm allocation, once: when Numba calls it (`MemoryPointer.free`) or when the
+    pointer holding it is collected. It stands in for the `weakref.finalize` Numba would make,
+    which costs more than the rest of an allocation."""
 
-    __slots__ = ("plugin", "manager", "buffer", "alive")
+    __slots__ = ("plugin", "manager", "ptr", "alive")
 
-    def __init__(self, plugin, manager, buffer):
-        self.plugin, self.manager, self.buffer, self.alive = plugin, manager, buffer, True
+    def __init__(self, plugin, manager, ptr):
+        self.plugin, self.manager, self.ptr, self.alive = plugin, manager, ptr, True
 
     def __call__(self):
         if self.alive:
             self.alive = False
-            self.plugin._release(self.manager, self.buffer)
+            self.plugin._release(self.manager, self.ptr)
 
     __del__ = __call__
 

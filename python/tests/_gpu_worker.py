@@ -7,6 +7,11 @@ import sys
 
 import numpy as np
 
+# numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed (the GPU
+# machine's image has both); without this alias its kernel compiler fails to import.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 

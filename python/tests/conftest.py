@@ -1,8 +1,14 @@
 import os
 
+import numpy as np
 import pytest
 
 import kmm
+
+# numba-cuda 0.30 registers an overload for np.row_stack, which NumPy 2.5 removed (the GPU
+# machine's image has both); without this alias its kernel compiler fails to import.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
 
 #: Backend of the core tests: "host" unless KMM_TEST_BACKEND says otherwise (e.g. "cuda").
 BACKEND = os.environ.get("KMM_TEST_BACKEND", "host")

@@ -79,3 +79,33 @@ def test_own_use_of_a_plugin_pool_is_ordered(manager):
     with pytest.raises(kmm.KmmError):
         manager.alloc(64)  # the manager's own stream joins: it must wait for the bound stream
     assert L.kmm_plugin_free(manager.handle, buf, 0x7777_0004) == 0
+
+
+def test_plugin_malloc_by_address(manager):
+    ptr = L.kmm_plugin_malloc(manager.handle, 4096, manager.stream)
+    assert ptr and ptr % 256 == 0
+    assert manager.stats("device")["in_use"] == 4096
+    assert L.kmm_plugin_free_address(manager.handle, ptr + 8, manager.stream) == 1002  # not an allocation
+    assert "was not allocated by kmm_plugin_malloc" in L.kmm_last_error().decode()
+    assert L.kmm_plugin_free_address(manager.handle, ptr, manager.stream) == 0
+    assert manager.stats("device")["in_use"] == 0
+    assert L.kmm_plugin_free_address(manager.handle, ptr, manager.stream) == 1002  # double free
+
+
+def test_plugin_malloc_failures_set_the_last_status():
+    m = kmm.Manager(backend=BACKEND, hard_limit=1 << 20)
+    assert L.kmm_plugin_malloc(m.handle, 2 << 20, m.stream) == 0
+    assert L.kmm_last_status() == 3001 and "1048576" in L.kmm_last_error().decode()
+    assert L.kmm_plugin_malloc(m.handle, 0, m.stream) == 0
+    assert L.kmm_last_status() == 1002 and "bytes = 0" in L.kmm_last_error().decode()
+    handle = m.handle
+    ptr = L.kmm_plugin_malloc(handle, 4096, m.stream)
+    m.close()  # the late free of a destroyed manager's memory fails, and cannot hit a newer one
+    other = kmm.Manager(backend=BACKEND)
+    newer = [L.kmm_plugin_malloc(other.handle, 4096, other.stream) for _ in range(4)]
+    assert L.kmm_plugin_free_address(handle, ptr, 0) != 0
+    assert other.stats("device")["live_buffers"] == 4
+    for p in newer:
+        assert L.kmm_plugin_free_address(other.handle, p, other.stream) == 0
+    assert other.stats("device")["live_buffers"] == 0
+    other.close()

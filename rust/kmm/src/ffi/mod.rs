@@ -19,11 +19,13 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 thread_local! {
     static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_STATUS: std::cell::Cell<KmmStatus> = const { std::cell::Cell::new(KmmStatus::KMM_OK) };
 }
 
-fn set_last_error(message: &str) {
+fn set_last_error(status: KmmStatus, message: &str) {
     let text = CString::new(message.replace('\0', " ")).unwrap_or_default();
     LAST_ERROR.with(|e| *e.borrow_mut() = text);
+    LAST_STATUS.with(|s| s.set(status));
 }
 
 /// Runs `body`, turning its error or panic into a status and the thread's last-error message.
@@ -31,7 +33,7 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<()>) -> KmmStatus {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => KmmStatus::KMM_OK,
         Ok(Err(Error { status, message })) => {
-            set_last_error(&message);
+            set_last_error(status, &message);
             status
         }
         Err(panic) => {
@@ -40,7 +42,7 @@ pub(crate) fn boundary(body: impl FnOnce() -> Result<()>) -> KmmStatus {
                 .map(|s| s.to_string())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
-            set_last_error(&format!("internal error (a bug in Kmm, please report it): {what}"));
+            set_last_error(KmmStatus::KMM_ERROR_INTERNAL, &format!("internal error (a bug in Kmm, please report it): {what}"));
             KmmStatus::KMM_ERROR_INTERNAL
         }
     }
@@ -90,6 +92,14 @@ pub extern "C" fn kmm_abi_version() -> u32 {
 #[no_mangle]
 pub extern "C" fn kmm_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The status of the last failed call on this thread (`KMM_OK` before any failure), for the
+/// functions that return an address instead of a status (`kmm_plugin_malloc`). Successful calls
+/// leave it unchanged.
+#[no_mangle]
+pub extern "C" fn kmm_last_status() -> KmmStatus {
+    LAST_STATUS.with(|s| s.get())
 }
 
 /// The name of a status code ("KMM_ERROR_OUT_OF_MEMORY"), or "KMM_UNKNOWN_STATUS".

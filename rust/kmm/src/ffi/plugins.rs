@@ -123,6 +123,35 @@ pub extern "C" fn kmm_plugin_free(manager: KmmManager, buffer: KmmBuffer, stream
     boundary(|| with_manager(manager, |m| plugin_free(manager, m, buffer, stream)))
 }
 
+fn plugin_table() -> &'static Mutex<ByAddress> {
+    static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
+    STATE.get_or_init(ByAddress::new)
+}
+
+/// For allocator plugins that keep only the address (Numba's): allocates, as `kmm_plugin_alloc`
+/// does, `bytes` (at least 1) of device memory ready for work on `stream`, and returns its
+/// address. 0 on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the
+/// status). Free with `kmm_plugin_free_address`.
+#[no_mangle]
+pub extern "C" fn kmm_plugin_malloc(manager: KmmManager, bytes: u64, stream: u64) -> u64 {
+    let mut addr = 0;
+    let _ = boundary(|| {
+        if bytes == 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = 0: an empty allocation has no address (use kmm_plugin_alloc)");
+        }
+        addr = alloc_by_address(plugin_table(), manager, bytes, stream)?;
+        Ok(())
+    });
+    addr
+}
+
+/// Frees the allocation of `kmm_plugin_malloc` at `address` of `manager` after the work queued
+/// so far on `stream`. Non-blocking; callable from any thread and from finalizers.
+#[no_mangle]
+pub extern "C" fn kmm_plugin_free_address(manager: KmmManager, address: u64, stream: u64) -> KmmStatus {
+    boundary(|| free_by_address(plugin_table(), address, Some(manager), Some(stream), "kmm_plugin_malloc"))
+}
+
 /// Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).
 pub const KMM_IPC_HANDLE_BYTES: u32 = 64;
 
@@ -223,9 +252,17 @@ fn alloc_by_address(table: &Mutex<ByAddress>, mgr: u64, bytes: u64, stream: u64)
 }
 
 /// Frees what `alloc_by_address` recorded at `ptr`, after the work queued so far on `stream`
-/// (`None`: the stream it was allocated for).
-fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, stream: Option<u64>, owner: &str) -> Result<()> {
-    let Some((mgr, b, alloc_stream)) = lock(table).live.remove(&ptr) else {
+/// (`None`: the stream it was allocated for). With `manager`, only an allocation of that manager
+/// matches (so a late free through a destroyed manager cannot hit a newer allocation).
+fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Option<u64>, stream: Option<u64>, owner: &str) -> Result<()> {
+    let found = {
+        let mut t = lock(table);
+        match t.live.get(&ptr) {
+            Some(&(mgr, _, _)) if manager.is_none_or(|m| m == mgr) => t.live.remove(&ptr),
+            _ => None,
+        }
+    };
+    let Some((mgr, b, alloc_stream)) = found else {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
     };
     with_manager(mgr, |m| plugin_free(mgr, m, b, stream.unwrap_or(alloc_stream)))
@@ -311,7 +348,7 @@ pub extern "C" fn kmm_torch_free(ptr: *mut c_void, size: usize, device: i32, str
     if ptr.is_null() {
         return;
     }
-    let _ = boundary(|| free_by_address(torch_state(), ptr as u64, Some(stream as u64), "kmm_torch_malloc"));
+    let _ = boundary(|| free_by_address(torch_state(), ptr as u64, None, Some(stream as u64), "kmm_torch_malloc"));
 }
 
 /// How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
@@ -410,7 +447,7 @@ pub extern "C" fn kmm_cupy_malloc(param: *mut c_void, size: usize, device: i32) 
 pub extern "C" fn kmm_cupy_free(param: *mut c_void, ptr: *mut c_void, device: i32) {
     let _ = (param, device);
     if !ptr.is_null() {
-        let _ = boundary(|| free_by_address(cupy_state(), ptr as u64, None, "kmm_cupy_malloc"));
+        let _ = boundary(|| free_by_address(cupy_state(), ptr as u64, None, None, "kmm_cupy_malloc"));
     }
 }
 
