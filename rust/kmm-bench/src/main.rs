@@ -230,7 +230,7 @@ fn main() {
 
     // Threads: each with its own manager, then all sharing one.
     let threads = 16;
-    let ops_per_thread = if quick { 10_000 } else { 50_000 };
+    let ops_per_thread = if quick { 10_000 } else { 200_000 };
     let traces: Vec<Vec<Op>> = (0..threads).map(|t| trace(ops_per_thread, 1000, 256, 4 << 20, 100 + t as u64)).collect();
     let one = {
         let m = manager(backend, |_| {});
@@ -247,18 +247,28 @@ fn main() {
         for (m, t) in managers.iter().zip(traces) {
             run(t, &mut KmmAlloc(*m)); // warm-up
         }
+        // Timed from the barrier's release to the last thread's end, so spawning threads is not
+        // counted.
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
-        let start = Instant::now();
-        std::thread::scope(|s| {
-            for (m, t) in managers.iter().zip(traces) {
-                let barrier = barrier.clone();
-                s.spawn(move || {
-                    barrier.wait();
-                    run(t, &mut KmmAlloc(*m));
-                });
-            }
+        let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
+            let workers: Vec<_> = managers
+                .iter()
+                .zip(traces)
+                .map(|(m, t)| {
+                    let barrier = barrier.clone();
+                    s.spawn(move || {
+                        barrier.wait();
+                        let start = Instant::now();
+                        run(t, &mut KmmAlloc(*m));
+                        (start, Instant::now())
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().expect("benchmark thread")).collect()
         });
-        let secs = start.elapsed().as_secs_f64();
+        let start = spans.iter().map(|s| s.0).min().expect("threads");
+        let end = spans.iter().map(|s| s.1).max().expect("threads");
+        let secs = (end - start).as_secs_f64();
         let mut destroyed = managers.clone();
         destroyed.dedup();
         for m in destroyed {

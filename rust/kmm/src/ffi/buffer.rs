@@ -4,7 +4,7 @@ use super::types::*;
 use super::{boundary, check_flags, check_out, write_out};
 use crate::error::KmmStatus;
 use crate::fail;
-use crate::manager::registry::with_manager;
+use crate::manager::registry::{with_manager, with_state};
 use crate::manager::FreeMode;
 use std::ffi::c_void;
 
@@ -16,7 +16,12 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
     boundary(|| {
         check_out(out, "out")?;
         let kind = memory_kind(kind, "kind")?;
-        let b = with_manager(manager, |m| m.alloc(bytes, kind))?;
+        // The pool as it stands, under the state's lock alone; out of memory takes the manager's
+        // path, which waits for the stream and gives cached memory back first.
+        let b = match with_state(manager, |st| st.try_alloc(bytes, kind)) {
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => with_manager(manager, |m| m.alloc(bytes, kind))?,
+            b => b?,
+        };
         write_out(out, "out", b)
     })
 }
@@ -55,7 +60,7 @@ pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags:
     boundary(|| {
         check_flags(flags, KMM_FREE_FORCE, "flags")?;
         let mode = if flags & KMM_FREE_FORCE != 0 { FreeMode::Force } else { FreeMode::Checked };
-        with_manager(manager, |m| m.free(buffer, mode))
+        with_state(manager, |st| st.free(buffer, mode))
     })
 }
 
@@ -64,7 +69,7 @@ pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags:
 pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *mut KmmBufferInfo) -> KmmStatus {
     boundary(|| {
         check_out(out, "out")?;
-        let (_, bytes, kind, pins) = with_manager(manager, |m| m.buffer_info(buffer))?;
+        let (_, bytes, kind, pins) = with_state(manager, |st| st.buffer_info(buffer))?;
         write_out(out, "out", KmmBufferInfo { bytes, kind: kind as u32, pins })
     })
 }
@@ -77,7 +82,7 @@ pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *
 pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *mut u64) -> KmmStatus {
     boundary(|| {
         check_out(ptr, "ptr")?;
-        let addr = with_manager(manager, |m| m.map(buffer))?;
+        let addr = with_state(manager, |st| st.map(buffer))?;
         write_out(ptr, "ptr", addr)
     })
 }
@@ -86,7 +91,7 @@ pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *m
 /// `KMM_ERROR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub extern "C" fn kmm_buffer_unmap(manager: KmmManager, buffer: KmmBuffer) -> KmmStatus {
-    boundary(|| with_manager(manager, |m| m.unmap(buffer)))
+    boundary(|| with_state(manager, |st| st.unmap(buffer)))
 }
 
 /// Page-locks `bytes` of caller memory at `ptr` so copies from and to it go direct. The memory

@@ -130,7 +130,9 @@ pub struct KindStats {
     pub resource: ResourceCounters,
 }
 
-struct State {
+/// A manager's bookkeeping. It lives in the manager's registry slot (see `registry`), so the
+/// calls that need only this lock it without going through the manager.
+pub struct State {
     buffers: HandleTable<BufferRecord>,
     events: HandleTable<Arc<dyn Event>>,
     /// Indexed by `MemoryKind`.
@@ -140,11 +142,95 @@ struct State {
     usage: [UsageCounters; 2],
 }
 
+impl State {
+    /// Allocates a buffer from the pool as it stands. Out of memory is returned without counting
+    /// a failure, for `Manager::alloc` to release cached memory and retry; other errors count.
+    pub fn try_alloc(&mut self, bytes: u64, kind: MemoryKind) -> Result<u64> {
+        if bytes > MAX_BUFFER_BYTES {
+            self.usage[kind as usize].on_failure();
+            fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
+        }
+        let origin = if bytes == 0 {
+            Origin::Empty
+        } else {
+            match self.resources[kind as usize].allocate(bytes) {
+                Ok(block) => Origin::Resource(block),
+                Err(e) => {
+                    if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
+                        self.usage[kind as usize].on_failure();
+                    }
+                    return Err(e);
+                }
+            }
+        };
+        let addr = match origin {
+            Origin::Resource(b) => b.addr,
+            _ => 0,
+        };
+        self.insert_buffer(BufferRecord { kind, addr, bytes, origin, pins: 0 })
+    }
+
+    fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
+        let (kind, bytes, origin) = (record.kind, record.bytes, record.origin);
+        match self.buffers.insert(record) {
+            Ok(h) => {
+                self.usage[kind as usize].on_alloc(bytes);
+                Ok(h)
+            }
+            Err(e) => {
+                if let Origin::Resource(block) = origin {
+                    self.resources[kind as usize].deallocate(block)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    pub fn free(&mut self, handle: u64, mode: FreeMode) -> Result<()> {
+        let record = self.buffers.get(handle)?;
+        if record.pins > 0 && mode == FreeMode::Checked {
+            fail!(
+                KMM_ERROR_BUFFER_MAPPED,
+                "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
+                record.pins
+            );
+        }
+        let record = self.buffers.remove(handle)?;
+        self.usage[record.kind as usize].on_free(record.bytes);
+        match record.origin {
+            Origin::Resource(block) => self.resources[record.kind as usize].deallocate(block),
+            Origin::Adopted(block) => self.adopted[record.kind as usize].deallocate(block),
+            Origin::Empty | Origin::Borrowed => Ok(()),
+        }
+    }
+
+    pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
+        let r = self.buffers.get(handle)?;
+        Ok((r.addr, r.bytes, r.kind, r.pins))
+    }
+
+    pub fn map(&mut self, handle: u64) -> Result<u64> {
+        let r = self.buffers.get_mut(handle)?;
+        r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
+        Ok(r.addr)
+    }
+
+    pub fn unmap(&mut self, handle: u64) -> Result<()> {
+        let r = self.buffers.get_mut(handle)?;
+        if r.pins == 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
+        }
+        r.pins -= 1;
+        Ok(())
+    }
+}
+
 pub struct Manager {
     backend: Arc<dyn Backend>,
     stream: Arc<dyn Stream>,
     config: Config,
-    state: parking_lot::Mutex<State>,
+    /// The registry slot holding this manager and its `State`.
+    slot: u16,
     staging: Mutex<staging::Staging>,
 }
 
@@ -211,11 +297,21 @@ impl Manager {
         if backend.kind() == BackendKind::Cuda {
             *lock(live_cuda_managers()).entry(backend.device()).or_insert(0) += 1;
         }
-        Ok(Manager { backend, stream, config, state: parking_lot::Mutex::new(state), staging: Mutex::new(staging) })
+        let mut cell = registry::state_cell(slot).lock();
+        debug_assert!(cell.is_none(), "slot {slot} still holds a manager's state");
+        *cell = Some(state);
+        drop(cell);
+        Ok(Manager { backend, stream, config, slot, staging: Mutex::new(staging) })
     }
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    fn state(&self) -> parking_lot::MappedMutexGuard<'static, State> {
+        parking_lot::MutexGuard::map(registry::state_cell(self.slot).lock(), |s| {
+            s.as_mut().expect("a manager's state stays in its slot until its teardown ends")
+        })
     }
     pub fn backend_kind(&self) -> BackendKind {
         self.backend.kind()
@@ -237,64 +333,26 @@ impl Manager {
         &self.backend
     }
 
+    /// Allocates a buffer. When the pool is out of memory, waits for the stream, gives cached
+    /// memory back and tries once more.
     pub fn alloc(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
-        if bytes > MAX_BUFFER_BYTES {
-            lock(&self.state).usage[kind as usize].on_failure();
-            fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
+        let first = self.state().try_alloc(bytes, kind);
+        match first {
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {}
+            done => return done,
         }
-        let mut st = lock(&self.state);
-        let origin = if bytes == 0 {
-            Origin::Empty
-        } else {
-            match st.resources[kind as usize].allocate(bytes) {
-                Ok(block) => Origin::Resource(block),
-                Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
-                    drop(st);
-                    let retried = self.release_cached(kind).and_then(|_| lock(&self.state).resources[kind as usize].allocate(bytes));
-                    st = lock(&self.state);
-                    match retried {
-                        Ok(block) => Origin::Resource(block),
-                        Err(e) => {
-                            st.usage[kind as usize].on_failure();
-                            return Err(err!(KMM_ERROR_OUT_OF_MEMORY, "allocating {bytes} bytes of {kind:?} memory: {e}"));
-                        }
-                    }
-                }
-                Err(e) => {
-                    st.usage[kind as usize].on_failure();
-                    return Err(e);
-                }
-            }
-        };
-        let addr = match origin {
-            Origin::Resource(b) => b.addr,
-            _ => 0,
-        };
-        self.insert_buffer(&mut st, BufferRecord { kind, addr, bytes, origin, pins: 0 })
-    }
-
-    fn insert_buffer(&self, st: &mut State, record: BufferRecord) -> Result<u64> {
-        let (kind, bytes) = (record.kind, record.bytes);
-        let origin = record.origin;
-        match st.buffers.insert(record) {
-            Ok(h) => {
-                st.usage[kind as usize].on_alloc(bytes);
-                Ok(h)
-            }
-            Err(e) => {
-                if let Origin::Resource(block) = origin {
-                    st.resources[kind as usize].deallocate(block)?;
-                }
-                Err(e)
-            }
-        }
+        let retried = self.release_cached(kind).and_then(|_| self.state().try_alloc(bytes, kind));
+        retried.map_err(|e| {
+            self.state().usage[kind as usize].on_failure();
+            err!(KMM_ERROR_OUT_OF_MEMORY, "allocating {bytes} bytes of {kind:?} memory: {e}")
+        })
     }
 
     /// The out-of-memory ladder's last rung inside Kmm: wait for the stream, then give every
     /// cached chunk back so the retry sees all the device has.
     fn release_cached(&self, kind: MemoryKind) -> Result<()> {
         self.stream.synchronize()?;
-        lock(&self.state).resources[kind as usize].trim(0)
+        self.state().resources[kind as usize].trim(0)
     }
 
     /// Adopts (`adopt = true`: Kmm frees it) or borrows memory allocated elsewhere.
@@ -305,7 +363,7 @@ impl Manager {
         if bytes > MAX_BUFFER_BYTES {
             fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
         }
-        let mut st = lock(&self.state);
+        let mut st = self.state();
         let origin = if adopt {
             let block = Block { addr: ptr, size: bytes, token: 0 };
             st.adopted[kind as usize].inner_mut().adopt(block);
@@ -313,58 +371,32 @@ impl Manager {
         } else {
             Origin::Borrowed
         };
-        self.insert_buffer(&mut st, BufferRecord { kind, addr: ptr, bytes, origin, pins: 0 })
+        st.insert_buffer(BufferRecord { kind, addr: ptr, bytes, origin, pins: 0 })
     }
 
     pub fn free(&self, handle: u64, mode: FreeMode) -> Result<()> {
-        let mut st = lock(&self.state);
-        let record = st.buffers.get(handle)?;
-        if record.pins > 0 && mode == FreeMode::Checked {
-            fail!(
-                KMM_ERROR_BUFFER_MAPPED,
-                "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
-                record.pins
-            );
-        }
-        let record = st.buffers.remove(handle)?;
-        st.usage[record.kind as usize].on_free(record.bytes);
-        match record.origin {
-            Origin::Resource(block) => st.resources[record.kind as usize].deallocate(block),
-            Origin::Adopted(block) => st.adopted[record.kind as usize].deallocate(block),
-            Origin::Empty | Origin::Borrowed => Ok(()),
-        }
+        self.state().free(handle, mode)
     }
 
-    /// (address, bytes, kind) of a live buffer.
+    /// (address, bytes, kind, pins) of a live buffer.
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
-        let st = lock(&self.state);
-        let r = st.buffers.get(handle)?;
-        Ok((r.addr, r.bytes, r.kind, r.pins))
+        self.state().buffer_info(handle)
     }
 
     /// Pins the buffer and returns its address, valid until the matching `unmap`.
     pub fn map(&self, handle: u64) -> Result<u64> {
-        let mut st = lock(&self.state);
-        let r = st.buffers.get_mut(handle)?;
-        r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
-        Ok(r.addr)
+        self.state().map(handle)
     }
 
     pub fn unmap(&self, handle: u64) -> Result<()> {
-        let mut st = lock(&self.state);
-        let r = st.buffers.get_mut(handle)?;
-        if r.pins == 0 {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
-        }
-        r.pins -= 1;
-        Ok(())
+        self.state().unmap(handle)
     }
 
     /// Waits for the stream; then memory whose free the stream has now passed goes back:
     /// adopted memory is freed and device chunks above the release threshold are released.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()?;
-        let mut st = lock(&self.state);
+        let mut st = self.state();
         for adopted in st.adopted.iter_mut() {
             adopted.trim(u64::MAX)?;
         }
@@ -377,7 +409,7 @@ impl Manager {
     /// Gives cached memory back until each pool reserves at most `keep_bytes`.
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.stream.synchronize()?;
-        let mut st = lock(&self.state);
+        let mut st = self.state();
         for r in st.resources.iter_mut() {
             r.trim(keep_bytes)?;
         }
@@ -389,7 +421,7 @@ impl Manager {
     }
 
     pub fn stats(&self, kind: MemoryKind) -> KindStats {
-        let st = lock(&self.state);
+        let st = self.state();
         let k = kind as usize;
         let mut resource = st.resources[k].counters();
         let adopted = st.adopted[k].counters();
@@ -404,7 +436,7 @@ impl Manager {
     }
 
     pub fn reset_peaks(&self) {
-        let mut st = lock(&self.state);
+        let mut st = self.state();
         for k in 0..2 {
             st.usage[k].reset_peak();
             st.resources[k].reset_peak();
@@ -447,11 +479,11 @@ impl Manager {
     pub fn record_event(&self) -> Result<u64> {
         let event: Arc<dyn Event> = Arc::from(self.backend.create_event()?);
         self.stream.record(event.as_ref())?;
-        lock(&self.state).events.insert(event)
+        self.state().events.insert(event)
     }
 
     fn event(&self, handle: u64) -> Result<Arc<dyn Event>> {
-        lock(&self.state).events.get(handle).cloned()
+        self.state().events.get(handle).cloned()
     }
 
     pub fn event_query(&self, handle: u64) -> Result<bool> {
@@ -464,7 +496,7 @@ impl Manager {
     }
 
     pub fn event_destroy(&self, handle: u64) -> Result<()> {
-        lock(&self.state).events.remove(handle).map(drop)
+        self.state().events.remove(handle).map(drop)
     }
 
     /// The manager's stream waits for the work queued so far on `foreign`.
@@ -503,7 +535,7 @@ impl Manager {
     }
 
     pub fn live_buffers(&self) -> usize {
-        lock(&self.state).buffers.len()
+        self.state().buffers.len()
     }
 }
 
@@ -512,12 +544,12 @@ impl Drop for Manager {
     /// every chunk back. Errors here cannot be returned; the device is left as clean as it lets us.
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
-        let handles = lock(&self.state).buffers.handles();
+        let handles = self.state().buffers.handles();
         for h in handles {
             let _ = self.free(h, FreeMode::Force);
         }
         let _ = self.stream.synchronize();
-        let mut st = lock(&self.state);
+        let mut st = self.state();
         for r in st.resources.iter_mut() {
             let _ = r.trim(0);
         }
@@ -537,6 +569,10 @@ impl Drop for Manager {
                 crate::qmri::gpu::release_device(device);
             }
         }
+        // The resources go last (their own drop returns what trim could not), then the slot.
+        let state = registry::state_cell(self.slot).lock().take();
+        drop(state);
+        registry::release_slot(self.slot);
     }
 }
 
