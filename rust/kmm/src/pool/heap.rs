@@ -24,7 +24,9 @@ struct Node {
 }
 
 pub struct HeapSuballocator {
-    unit: u64,
+    /// log2 of the alignment: sizes are multiples of it, and classes count in its units (a shift,
+    /// not a division, on every alloc and free).
+    unit_shift: u32,
     nodes: Vec<Node>,
     spare_nodes: Vec<u32>,
     heads: Vec<[u32; SL_COUNT]>,
@@ -45,9 +47,11 @@ fn mapping(units: u64) -> (usize, usize) {
 }
 
 impl HeapSuballocator {
+    /// `alignment` is a power of two (the manager's configuration checks it).
     pub fn new(alignment: u64) -> Self {
+        assert!(alignment.is_power_of_two(), "heap alignment {alignment} is not a power of two");
         HeapSuballocator {
-            unit: alignment.max(1),
+            unit_shift: alignment.trailing_zeros(),
             nodes: Vec::new(),
             spare_nodes: Vec::new(),
             heads: vec![[NONE; SL_COUNT]; FL_COUNT],
@@ -72,7 +76,7 @@ impl HeapSuballocator {
     }
 
     fn class_of(&self, size: u64) -> (usize, usize) {
-        mapping(size / self.unit)
+        mapping(size >> self.unit_shift)
     }
 
     fn insert_free(&mut self, id: u32) {
@@ -155,7 +159,7 @@ impl HeapSuballocator {
 
 impl Suballocator for HeapSuballocator {
     fn add_chunk(&mut self, base: u64, size: u64) {
-        let size = size / self.unit * self.unit;
+        let size = size >> self.unit_shift << self.unit_shift;
         if size == 0 {
             return;
         }
@@ -173,7 +177,7 @@ impl Suballocator for HeapSuballocator {
     }
 
     fn alloc(&mut self, size: u64) -> Option<Block> {
-        let size = super::round_up(size.max(1), self.unit);
+        let size = super::round_up(size.max(1), 1 << self.unit_shift);
         let id = self.best_in_own_class(size).or_else(|| self.first_in_larger_class(size))?;
         self.remove_free(id);
         let node = self.nodes[id as usize];

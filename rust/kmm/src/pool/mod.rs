@@ -92,8 +92,14 @@ pub trait MemoryResource: Send {
     fn reset_peak(&mut self);
 }
 
+/// `value` rounded up to a multiple of `multiple` (u64::MAX if that overflows).
 pub fn round_up(value: u64, multiple: u64) -> u64 {
-    value.div_ceil(multiple).saturating_mul(multiple)
+    if multiple.is_power_of_two() {
+        // Alignments are powers of two: a mask, not a division, on the allocation path.
+        value.checked_add(multiple - 1).map_or(u64::MAX, |v| v & !(multiple - 1))
+    } else {
+        value.div_ceil(multiple).saturating_mul(multiple)
+    }
 }
 
 /// Which suballocator a pool uses (`KmmSuballocator` in the C ABI).
