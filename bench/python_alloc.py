@@ -7,8 +7,9 @@ RMM's plugins and each library's own allocator, in one run on one GPU:
     torch.empty               caching alloc | Kmm (kmm.torch CUDAPluggableAllocator)
     kmm Manager.alloc         (the bare Python binding, for reference)
 
-Each variant runs in a fresh process (allocators must be chosen before a library's first
-allocation). Prints a table (ns/op and ratios) and writes JSON to the path given.
+Each measurement runs in a fresh process (allocators must be chosen before a library's first
+allocation), in rounds: one sample of every variant per round, `--repeats` rounds, the median
+reported. Prints a table (ns/op and ratios) and writes JSON to the path given.
 
     python bench/python_alloc.py bench/results/python_alloc.json [--iters 20000] [--repeats 5]
 
@@ -136,7 +137,7 @@ def worker(lib, variant, iters, repeats):
 
 def run_variant(lib, variant, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, variant,
-           "--iters", str(args.iters), "--repeats", str(args.repeats)]
+           "--iters", str(args.iters), "--repeats", "1"]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -204,14 +205,30 @@ def main():
     if not args.json_out:
         p.error("give the path of the JSON output")
     only = set(filter(None, args.only.split(",")))
+    chosen = [v for v in VARIANTS if not only or v[0] in only]
+    # Rounds: every variant once per round, each in a fresh process, so a drift of the machine
+    # (other tenants, clocks) spreads over all variants instead of favouring the ones run early.
+    samples = {"%s/%s" % v: [] for v in chosen}
+    errors, details = {}, {}
+    for round_ in range(args.repeats):
+        for lib, variant in chosen:
+            key = "%s/%s" % (lib, variant)
+            if key in errors:
+                continue
+            r = run_variant(lib, variant, args)
+            if "error" in r:
+                errors[key] = r["error"]
+                continue
+            samples[key] += r["samples"]
+            details[key] = r["detail"]
+        print("  round %d: %s" % (round_ + 1, ", ".join("%s %.0f" % (k, v[-1]) for k, v in samples.items() if v)), flush=True)
     results = {}
-    for lib, variant in VARIANTS:
-        if only and lib not in only:
-            continue
-        key = "%s/%s" % (lib, variant)
-        results[key] = run_variant(lib, variant, args)
-        r = results[key]
-        print("  %-16s %s" % (key, "%.0f ns/op" % r["ns_per_op"] if "ns_per_op" in r else r["error"]), flush=True)
+    for key, v in samples.items():
+        if key in errors:
+            results[key] = {"error": errors[key]}
+        else:
+            v.sort()
+            results[key] = {"ns_per_op": v[len(v) // 2], "min_ns_per_op": v[0], "samples": v, "detail": details[key]}
     report = {
         "benchmark": "python_alloc: allocate + free one 1 MiB array per operation",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
