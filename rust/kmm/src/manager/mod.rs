@@ -242,6 +242,7 @@ pub enum FreeMode {
 }
 
 impl Manager {
+    /// Called by `registry::register` only: the new manager's state goes into `slot`.
     pub fn new(config: Config, slot: u16, serial: u64) -> Result<Manager> {
         config.validate()?;
         let backend = backend::open(config.backend, config.device)?;
@@ -313,6 +314,7 @@ impl Manager {
             s.as_mut().expect("a manager's state stays in its slot until its teardown ends")
         })
     }
+
     pub fn backend_kind(&self) -> BackendKind {
         self.backend.kind()
     }
