@@ -132,19 +132,19 @@ def _c_function_allocator():
     c_allocator = getattr(cupy.cuda.memory, "CFunctionAllocator", None)
     if capsule is None or c_allocator is None:
         return None
+    # Own prototypes, so ctypes.pythonapi's shared function objects keep their settings.
     api = ctypes.pythonapi
-    api.PyCapsule_GetName.restype = ctypes.c_char_p
-    api.PyCapsule_GetName.argtypes = [ctypes.py_object]
-    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
-    api.PyCapsule_GetPointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    name = api.PyCapsule_GetName(capsule)
+    capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", api))
+    capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+        ("PyCapsule_GetPointer", api))
+    name = capsule_name(capsule)
     if name != b"intptr_t (void)":
         return None
 
     def address(function):
         return ctypes.cast(function, ctypes.c_void_p).value
 
-    source = api.PyCapsule_GetPointer(capsule, name)
+    source = capsule_pointer(capsule, name)
     check(_lib.lib.kmm_cupy_set_stream_source(source, address(api.PyErr_Clear)))
     malloc, free = address(_lib.lib.kmm_cupy_malloc), address(_lib.lib.kmm_cupy_free)
     return c_allocator(0, malloc, free, _lib.lib).malloc

@@ -112,7 +112,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
                 if self._defer_depth:
                     self._pending.append((manager, ptr))
                     return
-        _free(manager, ptr, _STREAM)  # an INVALID_ARGUMENT after reset() is expected
+        _free(manager, ptr, _STREAM)  # fails, harmlessly, for memory of a manager reset() destroyed
 
     def _flush(self):
         with self._lock:
