@@ -1454,7 +1454,9 @@ end
 The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
 device memory from the manager registered for `device`, ready for work on CuPy's current
 stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
-check; `kmm.cupy` does and raises).
+check; `kmm.cupy` does and raises). Call it as CuPy does, with the GIL held: the stream
+source set by `kmm_cupy_set_stream_source` is Python code underneath (not through ctypes'
+`CDLL`, which releases the GIL).
 """
 @inline function kmm_cupy_malloc(param, size, device)
     fp = _fp_kmm_cupy_malloc[]
