@@ -1,6 +1,7 @@
 //! Exported functions for allocator plugins of other libraries (Numba, CuPy, PyTorch): one call
-//! that allocates and maps, one that frees, both ordered with the caller's stream, and the two
-//! functions PyTorch's `CUDAPluggableAllocator` loads and the two of CuPy's `CFunctionAllocator`.
+//! that allocates and maps, one that frees, both ordered with the caller's stream; the same pair
+//! keyed by address (Numba's plugin); and the pairs that PyTorch's `CUDAPluggableAllocator` and
+//! CuPy's `CFunctionAllocator` load.
 //!
 //! Stream ordering. A plugin allocates for work on a foreign stream S (CuPy's current stream,
 //! PyTorch's stream) while Kmm's pool reuses freed memory in the order of the manager's stream.
@@ -229,8 +230,9 @@ pub const KMM_TORCH_OOM_NULL: u32 = 1;
 
 static TORCH_OOM_POLICY: AtomicU32 = AtomicU32::new(KMM_TORCH_OOM_ABORT);
 
-/// Allocations handed to a library that frees by address (PyTorch's pluggable allocator,
-/// CuPy's C function allocator): the manager serving each device and every live allocation.
+/// Allocations handed to a library that frees by address (PyTorch's pluggable allocator, CuPy's
+/// C function allocator, `kmm_plugin_malloc`): the manager serving each device (where the
+/// library names devices, not managers) and every live allocation.
 struct ByAddress {
     /// Device ordinal -> the manager serving the library on that device.
     managers: HashMap<i32, u64>,
