@@ -25,25 +25,18 @@ end
 
 default_manager_of(x) = x isa KmmArray ? Kmm.manager(x) : default_manager()
 
-# The raw call: atoms first_atom .. first_atom + n - 1 (0-based) into `out` (ntr x n).
-function simulate_raw!(out::KmmArray{ComplexF32}, seq::FISPSequence, p::KmmArray{Float32},
-                       first_atom::Integer, n::Integer, check::Bool)
-    (mh, ph), (_, oh) = handles(p.storage), handles(out.storage)
-    flags = check ? UInt32(0) : UInt32(LibKmm.KMM_QMRI_SKIP_CHECKS)
-    GC.@preserve seq p out begin
-        cs = Ref(cstruct(seq))
-        LibKmm.kmm_qmri_simulate_fisp(mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags)
-    end
-    out
-end
+# The export that simulates each kind of sequence.
+simulate_export(::FISPSequence) = LibKmm.kmm_qmri_simulate_fisp
+simulate_export(::PSSFPSequence) = LibKmm.kmm_qmri_simulate_pssfp
 
-function simulate_raw!(out::KmmArray{ComplexF32}, seq::PSSFPSequence, p::KmmArray{Float32},
+# The raw call: atoms first_atom .. first_atom + n - 1 (0-based) into `out` (ntr x n).
+function simulate_raw!(out::KmmArray{ComplexF32}, seq::AbstractSequence, p::KmmArray{Float32},
                        first_atom::Integer, n::Integer, check::Bool)
     (mh, ph), (_, oh) = handles(p.storage), handles(out.storage)
     flags = check ? UInt32(0) : UInt32(LibKmm.KMM_QMRI_SKIP_CHECKS)
     GC.@preserve seq p out begin
         cs = Ref(cstruct(seq))
-        LibKmm.kmm_qmri_simulate_pssfp(mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags)
+        simulate_export(seq)(mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags)
     end
     out
 end

@@ -293,22 +293,22 @@ fn main() {
 /// C ABI, on the default manager configuration.
 fn pair_1mib(backend: u32, r: &mut Report) {
     let m = manager(backend, |_| {});
-    let pair = || {
-        let mut b = 0;
-        ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut b));
-        ok(kmm_buffer_free(m, b, 0));
-    };
-    for _ in 0..1000 {
-        pair();
-    }
-    let n = 200_000;
-    let t = Instant::now();
-    for _ in 0..n {
-        pair();
-    }
-    let ns = t.elapsed().as_nanos() as f64 / n as f64;
+    let ns = alloc_free_ns(m, 1 << 20, DEVICE, 1000, 200_000);
     ok(kmm_manager_destroy(m, 0));
     r.row("1 MiB device alloc+free pair, C ABI from Rust", format!("{ns:.0} ns"), "peer of bench/julia_alloc.jl");
+}
+
+/// Nanoseconds per allocate+free pair of one `bytes` buffer of `kind`, after `warmup` pairs.
+fn alloc_free_ns(m: KmmManager, bytes: u64, kind: u32, warmup: usize, n: usize) -> f64 {
+    let pair = || {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(m, bytes, kind, &mut b));
+        ok(kmm_buffer_free(m, b, 0));
+    };
+    (0..warmup).for_each(|_| pair());
+    let t = Instant::now();
+    (0..n).for_each(|_| pair());
+    t.elapsed().as_nanos() as f64 / n as f64
 }
 
 fn gbps(bytes: u64, secs: f64) -> f64 {
@@ -374,18 +374,7 @@ fn copies(backend: u32, cuda: bool, quick: bool, r: &mut Report) {
 fn pinned_alloc(backend: u32, cuda: bool, r: &mut Report) {
     let bytes = 64u64 << 20;
     let m = manager(backend, |c| c.pinned_chunk_size = 64 << 20);
-    let pair = || {
-        let mut b = 0;
-        ok(kmm_buffer_alloc(m, bytes, PINNED, &mut b));
-        ok(kmm_buffer_free(m, b, 0));
-    };
-    pair();
-    let n = 10_000;
-    let t = Instant::now();
-    for _ in 0..n {
-        pair();
-    }
-    let kmm_ns = t.elapsed().as_nanos() as f64 / n as f64;
+    let kmm_ns = alloc_free_ns(m, bytes, PINNED, 1, 10_000);
     ok(kmm_manager_destroy(m, 0));
     r.row("pinned 64 MiB alloc+free from Kmm's pool", format!("{:.0} ns", kmm_ns), "<= 2 us");
     if cuda {

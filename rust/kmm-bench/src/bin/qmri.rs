@@ -99,37 +99,6 @@ impl Mgr {
     }
 }
 
-fn fisp_raw(s: &Fisp) -> KmmFispSequence {
-    KmmFispSequence {
-        flip_angle: s.flip.as_ptr(),
-        phase: s.phase.as_ptr(),
-        profile: std::ptr::null(),
-        ntr: s.flip.len() as u32,
-        max_state: s.max_state,
-        nprofile: 0,
-        tr: s.tr,
-        te: s.te,
-        ti: s.ti,
-    }
-}
-
-fn pssfp_raw(s: &Pssfp) -> KmmPssfpSequence {
-    KmmPssfpSequence {
-        flip_angle: s.flip.as_ptr(),
-        phase: s.phase.as_ptr(),
-        rf_shape: s.rf_shape.as_ptr(),
-        z: s.z.as_ptr(),
-        ntr: s.flip.len() as u32,
-        nrf: s.rf_shape.len() as u32,
-        nz: s.z.len() as u32,
-        dt_ex: s.dt_ex,
-        dt_inv: s.dt_inv,
-        dt_pr: s.dt_pr,
-        gz_ex: s.gz_ex,
-        gz_pr: s.gz_pr,
-    }
-}
-
 fn row(what: &str, shape: &str, secs: f64, rate: &str, note: &str) {
     println!("| {what:<28} | {shape:<30} | {:>10.3} | {rate:>22} | {note} |", secs * 1e3);
 }
@@ -161,7 +130,7 @@ fn main() {
 
     // ---- FISP ----
     let seq = fisp_seq(fisp_ntr, ns);
-    let raw = fisp_raw(&seq);
+    let raw = KmmFispSequence::view(&seq);
     let at = atoms(fisp_atoms, 7);
     let p = m.upload(&at);
     let out = m.alloc((fisp_atoms * fisp_ntr * 8) as u64);
@@ -219,7 +188,7 @@ fn main() {
     // ---- pSSFP ----
     let (p_ntr, nrf, nz) = (1120, 10, 1);
     let pseq = pssfp_seq(p_ntr, nrf, nz);
-    let praw = pssfp_raw(&pseq);
+    let praw = KmmPssfpSequence::view(&pseq);
     let pat = atoms(p_atoms, 11);
     let pp = m.upload(&pat);
     let pout = m.alloc((p_atoms * p_ntr * 8) as u64);
@@ -238,7 +207,7 @@ fn main() {
 
     // ---- matching ----
     let mseq = fisp_seq(m_ntr, 16);
-    let mraw = fisp_raw(&mseq);
+    let mraw = KmmFispSequence::view(&mseq);
     let dat = atoms(m_atoms, 3);
     let dp = m.upload(&dat);
     let dict = m.alloc((m_atoms * m_ntr * 8) as u64);
@@ -258,11 +227,9 @@ fn main() {
     m.time(1, || run_match(0));
     let tm = m.time(3, || run_match(0));
     let flops = 8.0 * m_atoms as f64 * m_vox as f64 * m_ntr as f64;
-    let mut found = vec![0i32; m_vox];
-    ok(kmm::ffi::copy::kmm_copy_to_host(m.0, found.as_mut_ptr().cast(), idx, 0, m_vox as u64 * 4));
-    let exact = found.iter().enumerate().filter(|(v, &j)| j as usize == (v * step) % m_atoms).count();
-    if cuda {
-        let tg = m.time(3, || {
+    // The bare GEMM the match runs, on the same buffers (the match's floor).
+    let time_bare_gemm = || {
+        m.time(3, || {
             with_manager(m.0, |mm| {
                 let (d, x) = (mm.map(dict)?, mm.map(sig)?);
                 let r = gpu::bare_gemm(mm, d, m_ntr, m_atoms, x, m_vox);
@@ -271,7 +238,17 @@ fn main() {
                 r
             })
             .unwrap()
-        });
+        })
+    };
+    // Voxels whose match is the atom they were made from.
+    let mut found = vec![0i32; m_vox];
+    let mut count_exact = || {
+        ok(kmm::ffi::copy::kmm_copy_to_host(m.0, found.as_mut_ptr().cast(), idx, 0, m_vox as u64 * 4));
+        found.iter().enumerate().filter(|(v, &j)| j as usize == (v * step) % m_atoms).count()
+    };
+    let exact = count_exact();
+    if cuda {
+        let tg = time_bare_gemm();
         let chunk = with_manager(m.0, |mm| gpu::match_chunk(mm, m_atoms, m_vox)).unwrap();
         row("bare cuBLAS CGEMM", &shape, tg, &format!("{:.1} TFLOP/s", flops / tg / 1e12), &format!("same chunks ({chunk} voxels)"));
         row("match (GEMM + argmax)", &shape, tm, &format!("{:.1} TFLOP/s", flops / tm / 1e12), &format!("{:.3}x bare GEMM; {exact}/{m_vox} exact", tm / tg));
@@ -283,26 +260,15 @@ fn main() {
         std::env::set_var("KMM_MATCH_MATH", "tf32");
         m.time(1, || run_match(0));
         let tm32 = m.time(3, || run_match(0));
-        let tg32 = m.time(3, || {
-            with_manager(m.0, |mm| {
-                let (d, x) = (mm.map(dict)?, mm.map(sig)?);
-                let r = gpu::bare_gemm(mm, d, m_ntr, m_atoms, x, m_vox);
-                mm.unmap(dict)?;
-                mm.unmap(sig)?;
-                r
-            })
-            .unwrap()
-        });
+        let tg32 = time_bare_gemm();
         std::env::remove_var("KMM_MATCH_MATH");
-        ok(kmm::ffi::copy::kmm_copy_to_host(m.0, found.as_mut_ptr().cast(), idx, 0, m_vox as u64 * 4));
-        let exact = found.iter().enumerate().filter(|(v, &j)| j as usize == (v * step) % m_atoms).count();
+        let exact = count_exact();
         row("bare CGEMM, TF32", &shape, tg32, &format!("{:.1} TFLOP/s", flops / tg32 / 1e12), "KMM_MATCH_MATH=tf32");
         row("match, TF32", &shape, tm32, &format!("{:.1} TFLOP/s", flops / tm32 / 1e12), &format!("{:.3}x bare TF32 GEMM; {exact}/{m_vox} exact", tm32 / tg32));
     }
     for rank in [32u32, 64] {
         let tr = m.time(2, || run_match(rank));
-        ok(kmm::ffi::copy::kmm_copy_to_host(m.0, found.as_mut_ptr().cast(), idx, 0, m_vox as u64 * 4));
-        let exact = found.iter().enumerate().filter(|(v, &j)| j as usize == (v * step) % m_atoms).count();
+        let exact = count_exact();
         row(&format!("match, rank {rank} compression"), &shape, tr, &format!("{:.2}x uncompressed", tm / tr), &format!("{exact}/{m_vox} exact (SVD on the host)"));
     }
     for b in [dp, dict, vp, sig, idx, score, pd] {

@@ -113,6 +113,23 @@ pub enum BackendChoice {
 }
 
 /// Resolves `Auto` through `KMM_BACKEND` (host|cuda|auto) and then through CUDA's presence.
+/// Records an event on `stream`, reusing one from `spare` when there is one (events are recycled
+/// by the stream-ordered resources that queue a release behind each piece of work). An event
+/// whose record failed goes back to `spare`.
+pub fn record_reusing(backend: &dyn Backend, stream: &dyn Stream, spare: &mut Vec<Box<dyn Event>>) -> Result<Box<dyn Event>> {
+    let event = match spare.pop() {
+        Some(e) => e,
+        None => backend.create_event()?,
+    };
+    match stream.record(event.as_ref()) {
+        Ok(()) => Ok(event),
+        Err(e) => {
+            spare.push(event);
+            Err(e)
+        }
+    }
+}
+
 pub fn open(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
     let choice = match choice {
         BackendChoice::Auto => match std::env::var("KMM_BACKEND").ok().as_deref() {

@@ -17,9 +17,11 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
         check_out(out, "out")?;
         let kind = memory_kind(kind, "kind")?;
         // The pool as it stands, under the state's lock alone; out of memory takes the manager's
-        // path, which waits for the stream and gives cached memory back first.
+        // path, which waits for the stream and gives cached memory back before trying again.
         let b = match with_state(manager, |st| st.try_alloc(bytes, kind)) {
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => with_manager(manager, |m| m.alloc(bytes, kind))?,
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
+                with_manager(manager, |m| m.alloc_after_release(bytes, kind))?
+            }
             b => b?,
         };
         write_out(out, "out", b)

@@ -112,6 +112,23 @@ unsafe fn floats(ptr: *const f32, n: u32, name: &str, or_zeros: bool) -> Result<
 }
 
 impl KmmFispSequence {
+    /// The C view of a Rust sequence (the inverse of `read`), valid while `fisp` lives: for Rust
+    /// callers of the C ABI (benchmarks, tests).
+    pub fn view(fisp: &Fisp) -> KmmFispSequence {
+        let ntr = fisp.flip.len() as u32;
+        KmmFispSequence {
+            flip_angle: fisp.flip.as_ptr(),
+            phase: fisp.phase.as_ptr(),
+            profile: if fisp.profile.is_empty() { std::ptr::null() } else { fisp.profile.as_ptr() },
+            ntr,
+            max_state: fisp.max_state,
+            nprofile: if ntr == 0 { 0 } else { fisp.profile.len() as u32 / ntr },
+            tr: fisp.tr,
+            te: fisp.te,
+            ti: fisp.ti,
+        }
+    }
+
     /// # Safety
     /// The pointers hold the counts the fields give.
     unsafe fn read(&self) -> Result<Fisp> {
@@ -136,6 +153,24 @@ impl KmmFispSequence {
 }
 
 impl KmmPssfpSequence {
+    /// The C view of a Rust sequence (the inverse of `read`), valid while `p` lives.
+    pub fn view(p: &Pssfp) -> KmmPssfpSequence {
+        KmmPssfpSequence {
+            flip_angle: p.flip.as_ptr(),
+            phase: p.phase.as_ptr(),
+            rf_shape: p.rf_shape.as_ptr(),
+            z: p.z.as_ptr(),
+            ntr: p.flip.len() as u32,
+            nrf: p.rf_shape.len() as u32,
+            nz: p.z.len() as u32,
+            dt_ex: p.dt_ex,
+            dt_inv: p.dt_inv,
+            dt_pr: p.dt_pr,
+            gz_ex: p.gz_ex,
+            gz_pr: p.gz_pr,
+        }
+    }
+
     /// # Safety
     /// The pointers hold the counts the fields give.
     unsafe fn read(&self) -> Result<Pssfp> {

@@ -340,9 +340,14 @@ impl Manager {
     pub fn alloc(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
         let first = self.state().try_alloc(bytes, kind);
         match first {
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {}
-            done => return done,
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.alloc_after_release(bytes, kind),
+            done => done,
         }
+    }
+
+    /// The out-of-memory rung of `alloc`, for a caller whose own `try_alloc` ran out of memory:
+    /// waits for the stream, gives cached memory back and tries once more.
+    pub fn alloc_after_release(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
         let retried = self.release_cached(kind).and_then(|_| self.state().try_alloc(bytes, kind));
         retried.map_err(|e| {
             self.state().usage[kind as usize].on_failure();

@@ -2,7 +2,7 @@
 //! copy into (or out of) one slot overlaps the DMA of the slots before it; a slot is reused once
 //! the event recorded after its DMA has completed.
 
-use crate::backend::{Backend, Event, Stream};
+use crate::backend::{self, Backend, Event, Stream};
 use crate::error::Result;
 use crate::pool::ring::RingSuballocator;
 use crate::pool::{round_up, Block, Suballocator};
@@ -71,18 +71,7 @@ impl Staging {
     /// cannot be recorded, the slot is released once the stream is idle; if even that fails it
     /// stays out of use until `release` (trim), so a device failure cannot corrupt later copies.
     pub fn submit(&mut self, stream: &dyn Stream, block: Block, host_copy: HostCopy) -> Result<()> {
-        let recorded = match self.spare_events.pop() {
-            Some(e) => Ok(e),
-            None => self.backend.create_event(),
-        }
-        .and_then(|event| match stream.record(event.as_ref()) {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                self.spare_events.push(event);
-                Err(e)
-            }
-        });
-        match recorded {
+        match backend::record_reusing(self.backend.as_ref(), stream, &mut self.spare_events) {
             Ok(event) => {
                 self.pending.push_back((event, block, host_copy));
                 Ok(())

@@ -3,7 +3,7 @@
 //! pinned host memory (the CPU writes it at once) and memory returned to the device.
 
 use super::{Block, MemoryResource, ResourceCounters};
-use crate::backend::{Backend, Event, Stream};
+use crate::backend::{self, Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -59,18 +59,7 @@ impl<R: MemoryResource> MemoryResource for Deferred<R> {
     /// Never loses the block: when the event cannot be recorded, the block goes back once the
     /// stream is idle (now, or at the next trim).
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        let recorded = match self.spare_events.pop() {
-            Some(e) => Ok(e),
-            None => self.backend.create_event(),
-        }
-        .and_then(|event| match self.stream.record(event.as_ref()) {
-            Ok(()) => Ok(event),
-            Err(e) => {
-                self.spare_events.push(event);
-                Err(e)
-            }
-        });
-        match recorded {
+        match backend::record_reusing(self.backend.as_ref(), self.stream.as_ref(), &mut self.spare_events) {
             Ok(event) => {
                 self.pending.push_back((event, block));
                 Ok(())
