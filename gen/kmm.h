@@ -48,7 +48,7 @@
 /**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
  */
-#define KMM_ABI_VERSION 1
+#define KMM_ABI_VERSION 2
 
 /**
  * The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
@@ -424,9 +424,12 @@ typedef struct {
    */
   uint32_t staging_chunks;
   /**
-   * Must be zero.
+   * Pool mode: once growing would take the device pool's reserved bytes past this percentage
+   * of the bytes its blocks hold, the pool first makes room by moving unmapped buffers
+   * (compaction; also tried before failing with out of memory). 0 never moves buffers;
+   * otherwise 100 to 1000 (default 108).
    */
-  uint32_t reserved;
+  uint32_t compaction_ratio_pct;
 } KmmConfig;
 
 /**
@@ -470,6 +473,14 @@ typedef struct {
   uint64_t upstream_allocs;
   uint64_t upstream_frees;
   uint64_t largest_free_block;
+  /**
+   * Allocations served by moving unmapped buffers instead of growing the pool.
+   */
+  uint64_t compactions;
+  /**
+   * Bytes those moves copied.
+   */
+  uint64_t relocated_bytes;
 } KmmMemoryStats;
 
 /**
@@ -636,6 +647,17 @@ typedef struct {
   KmmBuffer params;
 } KmmMatchOutputs;
 
+/**
+ * Who holds a movable block, as its allocator's caller names it: a compaction reports each
+ * block it relocates by this tag, so the caller can point its record at the new place.
+ */
+typedef uint32_t Owner;
+
+/**
+ * The tag of a block that never moves (slabs, staging, pinned memory).
+ */
+#define NO_OWNER UINT32_MAX
+
 
 
 #ifdef __cplusplus
@@ -708,8 +730,10 @@ KmmStatus kmm_buffer_info(KmmManager manager, KmmBuffer buffer, KmmBufferInfo *o
 /**
  * Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
  * device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
- * valid until the matching `kmm_buffer_unmap`. Work on other streams that uses it must be
- * ordered with the manager's stream (`kmm_manager_wait_stream` / `kmm_manager_signal_stream`).
+ * valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
+ * `KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+ * uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
+ * before, `kmm_manager_wait_stream` after, before the unmap).
  */
 KmmStatus kmm_buffer_map(KmmManager manager, KmmBuffer buffer, uint64_t *ptr);
 
@@ -973,7 +997,8 @@ KmmStatus kmm_plugin_free_address(KmmManager manager, uint64_t address, uint64_t
  * Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
  * allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
  * to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
- * The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+ * The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+ * it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
  * backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
  */
 KmmStatus kmm_buffer_ipc_handle(KmmManager manager,

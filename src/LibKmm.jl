@@ -40,7 +40,7 @@ const KMM_MATCH_ACCUMULATE = 1
 """
 Bumped whenever a signature, a struct layout or a constant's meaning changes.
 """
-const KMM_ABI_VERSION = 1
+const KMM_ABI_VERSION = 2
 """
 The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
 """
@@ -154,6 +154,11 @@ const KmmStreamSource = Ptr{Cvoid}
 Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
 """
 const KmmErrorHook = Ptr{Cvoid}
+"""
+Who holds a movable block, as its allocator's caller names it: a compaction reports each
+block it relocates by this tag, so the caller can point its record at the new place.
+"""
+const Owner = UInt32
 
 # structs (field order and types as in C; layout checked by test/bindings.jl)
 """
@@ -183,7 +188,7 @@ struct KmmConfig
     pinned_limit::UInt64
     staging_chunk_size::UInt64
     staging_chunks::UInt32
-    reserved::UInt32
+    compaction_ratio_pct::UInt32
 end
 
 """
@@ -215,6 +220,8 @@ struct KmmMemoryStats
     upstream_allocs::UInt64
     upstream_frees::UInt64
     largest_free_block::UInt64
+    compactions::UInt64
+    relocated_bytes::UInt64
 end
 
 """
@@ -575,8 +582,10 @@ end
 """
 Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
 device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
-valid until the matching `kmm_buffer_unmap`. Work on other streams that uses it must be
-ordered with the manager's stream (`kmm_manager_wait_stream` / `kmm_manager_signal_stream`).
+valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
+`KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
+before, `kmm_manager_wait_stream` after, before the unmap).
 
 Returns the status; `kmm_buffer_map` is the checked form.
 """
@@ -588,8 +597,10 @@ end
 """
 Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
 device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
-valid until the matching `kmm_buffer_unmap`. Work on other streams that uses it must be
-ordered with the manager's stream (`kmm_manager_wait_stream` / `kmm_manager_signal_stream`).
+valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
+`KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
+before, `kmm_manager_wait_stream` after, before the unmap).
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1298,7 +1309,8 @@ end
 Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
 allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
 to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
-The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
 backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
 
 Returns the status; `kmm_buffer_ipc_handle` is the checked form.
@@ -1312,7 +1324,8 @@ end
 Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
 allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
 to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
-The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
 backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
 
 Throws a `KmmError` unless the status is `KMM_OK`.

@@ -5,7 +5,7 @@
     KmmManager(; backend = :auto, device = 0, alloc_mode = :pool, suballocator = :binned,
                alignment, chunk_size, initial_pool_size, fixed_block_size, hard_limit,
                release_threshold, pinned_chunk_size, pinned_limit, staging_chunk_size,
-               staging_chunks)
+               staging_chunks, compaction_ratio_pct)
 
 Creates a manager: its own stream and memory pools on one device. Keywords mirror `KmmConfig`
 of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
@@ -15,6 +15,10 @@ of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
 - `suballocator`: `:binned`, `:heap`, `:fixed`, `:ring`
 - sizes in bytes; `hard_limit = 0` means none; `release_threshold` is the cached memory kept
   across `synchronize`.
+- `compaction_ratio_pct` (default 108): once growing the device pool would take its reserved
+  bytes past this percentage of the bytes in use, Kmm first makes room by moving device buffers
+  that are not mapped (no `CuArray` view holds them); also before giving up with out of memory.
+  `0` never moves buffers.
 
 Arrays keep their manager alive. The manager is destroyed by `close(mgr)` (waits for its stream)
 or, once unreachable, by its finalizer (never waits). Many managers may coexist.
@@ -167,7 +171,9 @@ const KINDS = Dict(:device => LibKmm.KMM_MEMORY_DEVICE, :pinned => LibKmm.KMM_ME
 
 The counters of one memory kind (`:device` or `:pinned`): `in_use`, `peak_in_use`, `reserved`,
 `peak_reserved`, `allocs`, `frees`, `failed_allocs`, `live_buffers`, `pool_hits`,
-`pool_misses`, `upstream_allocs`, `upstream_frees`, `largest_free_block`.
+`pool_misses`, `upstream_allocs`, `upstream_frees`, `largest_free_block`, `compactions`
+(allocations served by moving unmapped buffers instead of growing the pool) and
+`relocated_bytes` (what those moves copied).
 """
 function memory_stats(m::KmmManager = default_manager(), kind::Symbol = :device)
     out = Ref{LibKmm.KmmMemoryStats}()

@@ -10,7 +10,7 @@ import os
 from ctypes import POINTER, c_bool, c_char_p, c_int32, c_size_t, c_uint32, c_uint64, c_void_p
 
 #: The ABI version of the header these declarations follow (KMM_ABI_VERSION in gen/kmm.h).
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 KMM_MAX_BUFFER_BYTES = 1 << 48
 KMM_FREE_FORCE = 1
@@ -67,7 +67,7 @@ class KmmConfig(ctypes.Structure):
         ("pinned_limit", c_uint64),
         ("staging_chunk_size", c_uint64),
         ("staging_chunks", c_uint32),
-        ("reserved", c_uint32),
+        ("compaction_ratio_pct", c_uint32),
     ]
 
 
@@ -87,7 +87,7 @@ class KmmMemoryStats(ctypes.Structure):
         for name in (
             "in_use", "peak_in_use", "reserved", "peak_reserved", "allocs", "frees",
             "failed_allocs", "live_buffers", "pool_hits", "pool_misses", "upstream_allocs",
-            "upstream_frees", "largest_free_block",
+            "upstream_frees", "largest_free_block", "compactions", "relocated_bytes",
         )
     ]
 

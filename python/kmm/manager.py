@@ -39,7 +39,7 @@ def make_config(**config):
     """A KmmConfig from keyword arguments named like its fields; enums as strings or integers."""
     c = _lib.KmmConfig()
     check(_lib_.kmm_config_default(ctypes.byref(c)))
-    fields = {name for name, _ in _lib.KmmConfig._fields_} - {"reserved"}
+    fields = {name for name, _ in _lib.KmmConfig._fields_}
     for key, value in config.items():
         if key not in fields:
             raise TypeError("unknown Kmm config option %r (options: %s)" % (key, ", ".join(sorted(fields))))
@@ -59,7 +59,8 @@ class Manager:
     `backend` ("auto" | "host" | "cuda"), `device`, `alloc_mode` ("pool" | "cuda_async" |
     "direct"), `suballocator` ("binned" | "heap" | "fixed" | "ring"), `alignment`,
     `chunk_size`, `initial_pool_size`, `fixed_block_size`, `hard_limit`, `release_threshold`,
-    `pinned_chunk_size`, `pinned_limit`, `staging_chunk_size`, `staging_chunks`.
+    `pinned_chunk_size`, `pinned_limit`, `staging_chunk_size`, `staging_chunks`,
+    `compaction_ratio_pct` (0 never moves unmapped buffers; default 108).
 
     Destroyed by `close()` (waits for the stream), on garbage collection (deferred, never
     blocks) or at the end of a `with` block. Buffers keep their manager alive."""

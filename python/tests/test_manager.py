@@ -36,7 +36,7 @@ def test_stats_dict_and_summary(manager):
     assert set(s) == {"device", "pinned"}
     for key in ("in_use", "peak_in_use", "reserved", "peak_reserved", "allocs", "frees",
                 "failed_allocs", "live_buffers", "pool_hits", "pool_misses", "upstream_allocs",
-                "upstream_frees", "largest_free_block"):
+                "upstream_frees", "largest_free_block", "compactions", "relocated_bytes"):
         assert key in s["device"]
     b = manager.alloc(1000)
     p = manager.alloc(3000, kind="pinned")
@@ -54,6 +54,21 @@ def test_stats_dict_and_summary(manager):
     assert manager.stats("device")["peak_in_use"] == 0
     manager.trim(0)
     assert manager.stats("device")["reserved"] == 0
+
+
+def test_compaction_ratio_option():
+    with pytest.raises(kmm.InvalidArgumentError) as e:
+        kmm.Manager(backend=BACKEND, compaction_ratio_pct=50)
+    assert "compaction_ratio_pct = 50" in e.value.message
+    # Python's buffers stay mapped for their life, so a compacting pool grows around them.
+    with kmm.Manager(backend=BACKEND, chunk_size=2 << 20, compaction_ratio_pct=100) as m:
+        bufs = [m.alloc(256 << 10) for _ in range(8)]
+        for b in bufs[1::2]:
+            b.close()
+        big = m.alloc(768 << 10)
+        s = m.stats("device")
+        assert s["compactions"] == 0 and s["reserved"] == 4 << 20
+        big.close()
 
 
 def test_memory_info_synchronize_streams(manager):

@@ -1,7 +1,8 @@
 //! Allocation, copy and pinned-memory benchmarks of Kmm's C ABI against the CUDA driver's own
 //! allocators, all in one run so figures are compared as ratios on one machine.
 //!
-//! `kmm-bench [--quick]`: on a machine without CUDA only Kmm's host backend is measured.
+//! `kmm-bench [--quick] [--traces]`: on a machine without CUDA only Kmm's host backend is
+//! measured; `--traces` stops after the single-thread traces.
 
 use cudarc::driver::sys;
 use kmm::ffi::buffer::*;
@@ -166,6 +167,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
+    let traces_only = std::env::args().any(|a| a == "--traces");
     let cuda = unsafe { sys::is_culib_present() } && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
     let backend = if cuda { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
     let mut stream: sys::CUstream = std::ptr::null_mut();
@@ -216,6 +218,17 @@ fn main() {
                 format!("{frag:.3} ({} / {} bytes)", s.peak_reserved, s.peak_in_use),
                 "<= 1.10",
             );
+            let runs = 6.0 * n as f64; // the warm-up and the five timed runs
+            r.row(
+                "trace R: compactions (moving unmapped buffers instead of growing)",
+                format!(
+                    "{} in 6 runs: {:.2} per 1000 ops, {:.1} KiB moved per op",
+                    s.compactions,
+                    s.compactions as f64 * 1000.0 / runs,
+                    s.relocated_bytes as f64 / 1024.0 / runs
+                ),
+                "",
+            );
         }
         ok(kmm_manager_destroy(m, 0));
         if cuda {
@@ -226,6 +239,10 @@ fn main() {
             let direct_ns = run(&ops[..ops.len().min(20_000)], &mut CuDirect);
             r.row(&format!("trace {name}: cuMemAlloc"), format!("{direct_ns:.1} ns/op (Kmm {:.1}x faster)", direct_ns / kmm_ns), "");
         }
+    }
+
+    if traces_only {
+        return;
     }
 
     // Threads: each with its own manager, then all sharing one.

@@ -163,7 +163,8 @@ fn config_is_validated() {
         (Box::new(|c| c.chunk_size = 0), "config.chunk_size = 0"),
         (Box::new(|c| c.staging_chunks = 1), "config.staging_chunks = 1"),
         (Box::new(|c| c.staging_chunk_size = 1), "config.staging_chunk_size = 1"),
-        (Box::new(|c| c.reserved = 1), "config.reserved = 1"),
+        (Box::new(|c| c.compaction_ratio_pct = 99), "config.compaction_ratio_pct = 99"),
+        (Box::new(|c| c.compaction_ratio_pct = 1001), "in 100..=1000"),
         (
             Box::new(|c| {
                 c.suballocator = KmmSuballocator::KMM_SUBALLOC_FIXED as u32;

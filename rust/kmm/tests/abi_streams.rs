@@ -3,42 +3,6 @@
 //! show up as wrong data.
 mod common;
 use common::*;
-use kmm::manager::registry::with_manager;
-use std::sync::{Arc, Condvar, Mutex};
-
-/// Blocks the manager's stream until `open` is called. While it is closed nothing may call a
-/// CUDA function that synchronizes (first-time pinned or device allocations): the test would
-/// wait for the stream and the stream for the test. `close` warms the pools first.
-struct Gate(Arc<(Mutex<bool>, Condvar)>);
-
-impl Gate {
-    fn close(m: &Mgr) -> Gate {
-        let warm = m.alloc(4 << 20, DEVICE);
-        m.upload(warm, 0, &vec![0u8; 4 << 20]);
-        m.download(warm, 0, 4 << 20);
-        m.free(warm);
-        let warm = m.alloc(64 << 10, PINNED);
-        m.free(warm);
-        m.sync();
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let g = gate.clone();
-        with_manager(m.0, |mgr| {
-            mgr.stream().launch_host_fn(Box::new(move || {
-                let (lock, cv) = &*g;
-                let mut open = lock.lock().unwrap();
-                while !*open {
-                    open = cv.wait(open).unwrap();
-                }
-            }))
-        })
-        .unwrap();
-        Gate(gate)
-    }
-    fn open(&self) {
-        *self.0 .0.lock().unwrap() = true;
-        self.0 .1.notify_all();
-    }
-}
 
 #[test]
 fn freed_block_is_reused_only_after_queued_reads() {

@@ -1049,8 +1049,8 @@ impl Walk {
                 (KMM_ERROR_INVALID_ARGUMENT, "1 staging chunk")
             }
             3 => {
-                c.reserved = 1;
-                (KMM_ERROR_INVALID_ARGUMENT, "reserved 1")
+                c.compaction_ratio_pct = 50;
+                (KMM_ERROR_INVALID_ARGUMENT, "compaction ratio 50%")
             }
             4 => {
                 c.backend = 7;

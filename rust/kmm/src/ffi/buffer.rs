@@ -78,13 +78,22 @@ pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *
 
 /// Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
 /// device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
-/// valid until the matching `kmm_buffer_unmap`. Work on other streams that uses it must be
-/// ordered with the manager's stream (`kmm_manager_wait_stream` / `kmm_manager_signal_stream`).
+/// valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
+/// `KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+/// uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
+/// before, `kmm_manager_wait_stream` after, before the unmap).
 #[no_mangle]
 pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *mut u64) -> KmmStatus {
     boundary(|| {
         check_out(ptr, "ptr")?;
-        let addr = with_state(manager, |st| st.map(buffer))?;
+        let (addr, settle) = with_state(manager, |st| st.map(buffer))?;
+        if let Some(event) = settle {
+            // The buffer took part in a compaction whose copies may still be queued.
+            if let Err(e) = event.synchronize() {
+                let _ = with_state(manager, |st| st.unmap(buffer));
+                return Err(e);
+            }
+        }
         write_out(ptr, "ptr", addr)
     })
 }

@@ -162,7 +162,13 @@ fn ipc_handle(m: &Manager, buffer: u64) -> Result<([u8; 64], u64)> {
     if m.backend_kind() != BackendKind::Cuda {
         fail!(KMM_ERROR_NOT_SUPPORTED, "IPC handles need the CUDA backend; this manager runs on the host backend");
     }
-    let (addr, bytes, kind, _) = m.buffer_info(buffer)?;
+    let (addr, bytes, kind, pins) = m.buffer_info(buffer)?;
+    if pins == 0 {
+        fail!(
+            KMM_ERROR_INVALID_ARGUMENT,
+            "buffer {buffer:#x} is not mapped: keep it mapped while another process uses it (unmapped buffers may be moved)"
+        );
+    }
     if kind != MemoryKind::Device {
         fail!(KMM_ERROR_WRONG_KIND, "buffer {buffer:#x} is pinned host memory; IPC handles are for device memory");
     }
@@ -204,7 +210,8 @@ fn ipc_handle(m: &Manager, buffer: u64) -> Result<([u8; 64], u64)> {
 /// Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
 /// allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
 /// to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
-/// The buffer must stay allocated while others use it. `KMM_ERROR_NOT_SUPPORTED` on the host
+/// The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+/// it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
 /// backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
 #[no_mangle]
 pub extern "C" fn kmm_buffer_ipc_handle(manager: KmmManager, buffer: KmmBuffer, out: *mut u8, offset: *mut u64) -> KmmStatus {

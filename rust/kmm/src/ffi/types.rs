@@ -9,7 +9,7 @@ use crate::manager::{AllocMode, Config, KindStats, MemoryKind};
 use crate::pool::SuballocatorKind;
 
 /// Bumped whenever a signature, a struct layout or a constant's meaning changes.
-pub const KMM_ABI_VERSION: u32 = 1;
+pub const KMM_ABI_VERSION: u32 = 2;
 
 /// The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
 pub const KMM_MAX_BUFFER_BYTES: u64 = 281_474_976_710_656;
@@ -121,8 +121,11 @@ pub struct KmmConfig {
     pub staging_chunk_size: u64,
     /// Number of staging slots (default 4; 2 to 64).
     pub staging_chunks: u32,
-    /// Must be zero.
-    pub reserved: u32,
+    /// Pool mode: once growing would take the device pool's reserved bytes past this percentage
+    /// of the bytes its blocks hold, the pool first makes room by moving unmapped buffers
+    /// (compaction; also tried before failing with out of memory). 0 never moves buffers;
+    /// otherwise 100 to 1000 (default 108).
+    pub compaction_ratio_pct: u32,
 }
 
 /// Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
@@ -143,6 +146,10 @@ pub struct KmmMemoryStats {
     pub upstream_allocs: u64,
     pub upstream_frees: u64,
     pub largest_free_block: u64,
+    /// Allocations served by moving unmapped buffers instead of growing the pool.
+    pub compactions: u64,
+    /// Bytes those moves copied.
+    pub relocated_bytes: u64,
 }
 
 /// What `kmm_buffer_info` reports.
@@ -195,6 +202,8 @@ impl From<KindStats> for KmmMemoryStats {
             upstream_allocs: s.resource.upstream_allocs,
             upstream_frees: s.resource.upstream_frees,
             largest_free_block: s.resource.largest_free,
+            compactions: s.resource.compactions,
+            relocated_bytes: s.resource.relocated_bytes,
         }
     }
 }
@@ -224,7 +233,7 @@ impl From<&Config> for KmmConfig {
             pinned_limit: c.pinned_limit,
             staging_chunk_size: c.staging_chunk_size,
             staging_chunks: c.staging_chunks,
-            reserved: 0,
+            compaction_ratio_pct: c.compaction_ratio_pct,
         }
     }
 }
@@ -260,9 +269,6 @@ impl TryFrom<&KmmConfig> for Config {
             3 => SuballocatorKind::Ring,
             v => fail!(KMM_ERROR_INVALID_ARGUMENT, "config.suballocator = {v} is not a KmmSuballocator (0 = binned, 1 = heap, 2 = fixed, 3 = ring)"),
         };
-        if c.reserved != 0 {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.reserved = {} must be 0", c.reserved);
-        }
         let config = Config {
             backend,
             device: c.device,
@@ -278,6 +284,7 @@ impl TryFrom<&KmmConfig> for Config {
             pinned_limit: c.pinned_limit,
             staging_chunk_size: c.staging_chunk_size,
             staging_chunks: c.staging_chunks,
+            compaction_ratio_pct: c.compaction_ratio_pct,
         };
         config.validate()?;
         Ok(config)

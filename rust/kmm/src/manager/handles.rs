@@ -104,6 +104,20 @@ impl<T> HandleTable<T> {
         Ok(slot.value.take().expect("checked live"))
     }
 
+    /// The index the next `insert` will use.
+    pub fn next_index(&self) -> u32 {
+        self.free.last().copied().unwrap_or(self.slots.len() as u32)
+    }
+
+    /// The live value at `index`, by index rather than handle (for owners known by slot).
+    pub fn at(&self, index: u32) -> Option<&T> {
+        self.slots.get(index as usize).and_then(|s| s.value.as_ref())
+    }
+
+    pub fn at_mut(&mut self, index: u32) -> Option<&mut T> {
+        self.slots.get_mut(index as usize).and_then(|s| s.value.as_mut())
+    }
+
     pub fn len(&self) -> usize {
         self.live
     }

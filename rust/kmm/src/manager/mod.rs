@@ -16,7 +16,10 @@ use crate::pool::pooled::PoolResource;
 use crate::pool::stats::UsageCounters;
 use crate::pool::stream_async::AsyncResource;
 use crate::pool::upstream::{DeviceUpstream, PinnedUpstream};
-use crate::pool::{new_suballocator, Block, MemoryResource, ResourceCounters, SuballocatorKind, Upstream};
+use crate::pool::{
+    new_suballocator, Block, Immovable, MemoryResource, Owner, Relocation, Relocator, ResourceCounters, SuballocatorKind,
+    Upstream, NO_OWNER,
+};
 use crate::{err, fail};
 use handles::{HandleTable, TAG_BUFFER, TAG_EVENT};
 use std::sync::{Arc, Mutex};
@@ -52,6 +55,7 @@ pub struct Config {
     pub pinned_limit: u64,
     pub staging_chunk_size: u64,
     pub staging_chunks: u32,
+    pub compaction_ratio_pct: u32,
 }
 
 impl Default for Config {
@@ -71,6 +75,7 @@ impl Default for Config {
             pinned_limit: 0,
             staging_chunk_size: 16 << 20,
             staging_chunks: 4,
+            compaction_ratio_pct: 108,
         }
     }
 }
@@ -100,6 +105,13 @@ impl Config {
         if !(2..=64).contains(&self.staging_chunks) {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "config.staging_chunks = {} must be in 2..=64", self.staging_chunks);
         }
+        if self.compaction_ratio_pct != 0 && !(100..=1000).contains(&self.compaction_ratio_pct) {
+            fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "config.compaction_ratio_pct = {} must be 0 (never move buffers) or in 100..=1000",
+                self.compaction_ratio_pct
+            );
+        }
         if self.initial_pool_size > MAX_BUFFER_BYTES {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "config.initial_pool_size = {} exceeds 2^48", self.initial_pool_size);
         }
@@ -121,6 +133,38 @@ struct BufferRecord {
     bytes: u64,
     origin: Origin,
     pins: u32,
+    /// The buffer's bytes (moved in) or its place (moved out of) take part in a compaction whose
+    /// copies may still be queued: the next `map` waits for them.
+    settling: bool,
+}
+
+/// Moves unmapped device buffers for a compacting pool. The copies go on the manager's stream,
+/// so work queued before a move still finds the old place, and work queued after it finds the
+/// new one.
+struct BufferMover<'a> {
+    buffers: &'a mut HandleTable<BufferRecord>,
+    stream: &'a dyn Stream,
+    moved: usize,
+}
+
+impl Relocator for BufferMover<'_> {
+    fn movable(&mut self, owner: Owner) -> bool {
+        self.buffers.at(owner).is_some_and(|r| r.pins == 0)
+    }
+
+    fn relocate(&mut self, r: &Relocation) -> Result<()> {
+        let Some(record) = self.buffers.at_mut(r.owner) else {
+            fail!(KMM_ERROR_INTERNAL, "relocation of block {:#x} names no live buffer (slot {})", r.from.addr, r.owner);
+        };
+        // SAFETY: both blocks are live pool memory of this manager until the stream passes the
+        // copy: the old one is freed only after it is queued, stream-ordered.
+        unsafe { self.stream.copy_d2d(r.to.addr, r.from.addr, record.bytes.min(r.from.size))? };
+        record.addr = r.to.addr;
+        record.origin = Origin::Resource(r.to);
+        record.settling = true;
+        self.moved += 1;
+        Ok(())
+    }
 }
 
 /// Per-kind figures: what callers hold and what the resources reserve.
@@ -140,6 +184,10 @@ pub struct State {
     /// Memory adopted through `wrap`, freed through the backend once the stream passes.
     adopted: [Deferred<DirectResource>; 2],
     usage: [UsageCounters; 2],
+    backend: Arc<dyn Backend>,
+    stream: Arc<dyn Stream>,
+    /// Completes when the copies of the latest compaction have run.
+    moves_fence: Option<Arc<dyn Event>>,
 }
 
 impl State {
@@ -150,24 +198,42 @@ impl State {
             self.usage[kind as usize].on_failure();
             fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
         }
-        let origin = if bytes == 0 {
-            Origin::Empty
-        } else {
-            match self.resources[kind as usize].allocate(bytes) {
-                Ok(block) => Origin::Resource(block),
-                Err(e) => {
-                    if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
-                        self.usage[kind as usize].on_failure();
-                    }
-                    return Err(e);
+        if bytes == 0 {
+            return self.insert_buffer(BufferRecord { kind, addr: 0, bytes, origin: Origin::Empty, pins: 0, settling: false });
+        }
+        // Device buffers may be moved while unmapped; they are known to the pool by their slot.
+        let owner = if kind == MemoryKind::Device { self.buffers.next_index() } else { NO_OWNER };
+        let mut mover = BufferMover { buffers: &mut self.buffers, stream: self.stream.as_ref(), moved: 0 };
+        let mut immovable = Immovable;
+        let relocator: &mut dyn Relocator = if owner == NO_OWNER { &mut immovable } else { &mut mover };
+        let allocated = self.resources[kind as usize].allocate(bytes, owner, relocator);
+        let settling = mover.moved > 0;
+        let block = match allocated {
+            Ok(block) => block,
+            Err(e) => {
+                if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
+                    self.usage[kind as usize].on_failure();
                 }
+                return Err(e);
             }
         };
-        let addr = match origin {
-            Origin::Resource(b) => b.addr,
-            _ => 0,
+        if settling {
+            self.fence_moves();
+        }
+        self.insert_buffer(BufferRecord { kind, addr: block.addr, bytes, origin: Origin::Resource(block), pins: 0, settling })
+    }
+
+    /// Marks the end of a compaction's copies on the stream, for `map` to wait on.
+    fn fence_moves(&mut self) {
+        let mut spare = Vec::new();
+        self.moves_fence = match backend::record_reusing(self.backend.as_ref(), self.stream.as_ref(), &mut spare) {
+            Ok(event) => Some(Arc::from(event)),
+            Err(_) => {
+                // No event: wait for the copies here instead (a failing device; rare).
+                let _ = self.stream.synchronize();
+                None
+            }
         };
-        self.insert_buffer(BufferRecord { kind, addr, bytes, origin, pins: 0 })
     }
 
     fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
@@ -209,10 +275,15 @@ impl State {
         Ok((r.addr, r.bytes, r.kind, r.pins))
     }
 
-    pub fn map(&mut self, handle: u64) -> Result<u64> {
+    /// Pins the buffer; returns its address and, when a compaction's copies that involve it may
+    /// still be queued, the event to wait for (outside the lock) before the address is used
+    /// outside the stream.
+    pub fn map(&mut self, handle: u64) -> Result<(u64, Option<Arc<dyn Event>>)> {
+        let fence = &self.moves_fence;
         let r = self.buffers.get_mut(handle)?;
         r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
-        Ok(r.addr)
+        let wait = if std::mem::take(&mut r.settling) { fence.clone() } else { None };
+        Ok((r.addr, wait))
     }
 
     pub fn unmap(&mut self, handle: u64) -> Result<()> {
@@ -254,7 +325,8 @@ impl Manager {
         let device: Box<dyn MemoryResource> = match config.alloc_mode {
             AllocMode::Pool => {
                 let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
-                let mut pool = PoolResource::new(device_upstream, sub, config.chunk_size, config.alignment);
+                let mut pool = PoolResource::new(device_upstream, sub, config.chunk_size, config.alignment)
+                    .with_compaction(config.compaction_ratio_pct);
                 pool.reserve(config.initial_pool_size)?;
                 Box::new(pool)
             }
@@ -293,6 +365,9 @@ impl Manager {
                 adopted(Arc::new(PinnedUpstream(backend.clone()))),
             ],
             usage: [UsageCounters::default(); 2],
+            backend: backend.clone(),
+            stream: stream.clone(),
+            moves_fence: None,
         };
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
         if backend.kind() == BackendKind::Cuda {
@@ -378,7 +453,7 @@ impl Manager {
         } else {
             Origin::Borrowed
         };
-        st.insert_buffer(BufferRecord { kind, addr: ptr, bytes, origin, pins: 0 })
+        st.insert_buffer(BufferRecord { kind, addr: ptr, bytes, origin, pins: 0, settling: false })
     }
 
     pub fn free(&self, handle: u64, mode: FreeMode) -> Result<()> {
@@ -390,9 +465,17 @@ impl Manager {
         self.state().buffer_info(handle)
     }
 
-    /// Pins the buffer and returns its address, valid until the matching `unmap`.
+    /// Pins the buffer and returns its address, valid until the matching `unmap`. The content is
+    /// in place for any user of the address, on the stream or not.
     pub fn map(&self, handle: u64) -> Result<u64> {
-        self.state().map(handle)
+        let (addr, settle) = self.state().map(handle)?;
+        if let Some(event) = settle {
+            if let Err(e) = event.synchronize() {
+                let _ = self.unmap(handle);
+                return Err(e);
+            }
+        }
+        Ok(addr)
     }
 
     pub fn unmap(&self, handle: u64) -> Result<()> {
@@ -478,6 +561,14 @@ impl Manager {
                 s.resource.pool_misses,
                 s.usage.failed_allocs,
                 human_bytes(s.resource.largest_free)
+            );
+        }
+        let device = self.stats(MemoryKind::Device).resource;
+        if device.compactions > 0 {
+            out += &format!(
+                "compactions: {} (unmapped device buffers moved instead of growing the pool; {} copied)\n",
+                device.compactions,
+                human_bytes(device.relocated_bytes)
             );
         }
         out

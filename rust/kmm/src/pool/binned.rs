@@ -3,7 +3,7 @@
 
 use super::fixed::FixedSuballocator;
 use super::heap::HeapSuballocator;
-use super::{round_up, Block, Suballocator};
+use super::{round_up, Block, Owner, Relocator, Suballocator};
 use std::collections::HashMap;
 
 /// Requests up to this size are served from size classes.
@@ -63,8 +63,13 @@ impl Suballocator for BinnedSuballocator {
     }
 
     fn alloc(&mut self, size: u64) -> Option<Block> {
+        self.alloc_movable(size, super::NO_OWNER)
+    }
+
+    /// Only blocks above the size classes move: a slab holds many owners' blocks.
+    fn alloc_movable(&mut self, size: u64, owner: Owner) -> Option<Block> {
         let Some(bin) = self.bin_for(size) else {
-            return self.heap.alloc(size);
+            return self.heap.alloc_movable(size, owner);
         };
         if let Some(b) = self.bins[bin].fixed.alloc(size) {
             return Some(b);
@@ -91,6 +96,22 @@ impl Suballocator for BinnedSuballocator {
             return chunk_empty;
         }
         false
+    }
+
+    fn relocates(&self) -> bool {
+        true
+    }
+
+    /// A small request makes room for a slab of its class.
+    fn make_room(&mut self, size: u64, owner: Owner, mover: &mut dyn Relocator) -> Option<Block> {
+        let Some(bin) = self.bin_for(size) else {
+            return self.heap.make_room(size, owner, mover);
+        };
+        let slab = self.heap.make_room(self.slab_size(bin), super::NO_OWNER, mover)?;
+        let bin = &mut self.bins[bin];
+        bin.fixed.add_chunk(slab.addr, slab.size);
+        bin.slabs.insert(slab.addr, slab);
+        bin.fixed.alloc(size)
     }
 
     fn remove_free_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {

@@ -6,7 +6,7 @@ use super::binned::BinnedSuballocator;
 use super::fixed::FixedSuballocator;
 use super::heap::HeapSuballocator;
 use super::ring::RingSuballocator;
-use super::{Block, Suballocator};
+use super::{Block, Owner, Relocation, Relocator, Suballocator};
 use std::collections::BTreeMap;
 
 const ALIGN: u64 = 256;
@@ -192,4 +192,113 @@ fn ring_reclaims_in_order_and_wraps() {
     ring.free(c);
     ring.free(d);
     assert!(ring.free(e), "last free empties the ring");
+}
+
+/// Owners' blocks as a pool's caller keeps them, moved by `make_room` through `Relocator`.
+struct Owners {
+    blocks: BTreeMap<Owner, Block>,
+    pinned: std::collections::BTreeSet<Owner>,
+    /// Every k-th relocation fails (0: none), as a failing copy would.
+    fail_every: u64,
+    relocations: u64,
+}
+
+impl Relocator for Owners {
+    fn movable(&mut self, owner: Owner) -> bool {
+        !self.pinned.contains(&owner)
+    }
+    fn relocate(&mut self, r: &Relocation) -> crate::error::Result<()> {
+        self.relocations += 1;
+        if self.fail_every != 0 && self.relocations % self.fail_every == 0 {
+            crate::fail!(KMM_ERROR_BACKEND, "injected copy failure");
+        }
+        assert!(!self.pinned.contains(&r.owner), "pinned owner {} moved", r.owner);
+        let held = self.blocks.get_mut(&r.owner).expect("relocated block has a live owner");
+        assert_eq!(*held, r.from, "relocated from where the owner's block is");
+        assert!(r.to.size >= r.from.size);
+        *held = r.to;
+        Ok(())
+    }
+}
+
+/// Random allocations and frees where every failed allocation asks `make_room`: blocks stay
+/// inside their chunks and apart, pinned owners never move, failed moves leave every block where
+/// it was, and after everything is freed the chunks are whole.
+#[test]
+fn make_room_relocates_movable_blocks_only() {
+    for (name, fail_every) in [("heap", 0u64), ("heap", 3), ("binned", 0), ("binned", 5)] {
+        let mut sub: Box<dyn Suballocator> =
+            if name == "heap" { Box::new(HeapSuballocator::new(ALIGN)) } else { Box::new(BinnedSuballocator::new(ALIGN)) };
+        assert!(sub.relocates());
+        let chunks: Vec<(u64, u64)> = (0..4).map(|i| (BASE + i * 2 * CHUNK, CHUNK)).collect();
+        for &(base, size) in &chunks {
+            sub.add_chunk(base, size);
+        }
+        let total_free = sub.free_bytes();
+        let mut owners = Owners { blocks: BTreeMap::new(), pinned: Default::default(), fail_every, relocations: 0 };
+        let mut rng = Rng(0xFEED ^ fail_every);
+        let (mut next, mut made) = (0 as Owner, 0);
+        for _ in 0..20_000 {
+            if owners.blocks.is_empty() || rng.below(2) == 0 {
+                let asked = super::round_up(random_sizes(&mut rng, 1 << 20), ALIGN);
+                let block = match sub.alloc_movable(asked, next) {
+                    Some(b) => Some(b),
+                    None => sub.make_room(asked, next, &mut owners).inspect(|_| made += 1),
+                };
+                if let Some(b) = block {
+                    owners.blocks.insert(next, b);
+                    if rng.below(8) == 0 {
+                        owners.pinned.insert(next);
+                    }
+                    next += 1;
+                }
+            } else {
+                let k = rng.below(owners.blocks.len() as u64) as usize;
+                let owner = *owners.blocks.keys().nth(k).expect("in range");
+                sub.free(owners.blocks.remove(&owner).expect("present"));
+                owners.pinned.remove(&owner);
+            }
+            let mut ledger = Ledger { chunks: chunks.clone(), live: BTreeMap::new() };
+            for b in owners.blocks.values() {
+                ledger.insert(name, *b, b.size);
+            }
+        }
+        assert!(made >= 10, "{name}: only {made} allocations needed room made");
+        assert!(owners.relocations > made, "{name}: room was made without moving blocks");
+        for (_, b) in std::mem::take(&mut owners.blocks) {
+            sub.free(b);
+        }
+        assert_eq!(sub.free_bytes(), total_free, "{name}: free bytes not restored");
+        assert_eq!(sub.remove_free_chunks(u64::MAX).len(), 4, "{name}: every chunk should be whole again");
+    }
+}
+
+#[test]
+fn make_room_moves_the_cheapest_blocks_and_skips_pinned_ones() {
+    let mib = CHUNK / 4;
+    let mut heap = HeapSuballocator::new(ALIGN);
+    let mut owners = Owners { blocks: BTreeMap::new(), pinned: Default::default(), fail_every: 0, relocations: 0 };
+    // Chunk 1: pinned 2 MiB | 0.5 free | block 2 (1/8) | 1.375 free. Chunk 2: 3.5 MiB | 0.5 free.
+    heap.add_chunk(BASE, CHUNK);
+    for (owner, size) in [(0, 2 * mib), (1, mib / 2), (2, mib / 8), (3, CHUNK - 2 * mib - mib / 2 - mib / 8)] {
+        owners.blocks.insert(owner, heap.alloc_movable(size, owner).unwrap());
+    }
+    heap.add_chunk(BASE + 2 * CHUNK, CHUNK);
+    owners.blocks.insert(4, heap.alloc_movable(3 * mib + mib / 2, 4).unwrap());
+    owners.pinned.insert(0);
+    heap.free(owners.blocks.remove(&1).unwrap());
+    heap.free(owners.blocks.remove(&3).unwrap());
+    assert_eq!(heap.largest_free(), CHUNK - 2 * mib - mib / 2 - mib / 8);
+
+    // 2.5 MiB: chunk 1 has 2 MiB beside the pinned block; in chunk 2, block 4 finds no place.
+    assert!(heap.alloc_movable(2 * mib + mib / 2, 9).is_none());
+    assert!(heap.make_room(2 * mib + mib / 2, 9, &mut owners).is_none());
+    assert_eq!(owners.relocations, 0);
+
+    // 1.75 MiB: block 2 is the cheapest to move, into chunk 2's tail.
+    let placed = heap.make_room(mib + 3 * mib / 4, 9, &mut owners).expect("room around block 2");
+    assert_eq!(owners.relocations, 1, "only block 2 moved");
+    assert_eq!(placed.addr, BASE + 2 * mib, "the room is where block 2 was");
+    assert_eq!(owners.blocks[&2].addr, BASE + 2 * CHUNK + 3 * mib + mib / 2, "block 2 went to chunk 2");
+    assert_eq!(owners.blocks[&0].addr, BASE, "the pinned block stayed");
 }

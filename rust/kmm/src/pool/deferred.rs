@@ -2,7 +2,7 @@
 //! has run the work queued before the free. Needed wherever reuse is not itself stream-ordered:
 //! pinned host memory (the CPU writes it at once) and memory returned to the device.
 
-use super::{Block, MemoryResource, ResourceCounters};
+use super::{Block, MemoryResource, Owner, Relocator, ResourceCounters};
 use crate::backend::{self, Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use std::collections::VecDeque;
@@ -45,12 +45,12 @@ impl<R: MemoryResource> Deferred<R> {
 }
 
 impl<R: MemoryResource> MemoryResource for Deferred<R> {
-    fn allocate(&mut self, bytes: u64) -> Result<Block> {
+    fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
         self.reclaim(false)?;
-        match self.inner.allocate(bytes) {
+        match self.inner.allocate(bytes, owner, relocator) {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY && !self.pending.is_empty() => {
                 self.reclaim(true)?;
-                self.inner.allocate(bytes)
+                self.inner.allocate(bytes, owner, relocator)
             }
             other => other,
         }

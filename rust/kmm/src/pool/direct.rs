@@ -1,7 +1,7 @@
 //! One upstream allocation per request (`cuMemAlloc`): the baseline and the debugging mode.
 //! Wrap it in [`super::deferred::Deferred`] so frees wait for the stream.
 
-use super::{round_up, Block, MemoryResource, ResourceCounters, Upstream};
+use super::{round_up, Block, MemoryResource, Owner, Relocator, ResourceCounters, Upstream};
 use crate::error::Result;
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ impl DirectResource {
 }
 
 impl MemoryResource for DirectResource {
-    fn allocate(&mut self, bytes: u64) -> Result<Block> {
+    fn allocate(&mut self, bytes: u64, _owner: Owner, _relocator: &mut dyn Relocator) -> Result<Block> {
         let size = round_up(bytes.max(1), self.alignment);
         let addr = self.upstream.allocate(size)?;
         self.counters.pool_misses += 1;

@@ -2,8 +2,13 @@
 //! (two-level, 32 sub-classes per power of two, as TLSF), so finding a fit is O(1); within the
 //! request's own class the smallest fitting block is taken, which keeps the choice close to best
 //! fit. Physical neighbours are linked, so coalescing on free is O(1).
+//!
+//! Blocks allocated as movable can be relocated to make room (`make_room`): a scan of each
+//! chunk's blocks in address order finds the windows cheapest to empty, and each block in the
+//! chosen window moves, one whole step at a time, to a free block outside it, or to room made
+//! for it the same way, a level deeper.
 
-use super::{Block, Suballocator};
+use super::{Block, Owner, Relocation, Relocator, Suballocator, NO_OWNER};
 
 const SL_BITS: u32 = 5;
 const SL_COUNT: usize = 1 << SL_BITS;
@@ -11,6 +16,16 @@ const FL_COUNT: usize = 64;
 const NONE: u32 = u32::MAX;
 /// How many blocks of the request's own class are examined for the best fit.
 const BEST_FIT_SCAN: usize = 16;
+/// What one relocation costs beyond its bytes, in bytes: a queued copy has a fixed price, so of
+/// two windows moving the same bytes the one with fewer blocks wins.
+const RELOCATION_COST: u64 = 64 << 10;
+/// How many windows one level of `make_room` tries, cheapest first, before giving up: a window
+/// fails when a block it would move finds no place outside it.
+const WINDOW_CANDIDATES: usize = 4;
+/// How many levels deep room is made for a block that has to move and finds no free block.
+const MAX_DEPTH: u32 = 2;
+/// The most blocks one `make_room` moves, over all levels and tries.
+const MAX_RELOCATIONS: u32 = 64;
 
 #[derive(Clone, Copy)]
 struct Node {
@@ -21,6 +36,24 @@ struct Node {
     prev_free: u32,
     next_free: u32,
     free: bool,
+    /// Part of a window being emptied: neither allocated from nor moved.
+    held: bool,
+    owner: Owner,
+}
+
+/// An address range `[start, end)` of chunk `chunk` (an index into `chunks`) to empty. Kept as
+/// addresses, since moving blocks out of one window changes the nodes of others.
+#[derive(Clone, Copy)]
+struct Window {
+    chunk: usize,
+    start: u64,
+    end: u64,
+}
+
+/// One `make_room` in progress.
+struct Compaction<'a> {
+    mover: &'a mut dyn Relocator,
+    moves_left: u32,
 }
 
 pub struct HeapSuballocator {
@@ -155,30 +188,9 @@ impl HeapSuballocator {
         };
         Some(self.heads[fl][sl])
     }
-}
 
-impl Suballocator for HeapSuballocator {
-    fn add_chunk(&mut self, base: u64, size: u64) {
-        let size = size >> self.unit_shift << self.unit_shift;
-        if size == 0 {
-            return;
-        }
-        let id = self.new_node(Node {
-            addr: base,
-            size,
-            prev_phys: NONE,
-            next_phys: NONE,
-            prev_free: NONE,
-            next_free: NONE,
-            free: false,
-        });
-        self.chunks.push(id);
-        self.insert_free(id);
-    }
-
-    fn alloc(&mut self, size: u64) -> Option<Block> {
-        let size = super::round_up(size.max(1), 1 << self.unit_shift);
-        let id = self.best_in_own_class(size).or_else(|| self.first_in_larger_class(size))?;
+    /// Allocates `size` bytes at the start of free block `id`, splitting off the rest.
+    fn take(&mut self, id: u32, size: u64, owner: Owner) -> Block {
         self.remove_free(id);
         let node = self.nodes[id as usize];
         if node.size > size {
@@ -190,6 +202,8 @@ impl Suballocator for HeapSuballocator {
                 prev_free: NONE,
                 next_free: NONE,
                 free: false,
+                held: false,
+                owner: NO_OWNER,
             });
             if node.next_phys != NONE {
                 self.nodes[node.next_phys as usize].prev_phys = rest;
@@ -199,12 +213,12 @@ impl Suballocator for HeapSuballocator {
             n.next_phys = rest;
             self.insert_free(rest);
         }
-        Some(Block { addr: node.addr, size, token: id })
+        self.nodes[id as usize].owner = owner;
+        Block { addr: node.addr, size, token: id }
     }
 
-    fn free(&mut self, block: Block) -> bool {
-        let mut id = block.token;
-        debug_assert!(!self.nodes[id as usize].free && self.nodes[id as usize].addr == block.addr);
+    /// Frees node `id`, merging it with free neighbours; returns the merged node.
+    fn release(&mut self, mut id: u32) -> u32 {
         let next = self.nodes[id as usize].next_phys;
         if next != NONE && self.nodes[next as usize].free {
             self.remove_free(next);
@@ -231,8 +245,193 @@ impl Suballocator for HeapSuballocator {
             id = prev;
         }
         self.insert_free(id);
+        id
+    }
+
+    /// Whether node `id` may be part of a window: free, or live and movable now.
+    fn in_window_allowed(&self, id: u32, c: &mut Compaction) -> bool {
+        let n = &self.nodes[id as usize];
+        !n.held && (n.free || (n.owner != NO_OWNER && c.mover.movable(n.owner)))
+    }
+
+    /// Windows of at least `size` bytes inside one chunk that hold only free and movable
+    /// blocks, cheapest to empty first, none overlapping another. A block costs its bytes plus
+    /// `RELOCATION_COST`, three times its bytes when no free block could take it (it would need
+    /// room made a level deeper). For each right end the window starts as late as it can.
+    fn candidate_windows(&self, size: u64, c: &mut Compaction) -> Vec<Window> {
+        let largest_free = self.largest_free();
+        let cost_of = |n: &Node| match (n.free, n.size <= largest_free) {
+            (true, _) => 0,
+            (false, true) => n.size + RELOCATION_COST,
+            (false, false) => 3 * n.size + RELOCATION_COST,
+        };
+        let mut found: Vec<(u64, Window)> = Vec::new();
+        for (chunk, &head) in self.chunks.iter().enumerate() {
+            let (mut start, mut span, mut cost) = (head, 0u64, 0u64);
+            let mut id = head;
+            while id != NONE {
+                let next = self.nodes[id as usize].next_phys;
+                if !self.in_window_allowed(id, c) {
+                    (start, span, cost) = (next, 0, 0);
+                    id = next;
+                    continue;
+                }
+                let n = &self.nodes[id as usize];
+                span += n.size;
+                cost += cost_of(n);
+                loop {
+                    let first = &self.nodes[start as usize];
+                    if start == id || span - first.size < size {
+                        break;
+                    }
+                    span -= first.size;
+                    cost -= cost_of(first);
+                    start = first.next_phys;
+                }
+                if span >= size {
+                    let begin = self.nodes[start as usize].addr;
+                    found.push((cost, Window { chunk, start: begin, end: n.addr + n.size }));
+                }
+                id = next;
+            }
+        }
+        found.sort_unstable_by_key(|&(cost, _)| cost);
+        let mut chosen: Vec<Window> = Vec::new();
+        for (_, w) in found {
+            if chosen.len() == WINDOW_CANDIDATES {
+                break;
+            }
+            if !chosen.iter().any(|o| o.chunk == w.chunk && o.start < w.end && w.start < o.end) {
+                chosen.push(w);
+            }
+        }
+        chosen
+    }
+
+    /// Empties a window of at least `size` bytes; returns the free node that covers it.
+    fn room(&mut self, size: u64, c: &mut Compaction, depth: u32) -> Option<u32> {
+        for window in self.candidate_windows(size, c) {
+            if let Some(id) = self.vacate(window, c, depth) {
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Moves every live block out of `window` and returns the free node covering it. On failure
+    /// the blocks moved so far stay moved (each move is complete) and the rest is as it was.
+    fn vacate(&mut self, window: Window, c: &mut Compaction, depth: u32) -> Option<u32> {
+        let mut pieces = Vec::new();
+        let mut id = self.chunks[window.chunk];
+        while id != NONE && self.nodes[id as usize].addr < window.end {
+            let n = &self.nodes[id as usize];
+            if n.addr + n.size > window.start {
+                pieces.push(id);
+            }
+            id = n.next_phys;
+        }
+        if !pieces.iter().all(|&id| self.in_window_allowed(id, c)) {
+            return None;
+        }
+        // Free pieces leave the free lists, so nothing moved lands in the window.
+        for &id in &pieces {
+            if self.nodes[id as usize].free {
+                self.remove_free(id);
+                self.nodes[id as usize].owner = NO_OWNER;
+            }
+            self.nodes[id as usize].held = true;
+        }
+        let mut emptied = true;
+        for &id in &pieces {
+            let n = self.nodes[id as usize];
+            if n.owner == NO_OWNER {
+                continue;
+            }
+            if c.moves_left == 0 {
+                emptied = false;
+                break;
+            }
+            let to = match self.alloc_movable(n.size, n.owner) {
+                Some(to) => Some(to),
+                None if depth < MAX_DEPTH => self.room(n.size, c, depth + 1).map(|free| self.take(free, n.size, n.owner)),
+                None => None,
+            };
+            let Some(to) = to else {
+                emptied = false;
+                break;
+            };
+            c.moves_left -= 1;
+            if c.mover.relocate(&Relocation { owner: n.owner, from: Block { addr: n.addr, size: n.size, token: id }, to }).is_err() {
+                self.release(to.token);
+                emptied = false;
+                break;
+            }
+            // The old place is now an empty piece of the window.
+            self.nodes[id as usize].owner = NO_OWNER;
+        }
+        for &id in &pieces {
+            self.nodes[id as usize].held = false;
+        }
+        if !emptied {
+            for &id in &pieces {
+                if self.nodes[id as usize].owner == NO_OWNER {
+                    self.release(id);
+                }
+            }
+            return None;
+        }
+        // Released in address order, the pieces merge into one free node.
+        Some(pieces.iter().fold(NONE, |_, &id| self.release(id)))
+    }
+}
+
+impl Suballocator for HeapSuballocator {
+    fn add_chunk(&mut self, base: u64, size: u64) {
+        let size = size >> self.unit_shift << self.unit_shift;
+        if size == 0 {
+            return;
+        }
+        let id = self.new_node(Node {
+            addr: base,
+            size,
+            prev_phys: NONE,
+            next_phys: NONE,
+            prev_free: NONE,
+            next_free: NONE,
+            free: false,
+            held: false,
+            owner: NO_OWNER,
+        });
+        self.chunks.push(id);
+        self.insert_free(id);
+    }
+
+    fn alloc(&mut self, size: u64) -> Option<Block> {
+        self.alloc_movable(size, NO_OWNER)
+    }
+
+    fn alloc_movable(&mut self, size: u64, owner: Owner) -> Option<Block> {
+        let size = super::round_up(size.max(1), 1 << self.unit_shift);
+        let id = self.best_in_own_class(size).or_else(|| self.first_in_larger_class(size))?;
+        Some(self.take(id, size, owner))
+    }
+
+    fn free(&mut self, block: Block) -> bool {
+        debug_assert!(!self.nodes[block.token as usize].free && self.nodes[block.token as usize].addr == block.addr);
+        let id = self.release(block.token);
         let n = &self.nodes[id as usize];
         n.prev_phys == NONE && n.next_phys == NONE
+    }
+
+    fn relocates(&self) -> bool {
+        true
+    }
+
+    fn make_room(&mut self, request: u64, owner: Owner, mover: &mut dyn Relocator) -> Option<Block> {
+        let size = super::round_up(request.max(1), 1 << self.unit_shift);
+        let mut c = Compaction { mover, moves_left: MAX_RELOCATIONS };
+        let free = self.room(size, &mut c, 0)?;
+        Some(self.take(free, size, owner))
     }
 
     fn remove_free_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {

@@ -29,13 +29,45 @@ pub struct Block {
     pub token: u32,
 }
 
+/// Who holds a movable block, as its allocator's caller names it: a compaction reports each
+/// block it relocates by this tag, so the caller can point its record at the new place.
+pub type Owner = u32;
+/// The tag of a block that never moves (slabs, staging, pinned memory).
+pub const NO_OWNER: Owner = u32::MAX;
+
+/// A live block a compaction relocates: its owner's bytes go from `from` to `to`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relocation {
+    pub owner: Owner,
+    pub from: Block,
+    pub to: Block,
+}
+
 /// Bookkeeping over address ranges: no memory is touched, so every suballocator is tested on
 /// made-up addresses.
 pub trait Suballocator: Send {
     /// Adds `[base, base + size)` to the ranges blocks are carved from.
     fn add_chunk(&mut self, base: u64, size: u64);
-    /// A block of at least `size` bytes (`size` is a multiple of the alignment), or `None`.
+    /// A block of at least `size` bytes (`size` is a multiple of the alignment), or `None`. The
+    /// block never moves.
     fn alloc(&mut self, size: u64) -> Option<Block>;
+    /// As `alloc`, for a block that `make_room` may relocate, reporting it as `owner`'s.
+    /// Suballocators that cannot relocate ignore the owner.
+    fn alloc_movable(&mut self, size: u64, owner: Owner) -> Option<Block> {
+        let _ = owner;
+        self.alloc(size)
+    }
+    /// Whether `make_room` can ever make room (the suballocator relocates blocks).
+    fn relocates(&self) -> bool {
+        false
+    }
+    /// Serves `size` bytes, for `owner`, by moving movable blocks out of the way one at a time
+    /// through `mover`; `None` when no room could be made. Blocks moved before a failure stay
+    /// moved: every move is complete in itself.
+    fn make_room(&mut self, size: u64, owner: Owner, mover: &mut dyn Relocator) -> Option<Block> {
+        let _ = (size, owner, mover);
+        None
+    }
     /// Takes a block back. Returns true when the block's chunk became entirely free.
     fn free(&mut self, block: Block) -> bool;
     /// Removes entirely free chunks, largest first, until at least `bytes` were removed or none
@@ -71,6 +103,10 @@ pub struct ResourceCounters {
     pub upstream_allocs: u64,
     pub upstream_frees: u64,
     pub largest_free: u64,
+    /// Allocations served by relocating live blocks instead of growing.
+    pub compactions: u64,
+    /// Bytes those compactions copied.
+    pub relocated_bytes: u64,
 }
 
 impl ResourceCounters {
@@ -80,9 +116,31 @@ impl ResourceCounters {
     }
 }
 
+/// What a pool needs from its caller to relocate live blocks: whose blocks may move now, and
+/// the move itself: queue the copy (where every later use of either place is ordered after it)
+/// and point the owner at the new block. An error leaves the block where it was.
+pub trait Relocator {
+    fn movable(&mut self, owner: Owner) -> bool;
+    fn relocate(&mut self, relocation: &Relocation) -> Result<()>;
+}
+
+/// For callers whose blocks never move.
+pub struct Immovable;
+
+impl Relocator for Immovable {
+    fn movable(&mut self, _owner: Owner) -> bool {
+        false
+    }
+    fn relocate(&mut self, relocation: &Relocation) -> Result<()> {
+        crate::fail!(KMM_ERROR_INTERNAL, "relocation of an immovable block: {relocation:?}")
+    }
+}
+
 /// A source of blocks, as the manager sees one.
 pub trait MemoryResource: Send {
-    fn allocate(&mut self, bytes: u64) -> Result<Block>;
+    /// A block of at least `bytes`, held by `owner`. A pool that compacts may relocate other
+    /// owners' blocks through `relocator` to make room.
+    fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block>;
     /// Stream-ordered: later work on the manager's stream may reuse the block at once.
     fn deallocate(&mut self, block: Block) -> Result<()>;
     /// Gives cached memory back upstream until at most `keep_bytes` stay reserved. Called only

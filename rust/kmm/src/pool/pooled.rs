@@ -1,9 +1,13 @@
 //! A pool: chunks from an upstream, blocks from a suballocator. Grows by whole chunks on a miss
 //! and gives chunks back only through `trim` (the manager calls it when its stream is idle, at
 //! synchronization against the release threshold, and when an allocation runs out of memory).
+//!
+//! A pool may compact: when growing would take what it reserves past a set ratio of what its
+//! blocks hold, or when growing fails, it first tries to make room by relocating movable blocks
+//! (the caller's `Relocator` says which may move and queues the copies).
 
-use super::{round_up, Block, MemoryResource, ResourceCounters, Suballocator, Upstream};
-use crate::error::Result;
+use super::{round_up, Block, MemoryResource, Owner, Relocation, Relocator, ResourceCounters, Suballocator, Upstream};
+use crate::error::{KmmStatus, Result};
 use crate::{err, fail};
 use std::sync::Arc;
 
@@ -15,11 +19,29 @@ pub struct PoolResource {
     counters: ResourceCounters,
     /// Every chunk held, so teardown returns them even if blocks were never freed.
     chunks: Vec<(u64, u64)>,
+    /// Reserved bytes as a percentage of the bytes in blocks above which the pool compacts
+    /// before it grows; 0: never compacts.
+    compaction_ratio_pct: u32,
 }
 
 impl PoolResource {
     pub fn new(upstream: Arc<dyn Upstream>, sub: Box<dyn Suballocator>, chunk_size: u64, alignment: u64) -> Self {
-        PoolResource { upstream, sub, chunk_size, alignment, counters: ResourceCounters::default(), chunks: Vec::new() }
+        PoolResource {
+            upstream,
+            sub,
+            chunk_size,
+            alignment,
+            counters: ResourceCounters::default(),
+            chunks: Vec::new(),
+            compaction_ratio_pct: 0,
+        }
+    }
+
+    /// Lets the pool relocate movable blocks rather than grow past `ratio_pct` percent of the
+    /// bytes its blocks hold (0: never; also when the suballocator cannot relocate).
+    pub fn with_compaction(mut self, ratio_pct: u32) -> Self {
+        self.compaction_ratio_pct = if self.sub.relocates() { ratio_pct } else { 0 };
+        self
     }
 
     /// Adds a chunk up front (the configured initial pool size).
@@ -27,17 +49,61 @@ impl PoolResource {
         if bytes == 0 {
             return Ok(());
         }
-        let base = self.upstream.allocate(bytes)?;
+        self.grow(bytes)
+    }
+
+    fn grow(&mut self, chunk: u64) -> Result<()> {
+        let base = self.upstream.allocate(chunk)?;
         self.counters.upstream_allocs += 1;
-        self.counters.add_reserved(bytes);
-        self.chunks.push((base, bytes));
-        self.sub.add_chunk(base, bytes);
+        self.counters.add_reserved(chunk);
+        self.chunks.push((base, chunk));
+        self.sub.add_chunk(base, chunk);
+        Ok(())
+    }
+
+    /// Whether growing by `chunk` for a request of `size` would take what the pool reserves past
+    /// the compaction ratio of what its blocks would then hold.
+    fn growth_passes_ratio(&self, size: u64, chunk: u64) -> bool {
+        let reserved = self.counters.reserved;
+        if self.compaction_ratio_pct == 0 {
+            return false;
+        }
+        let held = reserved - self.sub.free_bytes() + size;
+        (reserved + chunk) as u128 * 100 > held as u128 * self.compaction_ratio_pct as u128
+    }
+
+    /// Serves `size` bytes by relocating movable blocks, or `None`.
+    fn compact(&mut self, size: u64, owner: Owner, relocator: &mut dyn Relocator) -> Option<Block> {
+        if self.compaction_ratio_pct == 0 || self.sub.free_bytes() < size {
+            return None;
+        }
+        let mut counted = Counted { inner: relocator, bytes: 0 };
+        let block = self.sub.make_room(size, owner, &mut counted);
+        self.counters.relocated_bytes += counted.bytes;
+        self.counters.compactions += block.is_some() as u64;
+        block
+    }
+}
+
+/// Counts the bytes a compaction moves.
+struct Counted<'a> {
+    inner: &'a mut dyn Relocator,
+    bytes: u64,
+}
+
+impl Relocator for Counted<'_> {
+    fn movable(&mut self, owner: Owner) -> bool {
+        self.inner.movable(owner)
+    }
+    fn relocate(&mut self, r: &Relocation) -> Result<()> {
+        self.inner.relocate(r)?;
+        self.bytes += r.from.size;
         Ok(())
     }
 }
 
 impl MemoryResource for PoolResource {
-    fn allocate(&mut self, bytes: u64) -> Result<Block> {
+    fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
         let size = round_up(bytes.max(1), self.alignment);
         if size > self.sub.max_request() {
             fail!(
@@ -46,18 +112,29 @@ impl MemoryResource for PoolResource {
                 self.sub.max_request()
             );
         }
-        if let Some(block) = self.sub.alloc(size) {
+        if let Some(block) = self.sub.alloc_movable(size, owner) {
             self.counters.pool_hits += 1;
             return Ok(block);
         }
         self.counters.pool_misses += 1;
         let chunk = self.sub.chunk_for(size, self.chunk_size);
-        let base = self.upstream.allocate(chunk)?;
-        self.counters.upstream_allocs += 1;
-        self.counters.add_reserved(chunk);
-        self.chunks.push((base, chunk));
-        self.sub.add_chunk(base, chunk);
-        self.sub.alloc(size).ok_or_else(|| err!(KMM_ERROR_INTERNAL, "a fresh chunk of {chunk} bytes did not serve {size}"))
+        let past_ratio = self.growth_passes_ratio(size, chunk);
+        if past_ratio {
+            if let Some(block) = self.compact(size, owner, relocator) {
+                return Ok(block);
+            }
+        }
+        match self.grow(chunk) {
+            Ok(()) => self
+                .sub
+                .alloc_movable(size, owner)
+                .ok_or_else(|| err!(KMM_ERROR_INTERNAL, "a fresh chunk of {chunk} bytes did not serve {size}")),
+            // Out of device memory or past the hard limit: moving blocks may still make room.
+            Err(e) if !past_ratio && e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
+                self.compact(size, owner, relocator).ok_or(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn deallocate(&mut self, block: Block) -> Result<()> {

@@ -1,7 +1,7 @@
 //! CUDA's own stream-ordered pool (`cuMemAllocFromPoolAsync` on a private `cuMemPool` with a
 //! release threshold and a maximum size), as one more resource the manager can choose.
 
-use super::{Block, MemoryResource, ResourceCounters};
+use super::{Block, MemoryResource, Owner, Relocator, ResourceCounters};
 use crate::backend::{AsyncPool, Stream};
 use crate::error::Result;
 use std::sync::Arc;
@@ -19,7 +19,7 @@ impl AsyncResource {
 }
 
 impl MemoryResource for AsyncResource {
-    fn allocate(&mut self, bytes: u64) -> Result<Block> {
+    fn allocate(&mut self, bytes: u64, _owner: Owner, _relocator: &mut dyn Relocator) -> Result<Block> {
         let addr = self.pool.alloc(bytes, self.stream.as_ref())?;
         self.counters.upstream_allocs += 1;
         Ok(Block { addr, size: bytes, token: 0 })

@@ -7,7 +7,9 @@ pub use kmm::ffi::manager::*;
 pub use kmm::ffi::types::*;
 pub use kmm::ffi::*;
 pub use kmm::KmmStatus::{self, *};
+use kmm::manager::registry::with_manager;
 use std::ffi::CStr;
+use std::sync::{Arc, Condvar, Mutex};
 
 pub const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
 pub const PINNED: u32 = KmmMemoryKind::KMM_MEMORY_PINNED as u32;
@@ -100,4 +102,56 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// Blocks the manager's stream until `open` is called, so that any operation that skipped the
+/// queue shows up as wrong data. While it is closed nothing may call a CUDA function that
+/// synchronizes (first-time pinned or device allocations): the test would wait for the stream
+/// and the stream for the test. `close` warms the pools first; `shut` leaves that to the caller.
+pub struct Gate(Arc<(Mutex<bool>, Condvar)>);
+
+impl Gate {
+    pub fn close(m: &Mgr) -> Gate {
+        Gate::warm(m);
+        Gate::shut(m)
+    }
+
+    /// Makes the first device and pinned allocations and copies, then waits for the stream.
+    pub fn warm(m: &Mgr) {
+        let warm = m.alloc(4 << 20, DEVICE);
+        m.upload(warm, 0, &vec![0u8; 4 << 20]);
+        m.download(warm, 0, 4 << 20);
+        m.free(warm);
+        let warm = m.alloc(64 << 10, PINNED);
+        m.free(warm);
+        m.sync();
+    }
+
+    pub fn shut(m: &Mgr) -> Gate {
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let g = gate.clone();
+        with_manager(m.0, |mgr| {
+            mgr.stream().launch_host_fn(Box::new(move || {
+                let (lock, cv) = &*g;
+                let mut open = lock.lock().unwrap();
+                while !*open {
+                    open = cv.wait(open).unwrap();
+                }
+            }))
+        })
+        .unwrap();
+        Gate(gate)
+    }
+
+    pub fn open(&self) {
+        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.0 .1.notify_all();
+    }
+}
+
+/// A test that fails with the gate closed must not hang in the manager's teardown.
+impl Drop for Gate {
+    fn drop(&mut self) {
+        self.open();
+    }
 }

@@ -1,0 +1,212 @@
+//! Compaction through the C ABI: a pool past its compaction ratio moves unmapped buffers to make
+//! room instead of growing. Moved buffers keep their bytes, work queued before a move still reads
+//! the old place, mapped buffers never move, and a map of a moved buffer waits for its copy. The
+//! stream is gated while the moves are queued, so a move that skipped the queue would show up as
+//! wrong data on the host backend.
+mod common;
+use common::*;
+use kmm::ffi::plugins::kmm_buffer_ipc_handle;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The smallest chunk a pool takes (device memory comes in 2 MiB pages).
+const CHUNK: u64 = 2 << 20;
+const PIECE: u64 = CHUNK / 8;
+
+/// A manager whose device pool grows by 2 MiB chunks and compacts at `ratio_pct`; warmed up
+/// (for `Gate::shut`) and trimmed, so its pool starts empty.
+fn manager(ratio_pct: u32) -> Mgr {
+    let m = Mgr::with(|c| {
+        c.chunk_size = CHUNK;
+        c.compaction_ratio_pct = ratio_pct;
+    });
+    Gate::warm(&m);
+    ok(kmm_manager_trim(m.0, 0));
+    m
+}
+
+/// One chunk filled with eight buffers of distinct contents, every odd one freed: half the
+/// chunk free in four holes of one buffer each. Returns the four live buffers.
+fn checkerboard(m: &Mgr) -> Vec<(KmmBuffer, Vec<u8>)> {
+    let all: Vec<(KmmBuffer, Vec<u8>)> = (0..8)
+        .map(|i| {
+            let b = m.alloc(PIECE, DEVICE);
+            let data = pattern(PIECE as usize, 100 + i);
+            m.upload(b, 0, &data);
+            (b, data)
+        })
+        .collect();
+    let mut live = Vec::new();
+    for (i, piece) in all.into_iter().enumerate() {
+        if i % 2 == 1 {
+            m.free(piece.0);
+        } else {
+            live.push(piece);
+        }
+    }
+    let s = m.stats(DEVICE);
+    assert_eq!((s.reserved, s.in_use), (CHUNK, 4 * PIECE), "one chunk, half of it live");
+    assert_eq!(s.largest_free_block, PIECE, "free space in holes of one buffer each");
+    live
+}
+
+fn map(m: &Mgr, b: KmmBuffer) -> u64 {
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, b, &mut p));
+    p
+}
+
+#[test]
+fn moved_buffers_keep_their_bytes_and_queued_work_reads_the_old_place() {
+    let m = manager(100);
+    let live = checkerboard(&m);
+    let (pinned, _) = live[0];
+    let pinned_at = map(&m, pinned);
+    let chunks_before = m.stats(DEVICE).upstream_allocs;
+    let gate = Gate::shut(&m);
+    // Queued before the moves: a read of the old bytes, then new bytes for every movable buffer.
+    let mut early = vec![0u8; PIECE as usize];
+    let mut ev = 0;
+    ok(kmm_copy_to_host_async(m.0, early.as_mut_ptr().cast(), live[1].0, 0, PIECE, &mut ev));
+    for (i, (b, _)) in live.iter().enumerate().skip(1) {
+        ok(kmm_fill(m.0, *b, 0, PIECE, [0xA0u8 + i as u8].as_ptr().cast(), 1));
+    }
+    let big = m.alloc(3 * PIECE, DEVICE);
+    ok(kmm_fill(m.0, big, 0, 3 * PIECE, [0xEEu8].as_ptr().cast(), 1));
+    let s = m.stats(DEVICE);
+    assert_eq!(s.compactions, 1, "a buffer of three holes' size needs room made");
+    assert!((PIECE..=3 * PIECE).contains(&s.relocated_bytes), "moved {} bytes", s.relocated_bytes);
+    assert_eq!(s.reserved, CHUNK, "room was made, not reserved");
+    assert_eq!(s.upstream_allocs, chunks_before);
+    gate.open();
+    ok(kmm_event_wait(m.0, ev));
+    ok(kmm_event_destroy(m.0, ev));
+    assert_eq!(early, live[1].1, "a copy queued before the move reads the old contents");
+    assert_eq!(m.download(pinned, 0, PIECE as usize), live[0].1);
+    for (i, (b, _)) in live.iter().enumerate().skip(1) {
+        let filled = vec![0xA0u8 + i as u8; PIECE as usize];
+        assert_eq!(m.download(*b, 0, PIECE as usize), filled, "buffer {i}: a move lost what was queued before it");
+    }
+    assert_eq!(m.download(big, 0, 3 * PIECE as usize), vec![0xEE; 3 * PIECE as usize]);
+    assert_eq!(map(&m, pinned), pinned_at, "a mapped buffer never moves");
+    let mut needed = 0usize;
+    ok(kmm_manager_summary(m.0, std::ptr::null_mut(), 0, &mut needed));
+    let mut text = vec![0u8; needed];
+    ok(kmm_manager_summary(m.0, text.as_mut_ptr().cast(), needed, std::ptr::null_mut()));
+    let text = String::from_utf8_lossy(&text);
+    assert!(text.contains("compactions: 1 ("), "summary lacks the compaction:\n{text}");
+    ok(kmm_buffer_unmap(m.0, pinned));
+    ok(kmm_buffer_unmap(m.0, pinned));
+    for (b, _) in live {
+        m.free(b);
+    }
+    m.free(big);
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers, s.largest_free_block), (0, 0, CHUNK), "the chunk is whole again");
+}
+
+#[test]
+fn mapped_buffers_are_never_moved() {
+    let m = manager(100);
+    let live = checkerboard(&m);
+    let addrs: Vec<u64> = live.iter().map(|&(b, _)| map(&m, b)).collect();
+    let big = m.alloc(3 * PIECE, DEVICE);
+    let s = m.stats(DEVICE);
+    assert_eq!((s.compactions, s.reserved), (0, 2 * CHUNK), "nothing movable: the pool grows");
+    for (&(b, ref data), &at) in live.iter().zip(&addrs) {
+        assert_eq!(map(&m, b), at);
+        assert_eq!(&m.download(b, 0, PIECE as usize), data);
+        ok(kmm_buffer_unmap(m.0, b));
+        ok(kmm_buffer_unmap(m.0, b));
+    }
+    m.free(big);
+}
+
+#[test]
+fn ratio_zero_never_moves_and_a_lenient_ratio_grows_first() {
+    for ratio in [0, 1000] {
+        let m = manager(ratio);
+        let live = checkerboard(&m);
+        let _big = m.alloc(3 * PIECE, DEVICE);
+        let s = m.stats(DEVICE);
+        assert_eq!((s.compactions, s.reserved), (0, 2 * CHUNK), "ratio {ratio}%");
+        for (b, data) in &live {
+            assert_eq!(&m.download(*b, 0, PIECE as usize), data);
+        }
+    }
+}
+
+#[test]
+fn compaction_serves_what_the_hard_limit_would_refuse() {
+    // Growing is within the lenient ratio but past the hard limit: moving buffers is the way out.
+    let m = Mgr::with(|c| {
+        c.chunk_size = CHUNK;
+        c.compaction_ratio_pct = 1000;
+        c.hard_limit = CHUNK;
+    });
+    let live = checkerboard(&m);
+    let big = m.alloc(3 * PIECE, DEVICE);
+    let s = m.stats(DEVICE);
+    assert_eq!((s.compactions, s.reserved, s.failed_allocs), (1, CHUNK, 0));
+    for (b, data) in &live {
+        assert_eq!(&m.download(*b, 0, PIECE as usize), data);
+    }
+    // More than the free bytes: out of memory, and nothing stored is lost.
+    let mut b = 0;
+    expect_err(kmm_buffer_alloc(m.0, 2 * PIECE, DEVICE, &mut b), KMM_ERROR_OUT_OF_MEMORY, &["hard limit"]);
+    for (b, data) in &live {
+        assert_eq!(&m.download(*b, 0, PIECE as usize), data);
+    }
+    m.free(big);
+}
+
+#[test]
+fn map_of_a_moved_buffer_waits_until_its_bytes_are_there() {
+    if gpu() {
+        return; // reads the mapped address from the CPU: host backend only
+    }
+    let m = Arc::new(manager(100));
+    let live = checkerboard(&m);
+    let gate = Gate::shut(&m);
+    let _big = m.alloc(3 * PIECE, DEVICE);
+    assert_eq!(m.stats(DEVICE).compactions, 1);
+    let mapped = Arc::new(AtomicBool::new(false));
+    let reader = {
+        let (m, live, mapped) = (m.clone(), live.clone(), mapped.clone());
+        std::thread::spawn(move || {
+            for (b, data) in &live {
+                let p = map(&m, *b);
+                mapped.store(true, Ordering::SeqCst);
+                // SAFETY: host backend: device memory is host memory, mapped for this read.
+                let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, PIECE as usize) };
+                assert_eq!(bytes, &data[..], "mapped before its move ran");
+                ok(kmm_buffer_unmap(m.0, *b));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    // The first buffer is the lowest and stays, so the reader may get past it; a moved one stops it.
+    let stalled = !reader.is_finished();
+    gate.open();
+    reader.join().expect("reader saw every buffer's bytes");
+    assert!(stalled, "a map of a moved buffer returned while its copy was still queued");
+    assert!(mapped.load(Ordering::SeqCst));
+}
+
+#[test]
+fn ipc_handles_are_for_mapped_buffers_only() {
+    let m = Mgr::new();
+    let b = m.alloc(1 << 20, DEVICE);
+    let (mut out, mut offset) = ([0u8; 64], 0u64);
+    let status = kmm_buffer_ipc_handle(m.0, b, out.as_mut_ptr(), &mut offset);
+    if !gpu() {
+        expect_err(status, KMM_ERROR_NOT_SUPPORTED, &["host backend"]);
+        return;
+    }
+    expect_err(status, KMM_ERROR_INVALID_ARGUMENT, &["is not mapped", "moved"]);
+    map(&m, b);
+    ok(kmm_buffer_ipc_handle(m.0, b, out.as_mut_ptr(), &mut offset));
+    ok(kmm_buffer_unmap(m.0, b));
+    m.free(b);
+}
