@@ -96,7 +96,7 @@ end
     @test cfg.pinned_chunk_size == 32 * 2^20
     @test cfg.staging_chunk_size == 16 * 2^20
     @test cfg.staging_chunks == 4
-    @test cfg.reserved == 0
+    @test cfg.compaction_ratio_pct == 108
 
     m = KmmManager(backend = :host, alloc_mode = :pool, suballocator = :heap)
     info, tail = written_by_library(p -> LibKmm.kmm_manager_info(m.handle, p), LibKmm.KmmManagerInfo)
@@ -110,6 +110,7 @@ end
                                   LibKmm.KmmMemoryStats)
     @test all(==(0xAB), tail)
     @test st.in_use == 1000 && st.live_buffers == 1 && st.allocs == 1 && st.frees == 0
+    @test st.compactions == 0 && st.relocated_bytes == 0
     bi, tail = written_by_library(p -> LibKmm.kmm_buffer_info(m.handle, x.storage.handle, p),
                                   LibKmm.KmmBufferInfo)
     @test all(==(0xAB), tail)

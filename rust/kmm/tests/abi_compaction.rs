@@ -64,11 +64,13 @@ fn moved_buffers_keep_their_bytes_and_queued_work_reads_the_old_place() {
     let (pinned, _) = live[0];
     let pinned_at = map(&m, pinned);
     let chunks_before = m.stats(DEVICE).upstream_allocs;
+    // Page-locked, so the early read below is queued rather than done at once (CUDA).
+    let early_buf = m.alloc(PIECE, PINNED);
+    let early = map(&m, early_buf);
     let gate = Gate::shut(&m);
     // Queued before the moves: a read of the old bytes, then new bytes for every movable buffer.
-    let mut early = vec![0u8; PIECE as usize];
     let mut ev = 0;
-    ok(kmm_copy_to_host_async(m.0, early.as_mut_ptr().cast(), live[1].0, 0, PIECE, &mut ev));
+    ok(kmm_copy_to_host_async(m.0, early as *mut _, live[1].0, 0, PIECE, &mut ev));
     for (i, (b, _)) in live.iter().enumerate().skip(1) {
         ok(kmm_fill(m.0, *b, 0, PIECE, [0xA0u8 + i as u8].as_ptr().cast(), 1));
     }
@@ -82,7 +84,11 @@ fn moved_buffers_keep_their_bytes_and_queued_work_reads_the_old_place() {
     gate.open();
     ok(kmm_event_wait(m.0, ev));
     ok(kmm_event_destroy(m.0, ev));
-    assert_eq!(early, live[1].1, "a copy queued before the move reads the old contents");
+    // SAFETY: the pinned buffer is mapped and the copy into it has completed.
+    let early_bytes = unsafe { std::slice::from_raw_parts(early as *const u8, PIECE as usize) };
+    assert_eq!(early_bytes, &live[1].1[..], "a copy queued before the move reads the old contents");
+    ok(kmm_buffer_unmap(m.0, early_buf));
+    m.free(early_buf);
     assert_eq!(m.download(pinned, 0, PIECE as usize), live[0].1);
     for (i, (b, _)) in live.iter().enumerate().skip(1) {
         let filled = vec![0xA0u8 + i as u8; PIECE as usize];

@@ -68,6 +68,8 @@ struct Tally {
     calls: u64,
     bad_inputs: u64,
     bytes_checked: u64,
+    /// Device allocations served by moving unmapped buffers (seen at stats checks).
+    compactions: u64,
     by_op: BTreeMap<&'static str, u64>,
 }
 
@@ -77,6 +79,7 @@ impl Tally {
         self.calls += o.calls;
         self.bad_inputs += o.bad_inputs;
         self.bytes_checked += o.bytes_checked;
+        self.compactions += o.compactions;
         for (k, v) in &o.by_op {
             *self.by_op.entry(k).or_default() += v;
         }
@@ -87,8 +90,8 @@ impl std::fmt::Display for Tally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} walks, {} ABI calls ({} with invalid arguments), {} bytes verified; per op: {:?}",
-            self.walks, self.calls, self.bad_inputs, self.bytes_checked, self.by_op
+            "{} walks, {} ABI calls ({} with invalid arguments), {} bytes verified, {} compactions; per op: {:?}",
+            self.walks, self.calls, self.bad_inputs, self.bytes_checked, self.compactions, self.by_op
         )
     }
 }
@@ -135,6 +138,7 @@ struct Mgr {
     /// Host memory an async copy reads; kept until the manager has synchronized.
     sources: Vec<Box<[u8]>>,
     stream: u64,
+    compactions_seen: u64,
 }
 
 impl Mgr {
@@ -230,6 +234,8 @@ impl Walk {
             6 => c.alloc_mode = KmmAllocMode::KMM_ALLOC_CUDA_ASYNC as u32,
             _ => c.release_threshold = 0,
         }
+        // Moving unmapped buffers: never, whenever fragmentation blocks a request, or by default.
+        c.compaction_ratio_pct = [0, 100, 108][r.below(3) as usize];
         if r.below(5) == 0 {
             c.hard_limit = 3 << 20;
             c.pinned_limit = 2 << 20;
@@ -255,6 +261,7 @@ impl Walk {
             pending: Vec::new(),
             sources: Vec::new(),
             stream: info.stream,
+            compactions_seen: 0,
         });
     }
 
@@ -1294,6 +1301,10 @@ impl Walk {
                 let want = (u.in_use, u.peak, u.allocs, u.frees, u.failed, u.live);
                 check!(self, got == want, "manager {:#x} kind {kind}: stats (in_use, peak, allocs, frees, failed, live) = {got:?}, model {want:?}", self.mgrs[i].handle);
                 check!(self, s.reserved >= u.in_use - u.borrowed, "manager {:#x} kind {kind}: reserved {} < owned bytes in use {}", self.mgrs[i].handle, s.reserved, u.in_use - u.borrowed);
+                if kind == DEVICE {
+                    self.tally.compactions += s.compactions - self.mgrs[i].compactions_seen;
+                    self.mgrs[i].compactions_seen = s.compactions;
+                }
             }
         }
     }

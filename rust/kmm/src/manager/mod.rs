@@ -223,11 +223,16 @@ impl State {
         self.insert_buffer(BufferRecord { kind, addr: block.addr, bytes, origin: Origin::Resource(block), pins: 0, settling })
     }
 
-    /// Marks the end of a compaction's copies on the stream, for `map` to wait on.
+    /// Marks the end of a compaction's copies on the stream, for `map` to wait on. The last
+    /// fence's event is recorded again unless a `map` still waits on it.
     fn fence_moves(&mut self) {
-        let mut spare = Vec::new();
-        self.moves_fence = match backend::record_reusing(self.backend.as_ref(), self.stream.as_ref(), &mut spare) {
-            Ok(event) => Some(Arc::from(event)),
+        let reusable = self.moves_fence.take().filter(|e| Arc::strong_count(e) == 1);
+        let recorded = match reusable {
+            Some(event) => self.stream.record(event.as_ref()).map(|_| event),
+            None => backend::record_reusing(self.backend.as_ref(), self.stream.as_ref(), &mut Vec::new()).map(Arc::from),
+        };
+        self.moves_fence = match recorded {
+            Ok(event) => Some(event),
             Err(_) => {
                 // No event: wait for the copies here instead (a failing device; rare).
                 let _ = self.stream.synchronize();
