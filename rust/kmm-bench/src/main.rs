@@ -204,18 +204,28 @@ fn main() {
     let n = if quick { 20_000 } else { 100_000 };
     for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 5x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
         let ops = trace(n, 1000, min, max, 42);
-        let m = manager(backend, |_| {});
-        let mut kmm = KmmAlloc(m);
-        run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be
-        ok(kmm_manager_reset_peaks(m));
-        let kmm_ns = median((0..5).map(|_| run(&ops, &mut kmm)).collect());
-        let s = stats(m, DEVICE);
+        // The default manager, then the same without compaction (its peer for what moving costs).
+        let timed = |ratio_pct: Option<u32>| {
+            let m = manager(backend, |c| {
+                if let Some(pct) = ratio_pct {
+                    c.compaction_ratio_pct = pct;
+                }
+            });
+            let mut kmm = KmmAlloc(m);
+            run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be
+            ok(kmm_manager_reset_peaks(m));
+            let ns = median((0..5).map(|_| run(&ops, &mut kmm)).collect());
+            let s = stats(m, DEVICE);
+            ok(kmm_manager_destroy(m, 0));
+            (ns, s)
+        };
+        let (kmm_ns, s) = timed(None);
         r.row(&format!("trace {name}: Kmm pool (C ABI)"), format!("{kmm_ns:.1} ns/op"), target);
         if name == "R" {
-            let frag = s.peak_reserved as f64 / s.peak_in_use as f64;
+            let frag = |s: &KmmMemoryStats| s.peak_reserved as f64 / s.peak_in_use as f64;
             r.row(
                 "trace R: peak reserved / peak in use",
-                format!("{frag:.3} ({} / {} bytes)", s.peak_reserved, s.peak_in_use),
+                format!("{:.3} ({} / {} bytes)", frag(&s), s.peak_reserved, s.peak_in_use),
                 "<= 1.10",
             );
             let runs = 6.0 * n as f64; // the warm-up and the five timed runs
@@ -229,8 +239,13 @@ fn main() {
                 ),
                 "",
             );
+            let (still_ns, still) = timed(Some(0));
+            r.row(
+                "trace R: Kmm pool without compaction (compaction_ratio_pct = 0)",
+                format!("{still_ns:.1} ns/op ({:.2}x the default's time), peak reserved / in use {:.3}", kmm_ns / still_ns, frag(&still)),
+                "peer",
+            );
         }
-        ok(kmm_manager_destroy(m, 0));
         if cuda {
             let mut a = CuAsync(stream);
             run(&ops, &mut a);

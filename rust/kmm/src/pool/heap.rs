@@ -39,6 +39,8 @@ struct Node {
     /// Part of a window being emptied: neither allocated from nor moved.
     held: bool,
     owner: Owner,
+    /// The first node of the node's chunk.
+    chunk: u32,
 }
 
 /// An address range `[start, end)` of chunk `chunk` (an index into `chunks`) to empty. Kept as
@@ -68,6 +70,8 @@ pub struct HeapSuballocator {
     /// First node of each chunk (stable: merging keeps the lower node).
     chunks: Vec<u32>,
     free_bytes: u64,
+    /// Free bytes of each chunk, by the chunk's first node.
+    chunk_free: Vec<u64>,
 }
 
 fn mapping(units: u64) -> (usize, usize) {
@@ -92,6 +96,7 @@ impl HeapSuballocator {
             sl_bitmap: [0; FL_COUNT],
             chunks: Vec::new(),
             free_bytes: 0,
+            chunk_free: Vec::new(),
         }
     }
 
@@ -103,6 +108,7 @@ impl HeapSuballocator {
             }
             None => {
                 self.nodes.push(node);
+                self.chunk_free.push(0);
                 (self.nodes.len() - 1) as u32
             }
         }
@@ -127,7 +133,9 @@ impl HeapSuballocator {
         self.heads[fl][sl] = id;
         self.fl_bitmap |= 1 << fl;
         self.sl_bitmap[fl] |= 1 << sl;
-        self.free_bytes += self.nodes[id as usize].size;
+        let n = &self.nodes[id as usize];
+        self.free_bytes += n.size;
+        self.chunk_free[n.chunk as usize] += n.size;
     }
 
     fn remove_free(&mut self, id: u32) {
@@ -149,6 +157,7 @@ impl HeapSuballocator {
         }
         self.nodes[id as usize].free = false;
         self.free_bytes -= size;
+        self.chunk_free[self.nodes[id as usize].chunk as usize] -= size;
     }
 
     /// The smallest block of the request's own class that fits, looking at a bounded number.
@@ -204,6 +213,7 @@ impl HeapSuballocator {
                 free: false,
                 held: false,
                 owner: NO_OWNER,
+                chunk: node.chunk,
             });
             if node.next_phys != NONE {
                 self.nodes[node.next_phys as usize].prev_phys = rest;
@@ -266,7 +276,20 @@ impl HeapSuballocator {
             (false, false) => 3 * n.size + RELOCATION_COST,
         };
         let mut found: Vec<(u64, Window)> = Vec::new();
-        for (chunk, &head) in self.chunks.iter().enumerate() {
+        // Chunks with the most free bytes first: a window of `size` bytes in a chunk with `free`
+        // free bytes moves at least `size - free`, so once that exceeds the cost of the
+        // `WINDOW_CANDIDATES`-th cheapest chunk's best window, no later chunk can offer better.
+        let mut order: Vec<usize> = (0..self.chunks.len()).collect();
+        order.sort_unstable_by_key(|&c| std::cmp::Reverse(self.chunk_free[self.chunks[c] as usize]));
+        let mut best_per_chunk: Vec<u64> = Vec::new();
+        for chunk in order {
+            let head = self.chunks[chunk];
+            if best_per_chunk.len() >= WINDOW_CANDIDATES
+                && size.saturating_sub(self.chunk_free[head as usize]) >= best_per_chunk[WINDOW_CANDIDATES - 1]
+            {
+                break;
+            }
+            let mut chunk_best = u64::MAX;
             let (mut start, mut span, mut cost) = (head, 0u64, 0u64);
             let mut id = head;
             while id != NONE {
@@ -291,8 +314,13 @@ impl HeapSuballocator {
                 if span >= size {
                     let begin = self.nodes[start as usize].addr;
                     found.push((cost, Window { chunk, start: begin, end: n.addr + n.size }));
+                    chunk_best = chunk_best.min(cost);
                 }
                 id = next;
+            }
+            if chunk_best != u64::MAX {
+                let at = best_per_chunk.partition_point(|&c| c <= chunk_best);
+                best_per_chunk.insert(at, chunk_best);
             }
         }
         found.sort_unstable_by_key(|&(cost, _)| cost);
@@ -401,7 +429,9 @@ impl Suballocator for HeapSuballocator {
             free: false,
             held: false,
             owner: NO_OWNER,
+            chunk: NONE,
         });
+        self.nodes[id as usize].chunk = id;
         self.chunks.push(id);
         self.insert_free(id);
     }
