@@ -25,7 +25,9 @@ check_cuda(x::KmmArray) = Kmm.backend(Kmm.manager(x)) == :cuda ||
 A zero-copy `CuArray` over `x`'s device memory. While the view lives it keeps `x` alive and
 pinned (mapped), so Kmm never moves or frees the memory under it. CUDA.jl's task stream is made
 to wait for the manager's stream; after CUDA work on the view, call
-`Kmm.wait_stream(Kmm.manager(x), CUDA.stream())` before Kmm works on `x` again.
+`Kmm.wait_stream(Kmm.manager(x), CUDA.stream())` before Kmm works on `x` again. When the view
+dies, the manager's stream waits for the work queued on that task stream so far before the pin
+is dropped, so a later move (compaction) or free of `x` is ordered after it.
 """
 function CUDA.CuArray(x::KmmArray{T,N}) where {T,N}
     Kmm.kind(x) == :device ||
@@ -35,10 +37,18 @@ function CUDA.CuArray(x::KmmArray{T,N}) where {T,N}
     base = Kmm.map_storage(x.storage)                       # pin: the address stays valid
     ptr = CuPtr{T}(base + x.offset)
     c = unsafe_wrap(CuArray, ptr, size(x); own = false)
-    # the closure holds x: x outlives the view; the pin is dropped when the view dies
-    finalizer(_ -> (Kmm.unmap_storage(x.storage); nothing), c)
-    Kmm.signal_stream(m, CUDA.stream())                    # CUDA's stream waits for Kmm's work
+    s = CUDA.stream()
+    # the closure holds x and s: x outlives the view; the pin is dropped when the view dies
+    finalizer(_ -> (release_view(x, s); nothing), c)
+    Kmm.signal_stream(m, s)                                # CUDA's stream waits for Kmm's work
     c
+end
+
+# A finalizer's work: never throws (a closed manager just has no stream to order).
+function release_view(x::KmmArray, s::CuStream)
+    mh = x.storage.manager.handle
+    mh == 0 || LibKmm.unchecked_kmm_manager_wait_stream(mh, raw_stream(s))
+    Kmm.unmap_storage(x.storage)
 end
 
 """

@@ -84,4 +84,11 @@ y = KmmArray(csrc; manager = m)                            # copy into Kmm's poo
 @test pins(y) == 0                                         # the temporary view was finalized
 @test y.storage !== src.storage
 Kmm.signal_stream(m, CUDA.stream())                        # the other CuStream method
+
+# a view outliving its manager: the finalizer's work does not throw
+m2 = KmmManager(backend = :host)
+x2 = KmmArray(zeros(4); manager = m2)
+c2 = CUDA.CuArray(x2)
+close(m2)
+@test KmmCUDAExt.release_view(x2, CUDA.stream()) isa LibKmm.KmmStatus
 close(m); close(other)
