@@ -69,20 +69,28 @@ impl<T> HandleTable<T> {
     }
 
     fn index_of(&self, handle: u64) -> Result<usize> {
-        let what = tag_name(self.tag);
-        let tag = handle >> 60;
-        if tag != self.tag {
-            fail!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not a {what} handle (it looks like a {} handle)", tag_name(tag));
-        }
-        if (handle >> 48) & 0xFFF != self.owner {
-            fail!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} belongs to another manager");
-        }
         let index = (handle & INDEX_MASK) as usize;
         let generation = ((handle >> INDEX_BITS) as u32) & GEN_MASK;
         match self.slots.get(index) {
-            Some(slot) if slot.value.is_some() && slot.generation == generation => Ok(index),
-            _ => fail!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} is not live (freed, stale or never issued)"),
+            Some(slot) if handle >> 48 == (self.tag << 12 | self.owner) && slot.value.is_some() && slot.generation == generation => {
+                Ok(index)
+            }
+            _ => Err(self.lookup_error(handle)),
         }
+    }
+
+    /// Why `handle` names no live value here (the lookup's slow path).
+    #[cold]
+    fn lookup_error(&self, handle: u64) -> crate::error::Error {
+        let what = tag_name(self.tag);
+        let tag = handle >> 60;
+        if tag != self.tag {
+            return crate::err!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not a {what} handle (it looks like a {} handle)", tag_name(tag));
+        }
+        if (handle >> 48) & 0xFFF != self.owner {
+            return crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} belongs to another manager");
+        }
+        crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} is not live (freed, stale or never issued)")
     }
 
     pub fn get(&self, handle: u64) -> Result<&T> {
@@ -96,7 +104,13 @@ impl<T> HandleTable<T> {
     }
 
     pub fn remove(&mut self, handle: u64) -> Result<T> {
+        self.remove_if(handle, |_| Ok(()))
+    }
+
+    /// Removes the value of `handle` once `check` accepts it (one lookup for both).
+    pub fn remove_if(&mut self, handle: u64, check: impl FnOnce(&T) -> Result<()>) -> Result<T> {
         let i = self.index_of(handle)?;
+        check(self.slots[i].value.as_ref().expect("checked live"))?;
         let slot = &mut self.slots[i];
         slot.generation = slot.generation.wrapping_add(1) & GEN_MASK;
         self.free.push(i as u32);

@@ -258,15 +258,16 @@ impl State {
     }
 
     pub fn free(&mut self, handle: u64, mode: FreeMode) -> Result<()> {
-        let record = self.buffers.get(handle)?;
-        if record.pins > 0 && mode == FreeMode::Checked {
-            fail!(
-                KMM_ERROR_BUFFER_MAPPED,
-                "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
-                record.pins
-            );
-        }
-        let record = self.buffers.remove(handle)?;
+        let record = self.buffers.remove_if(handle, |record| {
+            if record.pins > 0 && mode == FreeMode::Checked {
+                fail!(
+                    KMM_ERROR_BUFFER_MAPPED,
+                    "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
+                    record.pins
+                );
+            }
+            Ok(())
+        })?;
         self.usage[record.kind as usize].on_free(record.bytes);
         match record.origin {
             Origin::Resource(block) => self.resources[record.kind as usize].deallocate(block),

@@ -22,12 +22,15 @@ pub struct PoolResource {
     /// Reserved bytes as a percentage of the bytes in blocks above which the pool compacts
     /// before it grows; 0: never compacts.
     compaction_ratio_pct: u32,
+    /// The suballocator's `max_request`, asked once.
+    max_request: u64,
 }
 
 impl PoolResource {
     pub fn new(upstream: Arc<dyn Upstream>, sub: Box<dyn Suballocator>, chunk_size: u64, alignment: u64) -> Self {
         PoolResource {
             upstream,
+            max_request: sub.max_request(),
             sub,
             chunk_size,
             alignment,
@@ -105,12 +108,8 @@ impl Relocator for Counted<'_> {
 impl MemoryResource for PoolResource {
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
         let size = round_up(bytes.max(1), self.alignment);
-        if size > self.sub.max_request() {
-            fail!(
-                KMM_ERROR_INVALID_ARGUMENT,
-                "bytes = {bytes} exceeds the fixed suballocator's block size {}",
-                self.sub.max_request()
-            );
+        if size > self.max_request {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = {bytes} exceeds the fixed suballocator's block size {}", self.max_request);
         }
         if let Some(block) = self.sub.alloc_movable(size, owner) {
             self.counters.pool_hits += 1;
