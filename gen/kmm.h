@@ -739,7 +739,9 @@ KmmStatus kmm_buffer_map(KmmManager manager, KmmBuffer buffer, uint64_t *ptr);
 
 /**
  * Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
- * `KMM_ERROR_INVALID_ARGUMENT`.
+ * `KMM_ERROR_INVALID_ARGUMENT`. Once its last pin is gone a device buffer may be moved by work
+ * queued on the manager's stream (compaction), so work on other streams that used the address
+ * must be ordered before that stream first (`kmm_manager_wait_stream`).
  */
 KmmStatus kmm_buffer_unmap(KmmManager manager, KmmBuffer buffer);
 

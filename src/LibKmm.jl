@@ -610,7 +610,9 @@ end
 
 """
 Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
-`KMM_ERROR_INVALID_ARGUMENT`.
+`KMM_ERROR_INVALID_ARGUMENT`. Once its last pin is gone a device buffer may be moved by work
+queued on the manager's stream (compaction), so work on other streams that used the address
+must be ordered before that stream first (`kmm_manager_wait_stream`).
 
 Returns the status; `kmm_buffer_unmap` is the checked form.
 """
@@ -621,7 +623,9 @@ Returns the status; `kmm_buffer_unmap` is the checked form.
 end
 """
 Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
-`KMM_ERROR_INVALID_ARGUMENT`.
+`KMM_ERROR_INVALID_ARGUMENT`. Once its last pin is gone a device buffer may be moved by work
+queued on the manager's stream (compaction), so work on other streams that used the address
+must be ordered before that stream first (`kmm_manager_wait_stream`).
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

@@ -99,7 +99,9 @@ pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *m
 }
 
 /// Drops one pin taken by `kmm_buffer_map`. Unmapping an unmapped buffer is
-/// `KMM_ERROR_INVALID_ARGUMENT`.
+/// `KMM_ERROR_INVALID_ARGUMENT`. Once its last pin is gone a device buffer may be moved by work
+/// queued on the manager's stream (compaction), so work on other streams that used the address
+/// must be ordered before that stream first (`kmm_manager_wait_stream`).
 #[no_mangle]
 pub extern "C" fn kmm_buffer_unmap(manager: KmmManager, buffer: KmmBuffer) -> KmmStatus {
     boundary(|| with_state(manager, |st| st.unmap(buffer)))
