@@ -647,17 +647,6 @@ typedef struct {
   KmmBuffer params;
 } KmmMatchOutputs;
 
-/**
- * Who holds a movable block, as its allocator's caller names it: a compaction reports each
- * block it relocates by this tag, so the caller can point its record at the new place.
- */
-typedef uint32_t Owner;
-
-/**
- * The tag of a block that never moves (slabs, staging, pinned memory).
- */
-#define NO_OWNER UINT32_MAX
-
 
 
 #ifdef __cplusplus

@@ -154,11 +154,6 @@ const KmmStreamSource = Ptr{Cvoid}
 Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
 """
 const KmmErrorHook = Ptr{Cvoid}
-"""
-Who holds a movable block, as its allocator's caller names it: a compaction reports each
-block it relocates by this tag, so the caller can point its record at the new place.
-"""
-const Owner = UInt32
 
 # structs (field order and types as in C; layout checked by test/bindings.jl)
 """
