@@ -216,3 +216,104 @@ fn ipc_handles_are_for_mapped_buffers_only() {
     ok(kmm_buffer_unmap(m.0, b));
     m.free(b);
 }
+
+/// What a vacated window leaves over beyond the request was a moved buffer's place: a plain
+/// allocation served there must not be written from the CPU before the move's copy ran.
+#[test]
+fn a_new_buffer_over_a_moved_place_waits_for_the_move() {
+    if gpu() {
+        return; // writes the mapped address from the CPU: host backend only
+    }
+    let m = Arc::new(manager(100));
+    let all: Vec<(KmmBuffer, Vec<u8>)> = (0..8)
+        .map(|i| {
+            let b = m.alloc(PIECE, DEVICE);
+            let data = pattern(PIECE as usize, 300 + i);
+            m.upload(b, 0, &data);
+            (b, data)
+        })
+        .collect();
+    // Mapped: 0, 3, 5, 7. Free: 1, 4, 6. Movable: 2.
+    for i in [1, 4, 6] {
+        m.free(all[i].0);
+    }
+    for i in [0, 3, 5, 7] {
+        map(&m, all[i].0);
+    }
+    let gate = Gate::shut(&m);
+    let _big = m.alloc(PIECE * 3 / 2, DEVICE);
+    assert_eq!(m.stats(DEVICE).compactions, 1);
+    let small = m.alloc(PIECE / 2, DEVICE);
+    let writer = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let p = map(&m, small);
+            // SAFETY: host backend: device memory is host memory, mapped for this write.
+            unsafe { std::ptr::write_bytes(p as *mut u8, 0x5A, (PIECE / 2) as usize) };
+            ok(kmm_buffer_unmap(m.0, small));
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let stalled = !writer.is_finished();
+    gate.open();
+    writer.join().expect("writer");
+    assert!(stalled, "a buffer allocated while moves were queued was mapped before they ran");
+    assert_eq!(m.download(all[2].0, 0, PIECE as usize), all[2].1, "the moved buffer lost bytes");
+}
+
+/// A compaction that moved blocks and then failed (past the hard limit) still fences its moves.
+#[test]
+fn moves_of_a_failed_compaction_are_fenced() {
+    if gpu() {
+        return; // reads the mapped address from the CPU: host backend only
+    }
+    let unit = CHUNK / 16;
+    let m = Arc::new(Mgr::with(|c| {
+        c.chunk_size = CHUNK;
+        c.compaction_ratio_pct = 100;
+        c.hard_limit = CHUNK;
+    }));
+    let bufs: Vec<(KmmBuffer, Vec<u8>)> = [1, 2, 1, 1, 1, 1, 1, 1, 7]
+        .iter()
+        .enumerate()
+        .map(|(i, &k)| {
+            let b = m.alloc(k * unit, DEVICE);
+            let data = pattern((k * unit) as usize, 500 + i as u64);
+            m.upload(b, 0, &data);
+            (b, data)
+        })
+        .collect();
+    for i in [3, 5, 7] {
+        m.free(bufs[i].0);
+    }
+    for i in [2, 4, 6, 8] {
+        map(&m, bufs[i].0);
+    }
+    let gate = Gate::shut(&m);
+    // Buffer 0 moves, buffer 1 finds no place, growing hits the limit: the allocation waits in
+    // its out-of-memory rung for the (gated) stream.
+    let allocating = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            let mut b = 0;
+            kmm_buffer_alloc(m.0, 3 * unit, DEVICE, &mut b)
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(m.stats(DEVICE).relocated_bytes > 0, "buffer 0 was moved");
+    let reader = {
+        let (m, (b, data)) = (m.clone(), bufs[0].clone());
+        std::thread::spawn(move || {
+            let p = map(&m, b);
+            // SAFETY: host backend: device memory is host memory, mapped for this read.
+            let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, data.len()) };
+            assert_eq!(bytes, &data[..], "mapped before its move ran");
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let stalled = !reader.is_finished();
+    gate.open();
+    reader.join().expect("reader saw the moved bytes");
+    let _ = allocating.join().expect("allocating thread");
+    assert!(stalled, "a map of a buffer moved by a failed compaction did not wait");
+}

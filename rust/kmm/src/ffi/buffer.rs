@@ -93,6 +93,10 @@ pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *m
                 let _ = with_state(manager, |st| st.unmap(buffer));
                 return Err(e);
             }
+            with_state(manager, |st| {
+                st.settled(buffer);
+                Ok(())
+            })?;
         }
         write_out(ptr, "ptr", addr)
     })

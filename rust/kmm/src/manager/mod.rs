@@ -188,6 +188,8 @@ pub struct State {
     stream: Arc<dyn Stream>,
     /// Completes when the copies of the latest compaction have run.
     moves_fence: Option<Arc<dyn Event>>,
+    /// The fence has not been seen complete yet.
+    moves_unsettled: bool,
 }
 
 impl State {
@@ -207,7 +209,10 @@ impl State {
         let mut immovable = Immovable;
         let relocator: &mut dyn Relocator = if owner == NO_OWNER { &mut immovable } else { &mut mover };
         let allocated = self.resources[kind as usize].allocate(bytes, owner, relocator);
-        let settling = mover.moved > 0;
+        // Moves stay made even when the allocation then fails: fence them either way.
+        if mover.moved > 0 {
+            self.fence_moves();
+        }
         let block = match allocated {
             Ok(block) => block,
             Err(e) => {
@@ -217,10 +222,20 @@ impl State {
                 return Err(e);
             }
         };
-        if settling {
-            self.fence_moves();
-        }
+        // Until the moves' copies have run, any new device block may lie where a moved buffer
+        // was (the request's own room, or what a window left over or gave back).
+        let settling = kind == MemoryKind::Device && self.moves_in_flight();
         self.insert_buffer(BufferRecord { kind, addr: block.addr, bytes, origin: Origin::Resource(block), pins: 0, settling })
+    }
+
+    /// Whether the copies of the latest compaction may still be queued.
+    fn moves_in_flight(&mut self) -> bool {
+        if !self.moves_unsettled {
+            return false;
+        }
+        let done = self.moves_fence.as_ref().is_some_and(|e| e.query().unwrap_or(false));
+        self.moves_unsettled = !done;
+        !done
     }
 
     /// Marks the end of a compaction's copies on the stream, for `map` to wait on. The last
@@ -239,6 +254,7 @@ impl State {
                 None
             }
         };
+        self.moves_unsettled = self.moves_fence.is_some();
     }
 
     fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
@@ -288,8 +304,18 @@ impl State {
         let fence = &self.moves_fence;
         let r = self.buffers.get_mut(handle)?;
         r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
-        let wait = if std::mem::take(&mut r.settling) { fence.clone() } else { None };
+        let wait = if r.settling { fence.clone() } else { None };
+        if wait.is_none() {
+            r.settling = false;
+        }
         Ok((r.addr, wait))
+    }
+
+    /// After a `map`'s wait for the moves' fence succeeded: the buffer's bytes are in place.
+    pub fn settled(&mut self, handle: u64) {
+        if let Ok(r) = self.buffers.get_mut(handle) {
+            r.settling = false;
+        }
     }
 
     pub fn unmap(&mut self, handle: u64) -> Result<()> {
@@ -374,6 +400,7 @@ impl Manager {
             backend: backend.clone(),
             stream: stream.clone(),
             moves_fence: None,
+            moves_unsettled: false,
         };
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
         if backend.kind() == BackendKind::Cuda {
@@ -480,6 +507,7 @@ impl Manager {
                 let _ = self.unmap(handle);
                 return Err(e);
             }
+            self.state().settled(handle);
         }
         Ok(addr)
     }
