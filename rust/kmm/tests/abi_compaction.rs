@@ -29,14 +29,7 @@ fn manager(ratio_pct: u32) -> Mgr {
 /// One chunk filled with eight buffers of distinct contents, every odd one freed: half the
 /// chunk free in four holes of one buffer each. Returns the four live buffers.
 fn checkerboard(m: &Mgr) -> Vec<(KmmBuffer, Vec<u8>)> {
-    let all: Vec<(KmmBuffer, Vec<u8>)> = (0..8)
-        .map(|i| {
-            let b = m.alloc(PIECE, DEVICE);
-            let data = pattern(PIECE as usize, 100 + i);
-            m.upload(b, 0, &data);
-            (b, data)
-        })
-        .collect();
+    let all = filled(m, &[PIECE; 8], 100);
     let mut live = Vec::new();
     for (i, piece) in all.into_iter().enumerate() {
         if i % 2 == 1 {
@@ -49,6 +42,20 @@ fn checkerboard(m: &Mgr) -> Vec<(KmmBuffer, Vec<u8>)> {
     assert_eq!((s.reserved, s.in_use), (CHUNK, 4 * PIECE), "one chunk, half of it live");
     assert_eq!(s.largest_free_block, PIECE, "free space in holes of one buffer each");
     live
+}
+
+/// Buffers of the given sizes, in allocation order, each uploaded with its own pattern.
+fn filled(m: &Mgr, sizes: &[u64], seed: u64) -> Vec<(KmmBuffer, Vec<u8>)> {
+    sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &size)| {
+            let b = m.alloc(size, DEVICE);
+            let data = pattern(size as usize, seed + i as u64);
+            m.upload(b, 0, &data);
+            (b, data)
+        })
+        .collect()
 }
 
 fn map(m: &Mgr, b: KmmBuffer) -> u64 {
@@ -225,14 +232,7 @@ fn a_new_buffer_over_a_moved_place_waits_for_the_move() {
         return; // writes the mapped address from the CPU: host backend only
     }
     let m = Arc::new(manager(100));
-    let all: Vec<(KmmBuffer, Vec<u8>)> = (0..8)
-        .map(|i| {
-            let b = m.alloc(PIECE, DEVICE);
-            let data = pattern(PIECE as usize, 300 + i);
-            m.upload(b, 0, &data);
-            (b, data)
-        })
-        .collect();
+    let all = filled(&m, &[PIECE; 8], 300);
     // Mapped: 0, 3, 5, 7. Free: 1, 4, 6. Movable: 2.
     for i in [1, 4, 6] {
         m.free(all[i].0);
@@ -273,16 +273,7 @@ fn moves_of_a_failed_compaction_are_fenced() {
         c.compaction_ratio_pct = 100;
         c.hard_limit = CHUNK;
     }));
-    let bufs: Vec<(KmmBuffer, Vec<u8>)> = [1, 2, 1, 1, 1, 1, 1, 1, 7]
-        .iter()
-        .enumerate()
-        .map(|(i, &k)| {
-            let b = m.alloc(k * unit, DEVICE);
-            let data = pattern((k * unit) as usize, 500 + i as u64);
-            m.upload(b, 0, &data);
-            (b, data)
-        })
-        .collect();
+    let bufs = filled(&m, &[1, 2, 1, 1, 1, 1, 1, 1, 7].map(|k| k * unit), 500);
     for i in [3, 5, 7] {
         m.free(bufs[i].0);
     }
