@@ -478,7 +478,7 @@ typedef struct {
    */
   uint64_t compactions;
   /**
-   * Bytes those moves copied.
+   * Bytes moved to make room, also in attempts that then grew the pool.
    */
   uint64_t relocated_bytes;
 } KmmMemoryStats;

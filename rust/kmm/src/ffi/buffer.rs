@@ -86,18 +86,7 @@ pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *
 pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *mut u64) -> KmmStatus {
     boundary(|| {
         check_out(ptr, "ptr")?;
-        let (addr, settle) = with_state(manager, |st| st.map(buffer))?;
-        if let Some(event) = settle {
-            // The buffer took part in a compaction whose copies may still be queued.
-            if let Err(e) = event.synchronize() {
-                let _ = with_state(manager, |st| st.unmap(buffer));
-                return Err(e);
-            }
-            with_state(manager, |st| {
-                st.settled(buffer);
-                Ok(())
-            })?;
-        }
+        let addr = with_manager(manager, |m| m.map(buffer))?;
         write_out(ptr, "ptr", addr)
     })
 }

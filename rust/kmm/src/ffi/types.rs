@@ -148,7 +148,7 @@ pub struct KmmMemoryStats {
     pub largest_free_block: u64,
     /// Allocations served by moving unmapped buffers instead of growing the pool.
     pub compactions: u64,
-    /// Bytes those moves copied.
+    /// Bytes moved to make room, also in attempts that then grew the pool.
     pub relocated_bytes: u64,
 }
 

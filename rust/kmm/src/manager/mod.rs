@@ -17,7 +17,7 @@ use crate::pool::stats::UsageCounters;
 use crate::pool::stream_async::AsyncResource;
 use crate::pool::upstream::{DeviceUpstream, PinnedUpstream};
 use crate::pool::{
-    new_suballocator, Block, Immovable, MemoryResource, Owner, Relocation, Relocator, ResourceCounters, SuballocatorKind,
+    new_suballocator, Block, MemoryResource, Owner, Relocation, Relocator, ResourceCounters, SuballocatorKind,
     Upstream, NO_OWNER,
 };
 use crate::{err, fail};
@@ -133,8 +133,8 @@ struct BufferRecord {
     bytes: u64,
     origin: Origin,
     pins: u32,
-    /// The buffer's bytes (moved in) or its place (moved out of) take part in a compaction whose
-    /// copies may still be queued: the next `map` waits for them.
+    /// The buffer was moved, or placed while a compaction's copies may still be queued (perhaps
+    /// where a moved buffer was): the next `map` waits for them.
     settling: bool,
 }
 
@@ -204,11 +204,10 @@ impl State {
             return self.insert_buffer(BufferRecord { kind, addr: 0, bytes, origin: Origin::Empty, pins: 0, settling: false });
         }
         // Device buffers may be moved while unmapped; they are known to the pool by their slot.
+        // Pinned blocks have no owner, and the pinned pool never compacts.
         let owner = if kind == MemoryKind::Device { self.buffers.next_index() } else { NO_OWNER };
         let mut mover = BufferMover { buffers: &mut self.buffers, stream: self.stream.as_ref(), moved: 0 };
-        let mut immovable = Immovable;
-        let relocator: &mut dyn Relocator = if owner == NO_OWNER { &mut immovable } else { &mut mover };
-        let allocated = self.resources[kind as usize].allocate(bytes, owner, relocator);
+        let allocated = self.resources[kind as usize].allocate(bytes, owner, &mut mover);
         // Moves stay made even when the allocation then fails: fence them either way.
         if mover.moved > 0 {
             self.fence_moves();
@@ -300,7 +299,7 @@ impl State {
     /// Pins the buffer; returns its address and, when a compaction's copies that involve it may
     /// still be queued, the event to wait for (outside the lock) before the address is used
     /// outside the stream.
-    pub fn map(&mut self, handle: u64) -> Result<(u64, Option<Arc<dyn Event>>)> {
+    fn map(&mut self, handle: u64) -> Result<(u64, Option<Arc<dyn Event>>)> {
         let fence = &self.moves_fence;
         let r = self.buffers.get_mut(handle)?;
         r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
@@ -312,7 +311,7 @@ impl State {
     }
 
     /// After a `map`'s wait for the moves' fence succeeded: the buffer's bytes are in place.
-    pub fn settled(&mut self, handle: u64) {
+    fn settled(&mut self, handle: u64) {
         if let Ok(r) = self.buffers.get_mut(handle) {
             r.settling = false;
         }

@@ -58,6 +58,14 @@ impl BinnedSuballocator {
         Some(self.class_of_units[units as usize] as usize)
     }
 
+    /// Adds `slab` (a heap block) to class `bin` and serves `size` bytes from it.
+    fn serve_from_new_slab(&mut self, bin: usize, slab: Block, size: u64) -> Option<Block> {
+        let bin = &mut self.bins[bin];
+        bin.fixed.add_chunk(slab.addr, slab.size);
+        bin.slabs.insert(slab.addr, slab);
+        bin.fixed.alloc(size)
+    }
+
     fn slab_size(&self, bin: usize) -> u64 {
         let size = self.sizes[bin];
         size * BLOCKS_PER_SLAB.max((64u64 << 10).div_ceil(size))
@@ -82,10 +90,7 @@ impl Suballocator for BinnedSuballocator {
             return Some(b);
         }
         let slab = self.heap.alloc(self.slab_size(bin))?;
-        let bin = &mut self.bins[bin];
-        bin.fixed.add_chunk(slab.addr, slab.size);
-        bin.slabs.insert(slab.addr, slab);
-        bin.fixed.alloc(size)
+        self.serve_from_new_slab(bin, slab, size)
     }
 
     fn free(&mut self, block: Block) -> bool {
@@ -115,10 +120,7 @@ impl Suballocator for BinnedSuballocator {
             return self.heap.make_room(size, owner, mover);
         };
         let slab = self.heap.make_room(self.slab_size(bin), super::NO_OWNER, mover)?;
-        let bin = &mut self.bins[bin];
-        bin.fixed.add_chunk(slab.addr, slab.size);
-        bin.slabs.insert(slab.addr, slab);
-        bin.fixed.alloc(size)
+        self.serve_from_new_slab(bin, slab, size)
     }
 
     fn remove_free_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {

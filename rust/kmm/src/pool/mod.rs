@@ -105,7 +105,7 @@ pub struct ResourceCounters {
     pub largest_free: u64,
     /// Allocations served by relocating live blocks instead of growing.
     pub compactions: u64,
-    /// Bytes those compactions copied.
+    /// Bytes compaction moved, also in attempts that then grew the pool.
     pub relocated_bytes: u64,
 }
 
@@ -122,18 +122,6 @@ impl ResourceCounters {
 pub trait Relocator {
     fn movable(&mut self, owner: Owner) -> bool;
     fn relocate(&mut self, relocation: &Relocation) -> Result<()>;
-}
-
-/// For callers whose blocks never move.
-pub struct Immovable;
-
-impl Relocator for Immovable {
-    fn movable(&mut self, _owner: Owner) -> bool {
-        false
-    }
-    fn relocate(&mut self, relocation: &Relocation) -> Result<()> {
-        crate::fail!(KMM_ERROR_INTERNAL, "relocation of an immovable block: {relocation:?}")
-    }
 }
 
 /// A source of blocks, as the manager sees one.

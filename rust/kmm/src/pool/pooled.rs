@@ -67,10 +67,10 @@ impl PoolResource {
     /// Whether growing by `chunk` for a request of `size` would take what the pool reserves past
     /// the compaction ratio of what its blocks would then hold.
     fn growth_passes_ratio(&self, size: u64, chunk: u64) -> bool {
-        let reserved = self.counters.reserved;
         if self.compaction_ratio_pct == 0 {
             return false;
         }
+        let reserved = self.counters.reserved;
         let held = reserved - self.sub.free_bytes() + size;
         (reserved + chunk) as u128 * 100 > held as u128 * self.compaction_ratio_pct as u128
     }
