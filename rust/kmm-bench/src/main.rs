@@ -1,8 +1,9 @@
 //! Allocation, copy and pinned-memory benchmarks of Kmm's C ABI against the CUDA driver's own
 //! allocators, all in one run so figures are compared as ratios on one machine.
 //!
-//! `kmm-bench [--quick] [--traces]`: on a machine without CUDA only Kmm's host backend is
-//! measured; `--traces` stops after the single-thread traces.
+//! `kmm-bench [--quick] [--traces] [--threads N]`: on a machine without CUDA only Kmm's host
+//! backend is measured; `--traces` stops after the single-thread traces; `--threads` sets the
+//! thread count of the multi-thread rows (16).
 
 use cudarc::driver::sys;
 use kmm::ffi::buffer::*;
@@ -165,6 +166,13 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// The number after `name` on the command line, if given.
+fn arg_value(name: &str) -> Option<usize> {
+    let args: Vec<String> = std::env::args().collect();
+    let at = args.iter().position(|a| a == name)?;
+    Some(args.get(at + 1)?.parse().unwrap_or_else(|_| panic!("{name} needs a number")))
+}
+
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let traces_only = std::env::args().any(|a| a == "--traces");
@@ -261,7 +269,7 @@ fn main() {
     }
 
     // Threads: each with its own manager, then all sharing one.
-    let threads = 16;
+    let threads = arg_value("--threads").unwrap_or(16);
     let ops_per_thread = if quick { 10_000 } else { 200_000 };
     let traces: Vec<Vec<Op>> = (0..threads).map(|t| trace(ops_per_thread, 1000, 256, 4 << 20, 100 + t as u64)).collect();
     let one = {
@@ -272,7 +280,37 @@ fn main() {
         ok(kmm_manager_destroy(m, 0));
         1e9 / ns
     };
-    let parallel = |shared: bool, threads: usize| -> f64 {
+    // The shared manager's allocation pattern without its threads: the traces interleaved op by
+    // op on one thread, so what the pool does and what contention does can be told apart.
+    let interleaved = {
+        let m = manager(backend, |_| {});
+        for t in &traces {
+            run(t, &mut KmmAlloc(m));
+        }
+        let before = stats(m, DEVICE);
+        let mut live: Vec<Vec<u64>> = vec![Vec::with_capacity(1024); threads];
+        let start = Instant::now();
+        for i in 0..ops_per_thread {
+            for (t, trace) in traces.iter().enumerate() {
+                match trace[i] {
+                    Op::Alloc(bytes) => {
+                        let mut b = 0;
+                        ok(kmm_buffer_alloc(m, bytes, DEVICE, &mut b));
+                        live[t].push(b);
+                    }
+                    Op::Free(pos) => ok(kmm_buffer_free(m, live[t].swap_remove(pos), 0)),
+                }
+            }
+        }
+        for b in live.into_iter().flatten() {
+            ok(kmm_buffer_free(m, b, 0));
+        }
+        let ns = start.elapsed().as_nanos() as f64 / (threads * ops_per_thread) as f64;
+        let after = stats(m, DEVICE);
+        ok(kmm_manager_destroy(m, 0));
+        (ns, after.upstream_allocs - before.upstream_allocs, after.compactions - before.compactions)
+    };
+    let parallel = |shared: bool, threads: usize| -> (f64, (u64, u64)) {
         let common = if shared { manager(backend, |_| {}) } else { 0 };
         let managers: Vec<KmmManager> = (0..threads).map(|_| if shared { common } else { manager(backend, |_| {}) }).collect();
         let traces = &traces[..threads];
@@ -281,6 +319,7 @@ fn main() {
         }
         // Timed from the barrier's release to the last thread's end, so spawning threads is not
         // counted.
+        let before = stats(managers[0], DEVICE);
         let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
         let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
             let workers: Vec<_> = managers
@@ -301,20 +340,39 @@ fn main() {
         let start = spans.iter().map(|s| s.0).min().expect("threads");
         let end = spans.iter().map(|s| s.1).max().expect("threads");
         let secs = (end - start).as_secs_f64();
+        let after = stats(managers[0], DEVICE);
+        let growth = (after.upstream_allocs - before.upstream_allocs, after.compactions - before.compactions);
         let mut destroyed = managers.clone();
         destroyed.dedup();
         for m in destroyed {
             ok(kmm_manager_destroy(m, 0));
         }
-        (threads * ops_per_thread) as f64 / secs
+        ((threads * ops_per_thread) as f64 / secs, growth)
     };
-    let separate = parallel(false, threads);
-    let separate8 = parallel(false, threads / 2);
-    let shared = parallel(true, threads);
+    let (separate, _) = parallel(false, threads);
+    let (separate8, _) = parallel(false, threads / 2);
+    let (shared, (shared_grown, shared_compacted)) = parallel(true, threads);
     r.row("1 thread, trace R", format!("{:.2} Mops/s", one / 1e6), "");
-    r.row("8 threads, own managers", format!("{:.2} Mops/s ({:.1}x one thread)", separate8 / 1e6, separate8 / one), "context");
-    r.row("16 threads, own managers", format!("{:.2} Mops/s ({:.1}x one thread)", separate / 1e6, separate / one), ">= 8x");
-    r.row("16 threads, one shared manager", format!("{:.2} Mops/s ({:.1}x one thread)", shared / 1e6, shared / one), "report");
+    let half = threads / 2;
+    r.row(&format!("{half} threads, own managers"), format!("{:.2} Mops/s ({:.1}x one thread)", separate8 / 1e6, separate8 / one), "context");
+    r.row(&format!("{threads} threads, own managers"), format!("{:.2} Mops/s ({:.1}x one thread)", separate / 1e6, separate / one), ">= 8x at 16");
+    r.row(
+        &format!("{threads} threads, one shared manager"),
+        format!(
+            "{:.2} Mops/s ({:.1}x one thread; {shared_grown} chunks reserved and {shared_compacted} compactions while timed)",
+            shared / 1e6,
+            shared / one
+        ),
+        "report",
+    );
+    r.row(
+        &format!("{threads} traces interleaved on one manager, one thread"),
+        format!(
+            "{:.1} ns/op ({} chunks reserved and {} compactions while timed)",
+            interleaved.0, interleaved.1, interleaved.2
+        ),
+        "peer of the shared row",
+    );
 
     copies(backend, cuda, quick, &mut r);
     pinned_alloc(backend, cuda, &mut r);

@@ -188,9 +188,14 @@ pub struct State {
     stream: Arc<dyn Stream>,
     /// Completes when the copies of the latest compaction have run.
     moves_fence: Option<Arc<dyn Event>>,
-    /// The fence has not been seen complete yet.
-    moves_unsettled: bool,
+    /// While the fence has not been seen complete: device allocations to go before it is queried
+    /// again. A query costs as much as many allocations, and a buffer wrongly taken as settling
+    /// costs one wait on a completed event at its first map.
+    fence_query_in: Option<u32>,
 }
+
+/// Device allocations between two queries of the moves' fence.
+const FENCE_QUERY_INTERVAL: u32 = 64;
 
 impl State {
     /// Allocates a buffer from the pool as it stands. Out of memory is returned without counting
@@ -229,11 +234,15 @@ impl State {
 
     /// Whether the copies of the latest compaction may still be queued.
     fn moves_in_flight(&mut self) -> bool {
-        if !self.moves_unsettled {
+        let Some(countdown) = self.fence_query_in.as_mut() else {
             return false;
+        };
+        if *countdown > 0 {
+            *countdown -= 1;
+            return true;
         }
         let done = self.moves_fence.as_ref().is_some_and(|e| e.query().unwrap_or(false));
-        self.moves_unsettled = !done;
+        self.fence_query_in = if done { None } else { Some(FENCE_QUERY_INTERVAL) };
         !done
     }
 
@@ -253,7 +262,7 @@ impl State {
                 None
             }
         };
-        self.moves_unsettled = self.moves_fence.is_some();
+        self.fence_query_in = self.moves_fence.as_ref().map(|_| FENCE_QUERY_INTERVAL);
     }
 
     fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
@@ -399,7 +408,7 @@ impl Manager {
             backend: backend.clone(),
             stream: stream.clone(),
             moves_fence: None,
-            moves_unsettled: false,
+            fence_query_in: None,
         };
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
         if backend.kind() == BackendKind::Cuda {
