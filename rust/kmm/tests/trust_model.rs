@@ -59,6 +59,8 @@ fn random_walks_match_the_model() {
     }
     faulty::install(None);
     eprintln!("trust_model: {totals} in {:.1} s", started.elapsed().as_secs_f64());
+    // A quarter of the managers compact; a default run whose walks never made one moved nothing.
+    assert!(totals.walks < 32 || totals.compactions > 0, "{} walks and not one compaction", totals.walks);
 }
 
 /// Counts for the reliability report.
@@ -374,6 +376,7 @@ impl Walk {
                 80..=81 => self.op_wrap(),
                 82 => self.op_register(),
                 83..=84 => self.op_cross_manager_race(),
+                85 => self.op_fragment(),
                 _ => self.op_alloc_then_write(),
             }
             self.check_stats();
@@ -1265,7 +1268,39 @@ impl Walk {
         let live = self.live_indices();
         let i = live[self.rng.below(live.len() as u64) as usize];
         let kind = if self.rng.below(4) == 0 { PINNED } else { DEVICE };
-        let mut bytes = self.size();
+        let bytes = self.size();
+        if self.alloc_written(i, kind, bytes).is_some() && self.mgrs[i].buffers.len() > 48 {
+            self.free_one(i, 0);
+        }
+    }
+
+    /// Fragments a device pool on purpose: pieces of an eighth of a chunk, every other one freed
+    /// again, then a request larger than any hole they leave. A compacting pool serves it by
+    /// moving buffers, whose bytes are checked like every other buffer's.
+    fn op_fragment(&mut self) {
+        let live = self.live_indices();
+        let i = live[self.rng.below(live.len() as u64) as usize];
+        let piece = (self.mgrs[i].cfg.chunk_size / 8).max(4096) - self.rng.below(2048);
+        let mut placed = Vec::new();
+        for _ in 0..8 {
+            if let Some(h) = self.alloc_written(i, DEVICE, piece) {
+                placed.push(h);
+            }
+        }
+        for h in placed.into_iter().step_by(2) {
+            if let Some(x) = self.mgrs[i].find(h) {
+                self.free_one(i, x);
+            }
+        }
+        self.alloc_written(i, DEVICE, piece * 5 / 2);
+        while self.mgrs[i].buffers.len() > 48 {
+            self.free_one(i, 0);
+        }
+    }
+
+    /// Allocates `bytes` (capped to what a fixed-size pool serves) and writes all of them;
+    /// returns the handle, or None when a limited manager is out of memory.
+    fn alloc_written(&mut self, i: usize, kind: u32, mut bytes: u64) -> Option<u64> {
         let cfg = self.mgrs[i].cfg;
         if cfg.suballocator == KmmSuballocator::KMM_SUBALLOC_FIXED as u32 && cfg.alloc_mode == 0 {
             bytes = bytes.min(cfg.fixed_block_size - cfg.alignment);
@@ -1275,7 +1310,7 @@ impl Walk {
         self.note("buffer_alloc", false, format!("buffer_alloc({:#x}, {bytes}, {kind}) = {st:?} {h:#x}", self.mgrs[i].handle));
         if st == KMM_ERROR_OUT_OF_MEMORY && self.mgrs[i].limited() {
             self.mgrs[i].usage[kind as usize].failed += 1;
-            return;
+            return None;
         }
         self.expect(st, KMM_OK, "buffer_alloc");
         let data = pattern(bytes as usize, self.seq);
@@ -1286,9 +1321,7 @@ impl Walk {
         let mgr = &mut self.mgrs[i];
         mgr.usage[kind as usize].on_alloc(bytes);
         mgr.buffers.push(Buf { handle: h, kind, bytes, data, known: vec![true; bytes as usize], pins: 0, borrowed: false, wrapped: false });
-        if mgr.buffers.len() > 48 {
-            self.free_one(i, 0);
-        }
+        Some(h)
     }
 
     fn check_stats(&mut self) {
