@@ -182,7 +182,10 @@ enum KmmAllocMode
 #endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
  {
   /**
-   * Kmm's own suballocator over large chunks (the default).
+   * Kmm's own suballocator over large chunks (the default). The pool is split into 16
+   * lanes, each with its own lock and chunks; threads are dealt lanes in turn, so threads
+   * sharing a manager seldom wait for each other. A request its thread's lane cannot serve is
+   * tried in the other lanes before the manager reports out of memory.
    */
   KMM_ALLOC_POOL = 0,
   /**
@@ -392,7 +395,8 @@ typedef struct {
    */
   uint64_t chunk_size;
   /**
-   * Bytes reserved when the manager is created (default 0).
+   * Bytes reserved when the manager is created (default 0); in pool mode, in the lane of the
+   * creating thread.
    */
   uint64_t initial_pool_size;
   /**
@@ -457,7 +461,9 @@ typedef struct {
 
 /**
  * Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
- * are what callers asked for; "reserved" is what the manager holds from the device.
+ * are what callers asked for; "reserved" is what the manager holds from the device. A pool-mode
+ * manager sums its lanes (see `KMM_ALLOC_POOL`): the peaks are the manager's own while one
+ * thread allocates, and an upper bound of them once several threads allocate at once.
  */
 typedef struct {
   uint64_t in_use;

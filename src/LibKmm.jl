@@ -199,7 +199,9 @@ end
 
 """
 Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
-are what callers asked for; "reserved" is what the manager holds from the device.
+are what callers asked for; "reserved" is what the manager holds from the device. A pool-mode
+manager sums its lanes (see `KMM_ALLOC_POOL`): the peaks are the manager's own while one
+thread allocates, and an upper bound of them once several threads allocate at once.
 """
 struct KmmMemoryStats
     in_use::UInt64

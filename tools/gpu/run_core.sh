@@ -15,7 +15,7 @@ export KMM_TEST_GPU=1
   done
 } 2>&1 | tee "$out/gpu_tests.log"
 {
-  for t in abi_buffers abi_copies abi_streams abi_manager abi_compaction; do
+  for t in abi_buffers abi_copies abi_streams abi_manager abi_compaction abi_lanes; do
     [ -x .gpu/tests/$t ] || continue
     echo "== compute-sanitizer memcheck $t"
     timeout 240 compute-sanitizer --tool memcheck --error-exitcode 99 .gpu/tests/$t --test-threads=1 2>&1 | grep -E "ERROR SUMMARY|test result|Program hit|Invalid" | head -20

@@ -314,27 +314,31 @@ fn main() {
         let common = if shared { manager(backend, |_| {}) } else { 0 };
         let managers: Vec<KmmManager> = (0..threads).map(|_| if shared { common } else { manager(backend, |_| {}) }).collect();
         let traces = &traces[..threads];
-        for (m, t) in managers.iter().zip(traces) {
-            run(t, &mut KmmAlloc(*m)); // warm-up
-        }
-        // Timed from the barrier's release to the last thread's end, so spawning threads is not
-        // counted.
-        let before = stats(managers[0], DEVICE);
-        let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+        // Each thread warms up where it then runs (its own lane of a shared manager); timed from
+        // the release of the second barrier to the last thread's end, so neither spawning nor
+        // warming up is counted.
+        let warmed = std::sync::Barrier::new(threads + 1);
+        let go = std::sync::Barrier::new(threads + 1);
+        let mut before = KmmMemoryStats::default();
         let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
             let workers: Vec<_> = managers
                 .iter()
                 .zip(traces)
                 .map(|(m, t)| {
-                    let barrier = barrier.clone();
+                    let (warmed, go) = (&warmed, &go);
                     s.spawn(move || {
-                        barrier.wait();
+                        run(t, &mut KmmAlloc(*m));
+                        warmed.wait();
+                        go.wait();
                         let start = Instant::now();
                         run(t, &mut KmmAlloc(*m));
                         (start, Instant::now())
                     })
                 })
                 .collect();
+            warmed.wait();
+            before = stats(managers[0], DEVICE);
+            go.wait();
             workers.into_iter().map(|w| w.join().expect("benchmark thread")).collect()
         });
         let start = spans.iter().map(|s| s.0).min().expect("threads");

@@ -4,7 +4,7 @@ use super::types::*;
 use super::{boundary, check_flags, check_out, write_out};
 use crate::error::KmmStatus;
 use crate::fail;
-use crate::manager::registry::{with_manager, with_state};
+use crate::manager::registry::{with_alloc_state, with_buffer_state, with_manager};
 use crate::manager::FreeMode;
 use std::ffi::c_void;
 
@@ -18,7 +18,7 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
         let kind = memory_kind(kind, "kind")?;
         // The pool as it stands, under the state's lock alone; out of memory takes the manager's
         // path, which waits for the stream and gives cached memory back before trying again.
-        let b = match with_state(manager, |st| st.try_alloc(bytes, kind)) {
+        let b = match with_alloc_state(manager, kind, |st| st.try_alloc(bytes, kind)) {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
                 with_manager(manager, |m| m.alloc_after_release(bytes, kind))?
             }
@@ -62,7 +62,7 @@ pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags:
     boundary(|| {
         check_flags(flags, KMM_FREE_FORCE, "flags")?;
         let mode = if flags & KMM_FREE_FORCE != 0 { FreeMode::Force } else { FreeMode::Checked };
-        with_state(manager, |st| st.free(buffer, mode))
+        with_buffer_state(manager, buffer, |st| st.free(buffer, mode))
     })
 }
 
@@ -71,7 +71,7 @@ pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags:
 pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *mut KmmBufferInfo) -> KmmStatus {
     boundary(|| {
         check_out(out, "out")?;
-        let (_, bytes, kind, pins) = with_state(manager, |st| st.buffer_info(buffer))?;
+        let (_, bytes, kind, pins) = with_buffer_state(manager, buffer, |st| st.buffer_info(buffer))?;
         write_out(out, "out", KmmBufferInfo { bytes, kind: kind as u32, pins })
     })
 }
@@ -97,7 +97,7 @@ pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *m
 /// must be ordered before that stream first (`kmm_manager_wait_stream`).
 #[no_mangle]
 pub extern "C" fn kmm_buffer_unmap(manager: KmmManager, buffer: KmmBuffer) -> KmmStatus {
-    boundary(|| with_state(manager, |st| st.unmap(buffer)))
+    boundary(|| with_buffer_state(manager, buffer, |st| st.unmap(buffer)))
 }
 
 /// Page-locks `bytes` of caller memory at `ptr` so copies from and to it go direct. The memory

@@ -44,7 +44,10 @@ pub enum KmmBackend {
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KmmAllocMode {
-    /// Kmm's own suballocator over large chunks (the default).
+    /// Kmm's own suballocator over large chunks (the default). The pool is split into 16
+    /// lanes, each with its own lock and chunks; threads are dealt lanes in turn, so threads
+    /// sharing a manager seldom wait for each other. A request its thread's lane cannot serve is
+    /// tried in the other lanes before the manager reports out of memory.
     KMM_ALLOC_POOL = 0,
     /// A private CUDA memory pool (`cuMemAllocFromPoolAsync`) with release threshold and
     /// maximum size (the hard limit).
@@ -105,7 +108,8 @@ pub struct KmmConfig {
     pub alignment: u64,
     /// Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
     pub chunk_size: u64,
-    /// Bytes reserved when the manager is created (default 0).
+    /// Bytes reserved when the manager is created (default 0); in pool mode, in the lane of the
+    /// creating thread.
     pub initial_pool_size: u64,
     /// Block size of the fixed suballocator (default 1 MiB).
     pub fixed_block_size: u64,
@@ -129,7 +133,9 @@ pub struct KmmConfig {
 }
 
 /// Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
-/// are what callers asked for; "reserved" is what the manager holds from the device.
+/// are what callers asked for; "reserved" is what the manager holds from the device. A pool-mode
+/// manager sums its lanes (see `KMM_ALLOC_POOL`): the peaks are the manager's own while one
+/// thread allocates, and an upper bound of them once several threads allocate at once.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KmmMemoryStats {

@@ -39,7 +39,7 @@ pub enum Completion {
 
 impl Manager {
     fn lease(&self, handle: u64, offset: u64, bytes: u64, arg: &str) -> Result<(Lease<'_>, u64, MemoryKind)> {
-        let mut st = self.state();
+        let mut st = self.state_of(handle);
         let r = st.buffers.get_mut(handle)?;
         match offset.checked_add(bytes) {
             Some(end) if end <= r.bytes => {}

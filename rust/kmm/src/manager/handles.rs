@@ -1,6 +1,7 @@
 //! Generational handle tables. A handle is 64 bits: a 4-bit tag saying what it names, the
-//! 12-bit registry slot of the owning manager, a 20-bit generation and a 28-bit index. Stale
-//! (freed), foreign (another manager's), forged and mistyped handles all fail the lookup.
+//! 12-bit registry slot of the owning manager, a 20-bit generation, the 4-bit lane of the
+//! manager whose table issued it, and a 24-bit index. Stale (freed), foreign (another
+//! manager's), forged and mistyped handles all fail the lookup.
 
 use crate::error::Result;
 use crate::fail;
@@ -11,9 +12,18 @@ pub const TAG_MODULE: u64 = 0xC;
 pub const TAG_EVENT: u64 = 0xE;
 
 const GEN_BITS: u32 = 20;
-const INDEX_BITS: u32 = 28;
+const GEN_SHIFT: u32 = 28;
 const GEN_MASK: u32 = (1 << GEN_BITS) - 1;
+pub const LANE_BITS: u32 = 4;
+const INDEX_BITS: u32 = 24;
 const INDEX_MASK: u64 = (1 << INDEX_BITS) - 1;
+/// The bits a table's handles share: tag, owner and lane (generation and index vary).
+const FIXED_MASK: u64 = !((GEN_MASK as u64) << GEN_SHIFT | INDEX_MASK);
+
+/// The lane a handle names (any value: forged handles are turned away by the lane's table).
+pub fn lane_of(handle: u64) -> usize {
+    ((handle >> INDEX_BITS) & ((1 << LANE_BITS) - 1)) as usize
+}
 
 pub fn tag_name(tag: u64) -> &'static str {
     match tag {
@@ -32,7 +42,8 @@ struct Slot<T> {
 
 pub struct HandleTable<T> {
     tag: u64,
-    owner: u64,
+    /// Tag, owner and lane in their places in a handle.
+    fixed: u64,
     seed: u32,
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
@@ -42,12 +53,15 @@ pub struct HandleTable<T> {
 impl<T> HandleTable<T> {
     /// `seed` differs per manager so a stale handle of an earlier manager that used the same
     /// registry slot is unlikely to match a live one.
-    pub fn new(tag: u64, owner: u16, seed: u32) -> Self {
-        HandleTable { tag, owner: owner as u64 & 0xFFF, seed: seed & GEN_MASK, slots: Vec::new(), free: Vec::new(), live: 0 }
+    /// `lane` is below 2^LANE_BITS.
+    pub fn new(tag: u64, owner: u16, lane: usize, seed: u32) -> Self {
+        debug_assert!(lane < 1 << LANE_BITS);
+        let fixed = (tag << 60) | ((owner as u64 & 0xFFF) << 48) | ((lane as u64) << INDEX_BITS);
+        HandleTable { tag, fixed, seed: seed & GEN_MASK, slots: Vec::new(), free: Vec::new(), live: 0 }
     }
 
     fn encode(&self, index: u32, generation: u32) -> u64 {
-        (self.tag << 60) | (self.owner << 48) | (((generation & GEN_MASK) as u64) << INDEX_BITS) | index as u64
+        self.fixed | (((generation & GEN_MASK) as u64) << GEN_SHIFT) | index as u64
     }
 
     pub fn insert(&mut self, value: T) -> Result<u64> {
@@ -55,7 +69,7 @@ impl<T> HandleTable<T> {
             Some(i) => i,
             None => {
                 if self.slots.len() as u64 > INDEX_MASK {
-                    fail!(KMM_ERROR_OUT_OF_MEMORY, "more than {} live {}s in one manager", INDEX_MASK, tag_name(self.tag));
+                    fail!(KMM_ERROR_OUT_OF_MEMORY, "more than {} live {}s in one lane of a manager", INDEX_MASK, tag_name(self.tag));
                 }
                 self.slots.push(Slot { generation: self.seed, value: None });
                 (self.slots.len() - 1) as u32
@@ -70,9 +84,9 @@ impl<T> HandleTable<T> {
 
     fn index_of(&self, handle: u64) -> Result<usize> {
         let index = (handle & INDEX_MASK) as usize;
-        let generation = ((handle >> INDEX_BITS) as u32) & GEN_MASK;
+        let generation = ((handle >> GEN_SHIFT) as u32) & GEN_MASK;
         match self.slots.get(index) {
-            Some(slot) if handle >> 48 == (self.tag << 12 | self.owner) && slot.value.is_some() && slot.generation == generation => {
+            Some(slot) if handle & FIXED_MASK == self.fixed && slot.value.is_some() && slot.generation == generation => {
                 Ok(index)
             }
             _ => Err(self.lookup_error(handle)),
@@ -87,7 +101,7 @@ impl<T> HandleTable<T> {
         if tag != self.tag {
             return crate::err!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not a {what} handle (it looks like a {} handle)", tag_name(tag));
         }
-        if (handle >> 48) & 0xFFF != self.owner {
+        if (handle ^ self.fixed) >> 48 & 0xFFF != 0 {
             return crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} belongs to another manager");
         }
         crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} is not live (freed, stale or never issued)")
@@ -157,7 +171,7 @@ mod tests {
 
     #[test]
     fn stale_foreign_forged_and_mistyped_handles_are_rejected() {
-        let mut t = HandleTable::new(TAG_BUFFER, 7, 12345);
+        let mut t = HandleTable::new(TAG_BUFFER, 7, 3, 12345);
         let a = t.insert("a").unwrap();
         let b = t.insert("b").unwrap();
         assert_eq!(*t.get(a).unwrap(), "a");
@@ -169,8 +183,14 @@ mod tests {
         assert_ne!(a, c);
         assert!(t.get(a).is_err());
         assert_eq!(*t.get(c).unwrap(), "c");
-        let foreign = HandleTable::<&str>::new(TAG_BUFFER, 8, 1).encode(0, 0);
+        let foreign = HandleTable::<&str>::new(TAG_BUFFER, 8, 3, 1).encode(0, 0);
         assert!(t.get(foreign).unwrap_err().message.contains("another manager"));
+        // The same index and generation issued by another lane of the same manager.
+        let other_lane = HandleTable::<&str>::new(TAG_BUFFER, 7, 4, 12345).encode(1, 12345);
+        assert_eq!(lane_of(other_lane), 4);
+        assert_eq!(lane_of(b), 3);
+        assert!(t.get(other_lane).unwrap_err().message.contains("not live"));
+        assert_eq!(other_lane & !(0xF << INDEX_BITS), b & !(0xF << INDEX_BITS), "differs in the lane only");
         let mistyped = (TAG_EVENT << 60) | (b & ((1 << 60) - 1));
         assert!(t.get(mistyped).unwrap_err().message.contains("not a buffer handle"));
         assert!(t.get(0).is_err());

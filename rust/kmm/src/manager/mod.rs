@@ -1,6 +1,6 @@
 //! A manager owns a stream, device and pinned memory resources, and the buffers and events it
-//! handed out. All its bookkeeping sits behind one short-held lock; the lock is never held
-//! while waiting for the device, so frees never block on GPU work.
+//! handed out. Its bookkeeping sits behind short-held locks, one per lane (see `registry`);
+//! none is held while waiting for the device, so frees never block on GPU work.
 
 pub mod copy;
 pub mod handles;
@@ -174,8 +174,8 @@ pub struct KindStats {
     pub resource: ResourceCounters,
 }
 
-/// A manager's bookkeeping. It lives in the manager's registry slot (see `registry`), so the
-/// calls that need only this lock it without going through the manager.
+/// The bookkeeping of one lane of a manager. It lives in the manager's registry slot (see
+/// `registry`), so the calls that need only this lock it without going through the manager.
 pub struct State {
     buffers: HandleTable<BufferRecord>,
     events: HandleTable<Arc<dyn Event>>,
@@ -340,8 +340,10 @@ pub struct Manager {
     backend: Arc<dyn Backend>,
     stream: Arc<dyn Stream>,
     config: Config,
-    /// The registry slot holding this manager and its `State`.
+    /// The registry slot holding this manager and its lanes' `State`s.
     slot: u16,
+    /// The lanes in use, minus one (0 or `registry::LANES - 1`).
+    lane_mask: usize,
     staging: Mutex<staging::Staging>,
 }
 
@@ -358,77 +360,116 @@ impl Manager {
         config.validate()?;
         let backend = backend::open(config.backend, config.device)?;
         let stream = backend.create_stream()?;
+        // One limit and one upstream for every lane: the hard limit counts the manager.
         let device_upstream: Arc<dyn Upstream> = Arc::new(LimitedUpstream {
             inner: Arc::new(DeviceUpstream(backend.clone())),
             limit: Arc::new(Limit::new(config.hard_limit)),
         });
-        let device: Box<dyn MemoryResource> = match config.alloc_mode {
-            AllocMode::Pool => {
-                let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
-                let mut pool = PoolResource::new(device_upstream, sub, config.chunk_size, config.alignment)
-                    .with_compaction(config.compaction_ratio_pct);
-                pool.reserve(config.initial_pool_size)?;
-                Box::new(pool)
-            }
-            AllocMode::Direct => Box::new(Deferred::new(
-                DirectResource::new(device_upstream, config.alignment),
-                backend.clone(),
-                stream.clone(),
-            )),
-            AllocMode::CudaAsync => {
-                let max = if config.hard_limit == 0 { u64::MAX } else { config.hard_limit };
-                Box::new(AsyncResource::new(backend.create_async_pool(config.release_threshold, max)?, stream.clone()))
-            }
-        };
         let pinned_upstream: Arc<dyn Upstream> = Arc::new(LimitedUpstream {
             inner: Arc::new(PinnedUpstream(backend.clone())),
             limit: Arc::new(Limit::new(config.pinned_limit)),
         });
-        let pinned = Box::new(Deferred::new(
-            PoolResource::new(
-                pinned_upstream,
-                new_suballocator(SuballocatorKind::Binned, config.alignment, 0),
-                config.pinned_chunk_size,
-                config.alignment,
-            ),
-            backend.clone(),
-            stream.clone(),
-        ));
-        let adopted = |up: Arc<dyn Upstream>| Deferred::new(DirectResource::new(up, 1), backend.clone(), stream.clone());
+        let lane_mask = if config.alloc_mode == AllocMode::Pool { registry::LANES - 1 } else { 0 };
         let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
-        let state = State {
-            buffers: HandleTable::new(TAG_BUFFER, slot, seed),
-            events: HandleTable::new(TAG_EVENT, slot, seed),
-            resources: [device, pinned],
-            adopted: [
-                adopted(Arc::new(DeviceUpstream(backend.clone()))),
-                adopted(Arc::new(PinnedUpstream(backend.clone()))),
-            ],
-            usage: [UsageCounters::default(); 2],
-            backend: backend.clone(),
-            stream: stream.clone(),
-            moves_fence: None,
-            fence_query_in: None,
-        };
+        let mut lanes = Vec::with_capacity(lane_mask + 1);
+        for lane in 0..=lane_mask {
+            let device: Box<dyn MemoryResource> = match config.alloc_mode {
+                AllocMode::Pool => {
+                    let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
+                    let mut pool = PoolResource::new(device_upstream.clone(), sub, config.chunk_size, config.alignment)
+                        .with_compaction(config.compaction_ratio_pct);
+                    if lane == registry::thread_lane() & lane_mask {
+                        pool.reserve(config.initial_pool_size)?;
+                    }
+                    Box::new(pool)
+                }
+                AllocMode::Direct => Box::new(Deferred::new(
+                    DirectResource::new(device_upstream.clone(), config.alignment),
+                    backend.clone(),
+                    stream.clone(),
+                )),
+                AllocMode::CudaAsync => {
+                    let max = if config.hard_limit == 0 { u64::MAX } else { config.hard_limit };
+                    Box::new(AsyncResource::new(backend.create_async_pool(config.release_threshold, max)?, stream.clone()))
+                }
+            };
+            // Every lane has a pinned pool, but only lane 0's is ever asked for memory.
+            let pinned = Box::new(Deferred::new(
+                PoolResource::new(
+                    pinned_upstream.clone(),
+                    new_suballocator(SuballocatorKind::Binned, config.alignment, 0),
+                    config.pinned_chunk_size,
+                    config.alignment,
+                ),
+                backend.clone(),
+                stream.clone(),
+            ));
+            let adopted = |up: Arc<dyn Upstream>| Deferred::new(DirectResource::new(up, 1), backend.clone(), stream.clone());
+            lanes.push(State {
+                buffers: HandleTable::new(TAG_BUFFER, slot, lane, seed),
+                events: HandleTable::new(TAG_EVENT, slot, lane, seed),
+                resources: [device, pinned],
+                adopted: [
+                    adopted(Arc::new(DeviceUpstream(backend.clone()))),
+                    adopted(Arc::new(PinnedUpstream(backend.clone()))),
+                ],
+                usage: [UsageCounters::default(); 2],
+                backend: backend.clone(),
+                stream: stream.clone(),
+                moves_fence: None,
+                fence_query_in: None,
+            });
+        }
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
         if backend.kind() == BackendKind::Cuda {
             *lock(live_cuda_managers()).entry(backend.device()).or_insert(0) += 1;
         }
-        let mut cell = registry::state_cell(slot).lock();
-        debug_assert!(cell.is_none(), "slot {slot} still holds a manager's state");
-        *cell = Some(state);
-        drop(cell);
-        Ok(Manager { backend, stream, config, slot, staging: Mutex::new(staging) })
+        registry::set_lane_mask(slot, lane_mask);
+        for (lane, state) in lanes.into_iter().enumerate() {
+            let mut cell = registry::state_cell(slot, lane).lock();
+            debug_assert!(cell.is_none(), "slot {slot} lane {lane} still holds a manager's state");
+            *cell = Some(state);
+        }
+        Ok(Manager { backend, stream, config, slot, lane_mask, staging: Mutex::new(staging) })
     }
 
     pub fn config(&self) -> &Config {
         &self.config
     }
 
-    fn state(&self) -> parking_lot::MappedMutexGuard<'static, State> {
-        parking_lot::MutexGuard::map(registry::state_cell(self.slot).lock(), |s| {
+    /// The state of `lane`.
+    fn lane(&self, lane: usize) -> parking_lot::MappedMutexGuard<'static, State> {
+        parking_lot::MutexGuard::map(registry::state_cell(self.slot, lane).lock(), |s| {
             s.as_mut().expect("a manager's state stays in its slot until its teardown ends")
         })
+    }
+
+    /// The state of the lane that holds `buffer` (lane 0 when no lane issued the handle, whose
+    /// lookup then fails there).
+    fn state_of(&self, buffer: u64) -> parking_lot::MappedMutexGuard<'static, State> {
+        self.lane(handles::lane_of(buffer) & self.lane_mask)
+    }
+
+    /// Events and other manager-wide records live in lane 0.
+    fn first_lane(&self) -> parking_lot::MappedMutexGuard<'static, State> {
+        self.lane(0)
+    }
+
+    fn lanes(&self) -> std::ops::RangeInclusive<usize> {
+        0..=self.lane_mask
+    }
+
+    /// Gives free chunks of `kind` back, lane by lane, until the lanes together reserve at most
+    /// `keep_bytes` (or hold no free chunk).
+    fn trim_lanes(&self, kind: MemoryKind, keep_bytes: u64) -> Result<()> {
+        let mut budget = keep_bytes;
+        for lane in self.lanes() {
+            let mut st = self.lane(lane);
+            let resource = &mut st.resources[kind as usize];
+            resource.trim(budget)?;
+            budget = budget.saturating_sub(resource.counters().reserved);
+        }
+        Ok(())
     }
 
     pub fn backend_kind(&self) -> BackendKind {
@@ -451,31 +492,54 @@ impl Manager {
         &self.backend
     }
 
-    /// Allocates a buffer. When the pool is out of memory, waits for the stream, gives cached
-    /// memory back and tries once more.
+    /// Allocates a buffer in the calling thread's lane. When that is out of memory, see
+    /// `alloc_after_release`.
     pub fn alloc(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
-        let first = self.state().try_alloc(bytes, kind);
+        let first = self.lane(registry::alloc_lane(kind, self.lane_mask)).try_alloc(bytes, kind);
         match first {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.alloc_after_release(bytes, kind),
             done => done,
         }
     }
 
-    /// The out-of-memory rung of `alloc`, for a caller whose own `try_alloc` ran out of memory:
-    /// waits for the stream, gives cached memory back and tries once more.
+    /// The out-of-memory rungs of `alloc`, for a caller whose `try_alloc` in its own lane ran
+    /// out of memory: the other lanes (a buffer may live in any), then, after waiting for the
+    /// stream and giving every lane's cached chunks back, all lanes once more.
     pub fn alloc_after_release(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
-        let retried = self.release_cached(kind).and_then(|_| self.state().try_alloc(bytes, kind));
+        let own = registry::alloc_lane(kind, self.lane_mask);
+        // Pinned memory stays in lane 0 (see `registry::alloc_lane`).
+        let last = if kind == MemoryKind::Device { self.lane_mask } else { 0 };
+        let others = move || (0..=last).filter(move |&lane| lane != own);
+        let retried = match self.alloc_in_lanes(others(), bytes, kind) {
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self
+                .release_cached(kind)
+                .and_then(|_| self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind)),
+            done => done,
+        };
         retried.map_err(|e| {
-            self.state().usage[kind as usize].on_failure();
+            self.lane(own).usage[kind as usize].on_failure();
             err!(KMM_ERROR_OUT_OF_MEMORY, "allocating {bytes} bytes of {kind:?} memory: {e}")
         })
     }
 
+    /// The first buffer one of `lanes` gives, else the error that ended the search (out of
+    /// memory when every lane was).
+    fn alloc_in_lanes(&self, lanes: impl Iterator<Item = usize>, bytes: u64, kind: MemoryKind) -> Result<u64> {
+        let mut result = Err(err!(KMM_ERROR_OUT_OF_MEMORY, "no other lane"));
+        for lane in lanes {
+            result = self.lane(lane).try_alloc(bytes, kind);
+            if !matches!(&result, Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY) {
+                break;
+            }
+        }
+        result
+    }
+
     /// The out-of-memory ladder's last rung inside Kmm: wait for the stream, then give every
-    /// cached chunk back so the retry sees all the device has.
+    /// lane's cached chunks back so the retry sees all the device has.
     fn release_cached(&self, kind: MemoryKind) -> Result<()> {
         self.stream.synchronize()?;
-        self.state().resources[kind as usize].trim(0)
+        self.trim_lanes(kind, 0)
     }
 
     /// Adopts (`adopt = true`: Kmm frees it) or borrows memory allocated elsewhere.
@@ -486,7 +550,7 @@ impl Manager {
         if bytes > MAX_BUFFER_BYTES {
             fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
         }
-        let mut st = self.state();
+        let mut st = self.lane(registry::alloc_lane(kind, self.lane_mask));
         let origin = if adopt {
             let block = Block { addr: ptr, size: bytes, token: 0 };
             st.adopted[kind as usize].inner_mut().adopt(block);
@@ -498,42 +562,43 @@ impl Manager {
     }
 
     pub fn free(&self, handle: u64, mode: FreeMode) -> Result<()> {
-        self.state().free(handle, mode)
+        self.state_of(handle).free(handle, mode)
     }
 
     /// (address, bytes, kind, pins) of a live buffer.
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
-        self.state().buffer_info(handle)
+        self.state_of(handle).buffer_info(handle)
     }
 
     /// Pins the buffer and returns its address, valid until the matching `unmap`. The content is
     /// in place for any user of the address, on the stream or not.
     pub fn map(&self, handle: u64) -> Result<u64> {
-        let (addr, settle) = self.state().map(handle)?;
+        let (addr, settle) = self.state_of(handle).map(handle)?;
         if let Some(event) = settle {
             if let Err(e) = event.synchronize() {
                 let _ = self.unmap(handle);
                 return Err(e);
             }
-            self.state().settled(handle);
+            self.state_of(handle).settled(handle);
         }
         Ok(addr)
     }
 
     pub fn unmap(&self, handle: u64) -> Result<()> {
-        self.state().unmap(handle)
+        self.state_of(handle).unmap(handle)
     }
 
     /// Waits for the stream; then memory whose free the stream has now passed goes back:
     /// adopted memory is freed and device chunks above the release threshold are released.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()?;
-        let mut st = self.state();
-        for adopted in st.adopted.iter_mut() {
-            adopted.trim(u64::MAX)?;
+        for lane in self.lanes() {
+            for adopted in self.lane(lane).adopted.iter_mut() {
+                adopted.trim(u64::MAX)?;
+            }
         }
         if self.config.release_threshold != u64::MAX && self.config.alloc_mode == AllocMode::Pool {
-            st.resources[MemoryKind::Device as usize].trim(self.config.release_threshold)?;
+            self.trim_lanes(MemoryKind::Device, self.config.release_threshold)?;
         }
         Ok(())
     }
@@ -541,37 +606,46 @@ impl Manager {
     /// Gives cached memory back until each pool reserves at most `keep_bytes`.
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
         self.stream.synchronize()?;
-        let mut st = self.state();
-        for r in st.resources.iter_mut() {
-            r.trim(keep_bytes)?;
+        for kind in [MemoryKind::Device, MemoryKind::Pinned] {
+            self.trim_lanes(kind, keep_bytes)?;
         }
-        for adopted in st.adopted.iter_mut() {
-            adopted.trim(u64::MAX)?;
+        for lane in self.lanes() {
+            for adopted in self.lane(lane).adopted.iter_mut() {
+                adopted.trim(u64::MAX)?;
+            }
         }
-        drop(st);
         lock(&self.staging).release()
     }
 
+    /// Sums over the lanes. Each lane keeps its own peaks, so with one thread allocating they are
+    /// the manager's, and with several an upper bound of it.
     pub fn stats(&self, kind: MemoryKind) -> KindStats {
-        let st = self.state();
         let k = kind as usize;
-        let mut resource = st.resources[k].counters();
-        let adopted = st.adopted[k].counters();
-        resource.reserved += adopted.reserved;
-        resource.peak_reserved = resource.peak_reserved.max(resource.reserved);
+        let mut usage = UsageCounters::default();
+        let mut resource = ResourceCounters::default();
+        for lane in self.lanes() {
+            let st = self.lane(lane);
+            let mut lane_resource = st.resources[k].counters();
+            lane_resource.reserved += st.adopted[k].counters().reserved;
+            lane_resource.peak_reserved = lane_resource.peak_reserved.max(lane_resource.reserved);
+            usage.merge(&st.usage[k]);
+            resource.merge(&lane_resource);
+        }
         if kind == MemoryKind::Pinned {
             let staged = lock(&self.staging).reserved();
             resource.reserved += staged;
             resource.peak_reserved += staged;
         }
-        KindStats { usage: st.usage[k], resource }
+        KindStats { usage, resource }
     }
 
     pub fn reset_peaks(&self) {
-        let mut st = self.state();
-        for k in 0..2 {
-            st.usage[k].reset_peak();
-            st.resources[k].reset_peak();
+        for lane in self.lanes() {
+            let mut st = self.lane(lane);
+            for k in 0..2 {
+                st.usage[k].reset_peak();
+                st.resources[k].reset_peak();
+            }
         }
     }
 
@@ -619,11 +693,11 @@ impl Manager {
     pub fn record_event(&self) -> Result<u64> {
         let event: Arc<dyn Event> = Arc::from(self.backend.create_event()?);
         self.stream.record(event.as_ref())?;
-        self.state().events.insert(event)
+        self.first_lane().events.insert(event)
     }
 
     fn event(&self, handle: u64) -> Result<Arc<dyn Event>> {
-        self.state().events.get(handle).cloned()
+        self.first_lane().events.get(handle).cloned()
     }
 
     pub fn event_query(&self, handle: u64) -> Result<bool> {
@@ -636,7 +710,7 @@ impl Manager {
     }
 
     pub fn event_destroy(&self, handle: u64) -> Result<()> {
-        self.state().events.remove(handle).map(drop)
+        self.first_lane().events.remove(handle).map(drop)
     }
 
     /// The manager's stream waits for the work queued so far on `foreign`.
@@ -675,7 +749,7 @@ impl Manager {
     }
 
     pub fn live_buffers(&self) -> usize {
-        self.state().buffers.len()
+        self.lanes().map(|lane| self.lane(lane).buffers.len()).sum()
     }
 }
 
@@ -684,19 +758,22 @@ impl Drop for Manager {
     /// every chunk back. Errors here cannot be returned; the device is left as clean as it lets us.
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
-        let handles = self.state().buffers.handles();
-        for h in handles {
-            let _ = self.free(h, FreeMode::Force);
+        for lane in self.lanes() {
+            let handles = self.lane(lane).buffers.handles();
+            for h in handles {
+                let _ = self.free(h, FreeMode::Force);
+            }
         }
         let _ = self.stream.synchronize();
-        let mut st = self.state();
-        for r in st.resources.iter_mut() {
-            let _ = r.trim(0);
+        for lane in self.lanes() {
+            let mut st = self.lane(lane);
+            for r in st.resources.iter_mut() {
+                let _ = r.trim(0);
+            }
+            for a in st.adopted.iter_mut() {
+                let _ = a.trim(0);
+            }
         }
-        for a in st.adopted.iter_mut() {
-            let _ = a.trim(0);
-        }
-        drop(st);
         let _ = lock(&self.staging).release();
         if self.backend.kind() == BackendKind::Cuda {
             let device = self.backend.device();
@@ -710,8 +787,10 @@ impl Drop for Manager {
             }
         }
         // The resources go last (their own drop returns what trim could not), then the slot.
-        let state = registry::state_cell(self.slot).lock().take();
-        drop(state);
+        for lane in self.lanes() {
+            let state = registry::state_cell(self.slot, lane).lock().take();
+            drop(state);
+        }
         registry::release_slot(self.slot);
     }
 }

@@ -4,26 +4,63 @@
 //! lines so threads with managers of their own never contend.
 //!
 //! A manager's bookkeeping (`State`) lives in its slot, not in the manager: the calls that need
-//! nothing else (allocate, free, map, unmap) lock it directly through `with_state`, one lock
-//! instead of the slot's read lock plus the manager's. The slot's generation, checked under that
-//! lock, turns them away once the manager is destroyed; the slot is reused only after the
-//! manager's teardown has taken its state out.
+//! nothing else (allocate, free, map, unmap) lock it directly through `with_alloc_state` and
+//! `with_buffer_state`, one lock instead of the slot's read lock plus the manager's. The slot's
+//! generation, checked under that lock, turns them away once the manager is destroyed; the slot
+//! is reused only after the manager's teardown has taken its state out.
+//!
+//! A pool-mode manager's state is split into lanes, each behind its own lock and on its own
+//! cache lines: every thread is dealt a lane at its first call, its device allocations go to
+//! that lane, and a buffer's handle names the lane that holds it. Threads sharing one manager
+//! then seldom touch the same lock or the same memory; one thread alone uses one lane.
 
-use super::handles::TAG_MANAGER;
-use super::{Manager, State};
+use super::handles::{lane_of, LANE_BITS, TAG_MANAGER};
+use super::{Manager, MemoryKind, State};
 use crate::error::{lock, Result};
 use crate::fail;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 pub const MAX_MANAGERS: usize = 4096;
+/// Lanes of a pool-mode manager (other modes use one: the driver's allocators lock anyway).
+pub const LANES: usize = 1 << LANE_BITS;
+
+#[repr(align(64))]
+pub(super) struct Lane(parking_lot::Mutex<Option<State>>);
 
 #[repr(align(64))]
 struct Slot {
     generation: AtomicU32,
+    /// The lanes the slot's manager uses, minus one: 0 or `LANES - 1`.
+    lane_mask: AtomicUsize,
     manager: RwLock<Option<Arc<Manager>>>,
-    /// Some from the manager's creation until the end of its teardown.
-    state: parking_lot::Mutex<Option<State>>,
+    /// Made at the slot's first use and kept for the managers that reuse it. A lane the manager
+    /// uses holds Some from the manager's creation until the end of its teardown.
+    lanes: OnceLock<Box<[Lane]>>,
+}
+
+impl Slot {
+    fn lane(&self, lane: usize) -> &parking_lot::Mutex<Option<State>> {
+        &self.lanes.get_or_init(|| (0..LANES).map(|_| Lane(parking_lot::Mutex::new(None))).collect())[lane].0
+    }
+}
+
+/// The calling thread's lane: threads are dealt lanes in turn at their first call.
+pub fn thread_lane() -> usize {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    thread_local! {
+        static LANE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % LANES;
+    }
+    LANE.with(|lane| *lane)
+}
+
+/// The lane a new buffer of `kind` goes to: pinned memory stays in lane 0, whose pinned pool
+/// is the only one that reserves chunks.
+pub fn alloc_lane(kind: MemoryKind, lane_mask: usize) -> usize {
+    match kind {
+        MemoryKind::Device => thread_lane() & lane_mask,
+        MemoryKind::Pinned => 0,
+    }
 }
 
 struct Registry {
@@ -36,7 +73,7 @@ fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Registry {
         slots: (0..MAX_MANAGERS)
-            .map(|_| Slot { generation: AtomicU32::new(1), manager: RwLock::new(None), state: parking_lot::Mutex::new(None) })
+            .map(|_| Slot { generation: AtomicU32::new(1), lane_mask: AtomicUsize::new(0), manager: RwLock::new(None), lanes: OnceLock::new() })
             .collect(),
         free: Mutex::new((0..MAX_MANAGERS as u16).rev().collect()),
         serial: AtomicU64::new(1),
@@ -75,16 +112,32 @@ fn decode(handle: u64) -> Result<(&'static Slot, u32)> {
     Ok((&registry().slots[slot], (handle >> 12) as u32))
 }
 
-/// Where the manager in `slot` keeps its state (`Manager::new` puts it there, the manager's
-/// teardown takes it out and then gives the slot back with `release_slot`).
-pub(super) fn state_cell(slot: u16) -> &'static parking_lot::Mutex<Option<State>> {
-    &registry().slots[slot as usize].state
+/// Where the manager in `slot` keeps the state of `lane` (`Manager::new` puts it there, the
+/// manager's teardown takes it out and then gives the slot back with `release_slot`).
+pub(super) fn state_cell(slot: u16, lane: usize) -> &'static parking_lot::Mutex<Option<State>> {
+    registry().slots[slot as usize].lane(lane)
 }
 
-/// Runs `f` on the state of the live manager `handle` names, under the state's lock only.
-pub fn with_state<R>(handle: u64, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
+/// Set by `Manager::new` before its handle exists.
+pub(super) fn set_lane_mask(slot: u16, mask: usize) {
+    registry().slots[slot as usize].lane_mask.store(mask, Ordering::Relaxed);
+}
+
+/// Runs `f` on the lane of the live manager `handle` names where a new buffer of `kind` goes,
+/// under that lane's lock only.
+pub fn with_alloc_state<R>(handle: u64, kind: MemoryKind, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
+    with_lane(handle, |mask| alloc_lane(kind, mask), f)
+}
+
+/// Runs `f` on the lane of the manager `handle` names that holds `buffer` (lane 0 for a handle
+/// no lane issued; its lookup then fails there).
+pub fn with_buffer_state<R>(handle: u64, buffer: u64, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
+    with_lane(handle, |mask| lane_of(buffer) & mask, f)
+}
+
+fn with_lane<R>(handle: u64, lane: impl FnOnce(usize) -> usize, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
     let (cell, generation) = decode(handle)?;
-    let mut state = cell.state.lock();
+    let mut state = cell.lane(lane(cell.lane_mask.load(Ordering::Relaxed))).lock();
     match state.as_mut() {
         Some(st) if cell.generation.load(Ordering::Acquire) == generation => f(st),
         _ => fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)"),

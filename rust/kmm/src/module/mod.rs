@@ -322,7 +322,7 @@ pub fn launch(m: &Manager, function: &Function, grid: [u32; 3], block: [u32; 3],
 /// The process-wide table of module handles.
 fn table() -> &'static Mutex<HandleTable<Arc<Module>>> {
     static TABLE: OnceLock<Mutex<HandleTable<Arc<Module>>>> = OnceLock::new();
-    TABLE.get_or_init(|| Mutex::new(HandleTable::new(TAG_MODULE, 0, 0x5EED)))
+    TABLE.get_or_init(|| Mutex::new(HandleTable::new(TAG_MODULE, 0, 0, 0x5EED)))
 }
 
 pub fn insert_handle(module: Arc<Module>) -> Result<u64> {

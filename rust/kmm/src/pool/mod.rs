@@ -114,6 +114,19 @@ impl ResourceCounters {
         self.reserved += bytes;
         self.peak_reserved = self.peak_reserved.max(self.reserved);
     }
+
+    /// Adds another lane's counters (peaks add up to an upper bound of the joint peak).
+    pub fn merge(&mut self, other: &ResourceCounters) {
+        self.reserved += other.reserved;
+        self.peak_reserved += other.peak_reserved;
+        self.pool_hits += other.pool_hits;
+        self.pool_misses += other.pool_misses;
+        self.upstream_allocs += other.upstream_allocs;
+        self.upstream_frees += other.upstream_frees;
+        self.largest_free = self.largest_free.max(other.largest_free);
+        self.compactions += other.compactions;
+        self.relocated_bytes += other.relocated_bytes;
+    }
 }
 
 /// What a pool needs from its caller to relocate live blocks: whose blocks may move now, and

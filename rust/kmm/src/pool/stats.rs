@@ -33,4 +33,14 @@ impl UsageCounters {
     pub fn reset_peak(&mut self) {
         self.peak_in_use = self.in_use;
     }
+
+    /// Adds another lane's counters (peaks add up to an upper bound of the joint peak).
+    pub fn merge(&mut self, other: &UsageCounters) {
+        self.in_use += other.in_use;
+        self.peak_in_use += other.peak_in_use;
+        self.allocs += other.allocs;
+        self.frees += other.frees;
+        self.failed_allocs += other.failed_allocs;
+        self.live_buffers += other.live_buffers;
+    }
 }

@@ -1,0 +1,132 @@
+//! Lanes through the C ABI: threads sharing a pool-mode manager allocate in lanes of their own,
+//! a buffer can be used and freed from any thread, a request its lane cannot serve is served by
+//! another lane, and stats and trim count the manager as a whole. Which lane holds a buffer is
+//! read from its handle (`handles::lane_of`), to show the threads really were apart.
+mod common;
+use common::*;
+use kmm::manager::handles::lane_of;
+use kmm::manager::registry::thread_lane;
+
+const CHUNK: u64 = 2 << 20;
+
+fn manager(f: impl FnOnce(&mut KmmConfig)) -> Mgr {
+    Mgr::with(|c| {
+        c.chunk_size = CHUNK;
+        c.compaction_ratio_pct = 0;
+        f(c);
+    })
+}
+
+/// Runs `f` on a new thread whose lane differs from the calling thread's (threads are dealt
+/// lanes in turn, so the first new thread almost always has another; a few more make sure).
+fn on_another_lane<R: Send>(f: impl Fn() -> R + Sync) -> R {
+    let mine = thread_lane();
+    for _ in 0..32 {
+        let found = std::thread::scope(|s| s.spawn(|| (thread_lane() != mine).then(&f)).join().expect("thread"));
+        if let Some(result) = found {
+            return result;
+        }
+    }
+    panic!("no thread was dealt another lane than {mine}");
+}
+
+#[test]
+fn buffers_of_other_lanes_are_used_and_freed_from_any_thread() {
+    let m = manager(|_| {});
+    let a = m.alloc(100_000, DEVICE);
+    let a_data = pattern(100_000, 1);
+    m.upload(a, 0, &a_data);
+    let (b, b_data) = on_another_lane(|| {
+        let b = m.alloc(70_001, DEVICE);
+        let data = pattern(70_001, 2);
+        m.upload(b, 0, &data);
+        // This thread reads and frees the first thread's buffer.
+        assert_eq!(m.download(a, 0, a_data.len()), a_data);
+        (b, data)
+    });
+    assert_ne!(lane_of(a), lane_of(b));
+    assert_eq!(m.download(b, 0, b_data.len()), b_data);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, b, &mut p));
+    assert_ne!(p, 0);
+    expect_err(kmm_buffer_free(m.0, b, 0), KMM_ERROR_BUFFER_MAPPED, &["mapped"]);
+    ok(kmm_buffer_unmap(m.0, b));
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers, s.allocs), (170_001, 2, 2));
+    m.free(b);
+    m.free(a);
+    expect_err(kmm_buffer_free(m.0, b, 0), KMM_ERROR_INVALID_HANDLE, &["not live"]);
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers, s.allocs, s.frees), (0, 0, 2, 2));
+}
+
+#[test]
+fn a_lane_at_the_hard_limit_is_served_by_another() {
+    // One chunk in all: the first lane takes it and keeps half of it in use.
+    let m = manager(|c| c.hard_limit = CHUNK);
+    let kept = m.alloc(CHUNK / 2, DEVICE);
+    let served = on_another_lane(|| {
+        let mut b = 0;
+        let status = kmm_buffer_alloc(m.0, CHUNK / 4, DEVICE, &mut b);
+        assert_eq!(status, KMM_OK, "the other lane's free half serves it: {}", last_error());
+        b
+    });
+    assert_eq!(lane_of(served), lane_of(kept), "served by the lane that had room");
+    let s = m.stats(DEVICE);
+    assert_eq!((s.reserved, s.failed_allocs, s.in_use), (CHUNK, 0, CHUNK / 2 + CHUNK / 4));
+    m.free(served);
+    m.free(kept);
+}
+
+#[test]
+fn out_of_memory_gives_other_lanes_cached_chunks_back() {
+    // The first lane caches two free chunks that are not neighbours; another lane needs one
+    // larger chunk, which fits under the limit only once they are given back.
+    let m = manager(|c| c.hard_limit = 2 * CHUNK);
+    let (x, y) = (m.alloc(CHUNK, DEVICE), m.alloc(CHUNK, DEVICE));
+    m.free(x);
+    m.free(y);
+    assert_eq!(m.stats(DEVICE).reserved, 2 * CHUNK);
+    let (grown, lane) = on_another_lane(|| (m.alloc(CHUNK * 3 / 2, DEVICE), thread_lane()));
+    assert_eq!(lane_of(grown), lane, "a chunk of its own lane");
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.failed_allocs, s.upstream_frees), (CHUNK * 3 / 2, 0, 2));
+    m.free(grown);
+}
+
+#[test]
+fn stats_and_trim_count_all_lanes() {
+    let m = manager(|_| {});
+    m.free(m.alloc(CHUNK / 2, DEVICE));
+    on_another_lane(|| m.free(m.alloc(CHUNK / 4, DEVICE)));
+    m.sync();
+    let s = m.stats(DEVICE);
+    // Each lane grew by a chunk; the peaks of two lanes that never held memory at the same
+    // time add up.
+    assert_eq!((s.reserved, s.in_use, s.upstream_allocs), (2 * CHUNK, 0, 2));
+    assert_eq!(s.peak_in_use, CHUNK / 2 + CHUNK / 4);
+    ok(kmm_manager_trim(m.0, CHUNK));
+    assert_eq!(m.stats(DEVICE).reserved, CHUNK, "trim keeps keep_bytes in all, not per lane");
+    ok(kmm_manager_trim(m.0, 0));
+    assert_eq!(m.stats(DEVICE).reserved, 0);
+    ok(kmm_manager_reset_peaks(m.0));
+    assert_eq!(m.stats(DEVICE).peak_in_use, 0);
+}
+
+#[test]
+fn pinned_memory_and_other_modes_stay_in_lane_zero() {
+    let m = manager(|_| {});
+    let pinned = on_another_lane(|| m.alloc(4096, PINNED));
+    assert_eq!(lane_of(pinned), 0);
+    m.free(pinned);
+    for mode in [KmmAllocMode::KMM_ALLOC_DIRECT, KmmAllocMode::KMM_ALLOC_CUDA_ASYNC] {
+        let m = manager(|c| c.alloc_mode = mode as u32);
+        let handles: Vec<u64> = (0..4)
+            .map(|_| std::thread::scope(|s| s.spawn(|| m.alloc(4096, DEVICE)).join().expect("thread")))
+            .collect();
+        assert!(handles.iter().all(|&h| lane_of(h) == 0), "{mode:?}: one lane");
+        for h in handles {
+            m.free(h);
+        }
+    }
+}
