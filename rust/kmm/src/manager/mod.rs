@@ -444,8 +444,8 @@ impl Manager {
         })
     }
 
-    /// The state of the lane that holds `buffer` (lane 0 when no lane issued the handle, whose
-    /// lookup then fails there).
+    /// The state of the lane that holds `buffer`, by the lane bits of its handle (any lane for a
+    /// forged one, whose table then turns it away).
     fn state_of(&self, buffer: u64) -> parking_lot::MappedMutexGuard<'static, State> {
         self.lane(handles::lane_of(buffer) & self.lane_mask)
     }

@@ -26,7 +26,7 @@ pub const MAX_MANAGERS: usize = 4096;
 pub const LANES: usize = 1 << LANE_BITS;
 
 #[repr(align(64))]
-pub(super) struct Lane(parking_lot::Mutex<Option<State>>);
+struct Lane(parking_lot::Mutex<Option<State>>);
 
 #[repr(align(64))]
 struct Slot {
@@ -129,8 +129,8 @@ pub fn with_alloc_state<R>(handle: u64, kind: MemoryKind, f: impl FnOnce(&mut St
     with_lane(handle, |mask| alloc_lane(kind, mask), f)
 }
 
-/// Runs `f` on the lane of the manager `handle` names that holds `buffer` (lane 0 for a handle
-/// no lane issued; its lookup then fails there).
+/// Runs `f` on the lane of the manager `handle` names that holds `buffer`, by the lane bits of
+/// its handle (any lane for a forged one, whose table then turns it away).
 pub fn with_buffer_state<R>(handle: u64, buffer: u64, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
     with_lane(handle, |mask| lane_of(buffer) & mask, f)
 }
