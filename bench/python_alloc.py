@@ -3,6 +3,7 @@
 RMM's plugins and each library's own allocator, in one run on one GPU:
 
     numba.cuda.device_array   Numba default | Kmm (kmm.numba) | RMM (rmm.allocators.numba, pool)
+                              | floor (a plugin handing out one held pointer: Numba's own cost)
     cupy.empty                CuPy pool     | Kmm (kmm.cupy)  | RMM (rmm_cupy_allocator, pool)
     torch.empty               caching alloc | Kmm (kmm.torch CUDAPluggableAllocator)
     kmm Manager.alloc         (the bare Python binding, for reference)
@@ -25,6 +26,7 @@ import platform
 import subprocess
 import sys
 import time
+import weakref
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -32,7 +34,7 @@ NBYTES = 1 << 20
 TARGETS = {"rmm_speedup_min": 2.0, "own_pool_ratio_max": 1.5}
 
 VARIANTS = [
-    ("numba", "default"), ("numba", "kmm"), ("numba", "rmm"),
+    ("numba", "default"), ("numba", "kmm"), ("numba", "rmm"), ("numba", "floor"),
     ("cupy", "default"), ("cupy", "kmm"), ("cupy", "rmm"),
     ("torch", "default"), ("torch", "kmm"),
     ("kmm", "bare"),
@@ -53,6 +55,35 @@ def rmm_pool():
     return rmm
 
 
+def floor_plugin():
+    """An NBEP 7 plugin whose `memalloc` returns one pointer made at `initialize`, with nothing
+    to free: what `device_array` costs around any plugin, the bound on a plugin's speedup."""
+    from numba import cuda
+    from numba.cuda.cudadrv import driver
+
+    class FloorPlugin(cuda.HostOnlyCUDAMemoryManager):
+        _held = None
+
+        def initialize(self):  # Numba calls it at every device_array
+            if self._held is None:
+                self._held = driver.MemoryPointer(weakref.proxy(self.context), driver.driver.cuMemAlloc(NBYTES), NBYTES)
+
+        def memalloc(self, size):
+            return self._held
+
+        def get_memory_info(self):
+            return driver.MemoryInfo(free=1 << 30, total=1 << 30)
+
+        def get_ipc_handle(self, memory):
+            raise NotImplementedError
+
+        @property
+        def interface_version(self):
+            return 1
+
+    return FloorPlugin
+
+
 def setup(lib, variant):
     """Returns a function that allocates one 1 MiB array (freed when dropped)."""
     if lib == "numba":
@@ -65,6 +96,8 @@ def setup(lib, variant):
             from rmm.allocators.numba import RMMNumbaManager
 
             cuda.set_memory_manager(RMMNumbaManager)
+        elif variant == "floor":
+            cuda.set_memory_manager(floor_plugin())
         import numpy as np
 
         cuda.current_context()
@@ -181,6 +214,9 @@ def ratios(results):
         return per_round[len(per_round) // 2]
 
     out = {}
+    v = paired("numba/rmm", "numba/floor")
+    if v:
+        out["numba: RMM / floor (any plugin's best)"] = {"value": v}
     for lib in ("numba", "cupy"):
         v = paired("%s/rmm" % lib, "%s/kmm" % lib)
         if v:
@@ -257,7 +293,7 @@ def main():
     print()
     for name, r in report["ratios"].items():
         met = "" if "met" not in r else ("  target %s: %s" % (r["target"], "met" if r["met"] else "NOT met"))
-        print("%-32s %6.2f%s" % (name, r["value"], met))
+        print("%-40s %6.2f%s" % (name, r["value"], met))
     print("\ndevice: %s" % report["device"])
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     with open(args.json_out, "w") as f:

@@ -3,10 +3,11 @@
 # -Zsanitizer=address; LeakSanitizer on). Miri does not apply: the suite crosses FFI (libc
 # sysinfo/malloc/free), spawns stream worker threads that run raw-pointer copies, and Miri is
 # not installed here; ASan covers heap/stack use-after-free, overflows and leaks instead.
-# Usage: tools/asan.sh [extra cargo test args]   Env: KMM_ASAN_TARGET_DIR (default /tmp/kmm-asan)
+# Usage: tools/asan.sh [extra cargo test args]   Env: KMM_ASAN_TARGET_DIR (default rust/target/asan:
+# per checkout, since test binaries keep the source path they were built from)
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-export CARGO_TARGET_DIR="${KMM_ASAN_TARGET_DIR:-/tmp/kmm-asan}"
+export CARGO_TARGET_DIR="${KMM_ASAN_TARGET_DIR:-$root/rust/target/asan}"
 export RUSTFLAGS="-Zsanitizer=address -Cdebuginfo=1"
 export RUSTDOCFLAGS="-Zsanitizer=address"
 # allocator_may_return_null: the model test asks for 2^47 bytes and expects OUT_OF_MEMORY.

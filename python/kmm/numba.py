@@ -79,19 +79,23 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
     def _create(self):
         with self._lock:
-            if self._manager is None:
+            created = self._manager is None
+            if created:
                 config = dict(_config)
                 if self.context is not None:
                     config.setdefault("device", self.context.device.id)
                 self._manager = Manager(**config)
                 self._ctx_proxy = weakref.proxy(self.context) if self.context is not None else None
-            return self._manager
+            manager = self._manager
+        if created and _SizeNotSet is not None and self.deallocations.memory_capacity is _SizeNotSet:
+            self.deallocations.memory_capacity = self.get_memory_info().total
+        return manager
 
     def initialize(self):
-        """Creates the Kmm manager (once; later calls do nothing)."""
-        self._create()
-        if _SizeNotSet is not None and self.deallocations.memory_capacity is _SizeNotSet:
-            self.deallocations.memory_capacity = self.get_memory_info().total
+        """Creates the Kmm manager (once; later calls do nothing). Numba calls this at every
+        `device_array`, so the created case costs one attribute test."""
+        if self._manager is None:
+            self._create()
 
     def memalloc(self, size):
         m = self._manager or self._create()
@@ -194,15 +198,16 @@ class _Free:
 
 class _KmmPointer(_driver.MemoryPointer):
     """Numba's `MemoryPointer` with a `_Free` as its finalizer (the attributes Numba's own
-    constructor sets, without its `weakref.finalize`)."""
+    constructor sets, without its `weakref.finalize`; the constant ones on the class)."""
+
+    is_managed = True
+    refct = 1  # Numba's increments make it an instance attribute
+    _owner = None
 
     def __init__(self, context, pointer, size, free):
         self.context = context
         self.device_pointer = self.handle = pointer
         self.size = self._cuda_memsize_ = size
-        self.is_managed = True
-        self.refct = 1
-        self._owner = None
         self._finalizer = free
 
 

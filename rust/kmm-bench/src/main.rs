@@ -1,9 +1,9 @@
 //! Allocation, copy and pinned-memory benchmarks of Kmm's C ABI against the CUDA driver's own
 //! allocators, all in one run so figures are compared as ratios on one machine.
 //!
-//! `kmm-bench [--quick] [--traces] [--threads N]`: on a machine without CUDA only Kmm's host
-//! backend is measured; `--traces` stops after the single-thread traces; `--threads` sets the
-//! thread count of the multi-thread rows (16).
+//! `kmm-bench [--quick] [--traces] [--threads N] [--host]`: on a machine without CUDA, or with
+//! `--host`, only Kmm's host backend is measured; `--traces` stops after the single-thread
+//! traces; `--threads` sets the thread count of the multi-thread rows (16).
 
 use cudarc::driver::sys;
 use kmm::ffi::buffer::*;
@@ -176,7 +176,9 @@ fn arg_value(name: &str) -> Option<usize> {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let traces_only = std::env::args().any(|a| a == "--traces");
-    let cuda = unsafe { sys::is_culib_present() } && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
+    let cuda = !std::env::args().any(|a| a == "--host")
+        && unsafe { sys::is_culib_present() }
+        && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
     let backend = if cuda { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
     let mut stream: sys::CUstream = std::ptr::null_mut();
     if cuda {
@@ -280,37 +282,7 @@ fn main() {
         ok(kmm_manager_destroy(m, 0));
         1e9 / ns
     };
-    // The shared manager's allocation pattern without its threads: the traces interleaved op by
-    // op on one thread, so what the pool does and what contention does can be told apart.
-    let interleaved = {
-        let m = manager(backend, |_| {});
-        for t in &traces {
-            run(t, &mut KmmAlloc(m));
-        }
-        let before = stats(m, DEVICE);
-        let mut live: Vec<Vec<u64>> = vec![Vec::with_capacity(1024); threads];
-        let start = Instant::now();
-        for i in 0..ops_per_thread {
-            for (t, trace) in traces.iter().enumerate() {
-                match trace[i] {
-                    Op::Alloc(bytes) => {
-                        let mut b = 0;
-                        ok(kmm_buffer_alloc(m, bytes, DEVICE, &mut b));
-                        live[t].push(b);
-                    }
-                    Op::Free(pos) => ok(kmm_buffer_free(m, live[t].swap_remove(pos), 0)),
-                }
-            }
-        }
-        for b in live.into_iter().flatten() {
-            ok(kmm_buffer_free(m, b, 0));
-        }
-        let ns = start.elapsed().as_nanos() as f64 / (threads * ops_per_thread) as f64;
-        let after = stats(m, DEVICE);
-        ok(kmm_manager_destroy(m, 0));
-        (ns, after.upstream_allocs - before.upstream_allocs, after.compactions - before.compactions)
-    };
-    let parallel = |shared: bool, threads: usize| -> (f64, (u64, u64)) {
+    let parallel_once = |shared: bool, threads: usize| -> (f64, (u64, u64)) {
         let common = if shared { manager(backend, |_| {}) } else { 0 };
         let managers: Vec<KmmManager> = (0..threads).map(|_| if shared { common } else { manager(backend, |_| {}) }).collect();
         let traces = &traces[..threads];
@@ -353,9 +325,17 @@ fn main() {
         }
         ((threads * ops_per_thread) as f64 / secs, growth)
     };
+    // Median of three runs: one run of a few tens of milliseconds moves by a third on a shared
+    // machine.
+    let parallel = |shared: bool, threads: usize| {
+        let mut runs: Vec<(f64, (u64, u64))> = (0..3).map(|_| parallel_once(shared, threads)).collect();
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        runs[1]
+    };
     let (separate, _) = parallel(false, threads);
     let (separate8, _) = parallel(false, threads / 2);
     let (shared, (shared_grown, shared_compacted)) = parallel(true, threads);
+    let machine = machine_scaling(threads);
     r.row("1 thread, trace R", format!("{:.2} Mops/s", one / 1e6), "");
     let half = threads / 2;
     r.row(&format!("{half} threads, own managers"), format!("{:.2} Mops/s ({:.1}x one thread)", separate8 / 1e6, separate8 / one), "context");
@@ -370,12 +350,9 @@ fn main() {
         "report",
     );
     r.row(
-        &format!("{threads} traces interleaved on one manager, one thread"),
-        format!(
-            "{:.1} ns/op ({} chunks reserved and {} compactions while timed)",
-            interleaved.0, interleaved.1, interleaved.2
-        ),
-        "peer of the shared row",
+        &format!("{threads} threads of integer arithmetic, no Kmm"),
+        format!("{machine:.1}x one thread ({} logical CPUs)", std::thread::available_parallelism().map_or(0, |n| n.get())),
+        "the machine's own scaling",
     );
 
     copies(backend, cuda, quick, &mut r);
@@ -403,6 +380,27 @@ fn alloc_free_ns(m: KmmManager, bytes: u64, kind: u32, warmup: usize, n: usize) 
     let t = Instant::now();
     (0..n).for_each(|_| pair());
     t.elapsed().as_nanos() as f64 / n as f64
+}
+
+/// How much faster `threads` threads run a fixed amount of integer arithmetic than one thread
+/// (median of three): what the machine's cores, SMT siblings and clocks allow any per-thread
+/// work, for the multi-thread rows to be read against.
+fn machine_scaling(threads: usize) -> f64 {
+    const STEPS: u64 = 20_000_000;
+    let spin = |seed: u64| {
+        let mut rng = Rng(seed | 1);
+        (0..STEPS).fold(0u64, |acc, _| acc.wrapping_add(rng.next()))
+    };
+    let timed = |n: usize| {
+        let t = Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..n).map(|i| s.spawn(move || spin(i as u64 + 1))).collect();
+            workers.into_iter().map(|w| w.join().expect("arithmetic thread")).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        (n as f64 * STEPS as f64) / t.elapsed().as_secs_f64()
+    };
+    median((0..3).map(|_| timed(threads) / timed(1)).collect())
 }
 
 fn gbps(bytes: u64, secs: f64) -> f64 {
