@@ -57,7 +57,7 @@ PLANTS = [
      ["abi_lanes"]),
     ("lanes-release-own-lane-only", "rust/kmm/src/manager/mod.rs",
      "        self.stream.synchronize()?;\n        self.trim_lanes(kind, 0)",
-     "        self.stream.synchronize()?;\n        self.lane(registry::alloc_lane(kind, self.lane_mask)).resources[kind as usize].trim(0)",
+     "        self.stream.synchronize()?;\n        self.lane(registry::alloc_lane(kind, self.lane_mask())).resources[kind as usize].trim(0)",
      ["abi_lanes"]),
     ("summary-writes-past-buffer", "rust/kmm/src/ffi/manager.rs",
      "*buf.add(n) = 0;",

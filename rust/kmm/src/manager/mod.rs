@@ -342,8 +342,6 @@ pub struct Manager {
     config: Config,
     /// The registry slot holding this manager and its lanes' `State`s.
     slot: u16,
-    /// The lanes in use, minus one (0 or `registry::LANES - 1`).
-    lane_mask: usize,
     staging: Mutex<staging::Staging>,
 }
 
@@ -369,7 +367,7 @@ impl Manager {
             inner: Arc::new(PinnedUpstream(backend.clone())),
             limit: Arc::new(Limit::new(config.pinned_limit)),
         });
-        let lane_mask = if config.alloc_mode == AllocMode::Pool { registry::LANES - 1 } else { 0 };
+        let lane_mask = registry::lane_mask_for(config.alloc_mode);
         let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
         let mut lanes = Vec::with_capacity(lane_mask + 1);
         for lane in 0..=lane_mask {
@@ -378,7 +376,7 @@ impl Manager {
                     let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
                     let mut pool = PoolResource::new(device_upstream.clone(), sub, config.chunk_size, config.alignment)
                         .with_compaction(config.compaction_ratio_pct);
-                    if lane == registry::thread_lane() & lane_mask {
+                    if lane == registry::alloc_lane(MemoryKind::Device, lane_mask) {
                         pool.reserve(config.initial_pool_size)?;
                     }
                     Box::new(pool)
@@ -430,7 +428,7 @@ impl Manager {
             debug_assert!(cell.is_none(), "slot {slot} lane {lane} still holds a manager's state");
             *cell = Some(state);
         }
-        Ok(Manager { backend, stream, config, slot, lane_mask, staging: Mutex::new(staging) })
+        Ok(Manager { backend, stream, config, slot, staging: Mutex::new(staging) })
     }
 
     pub fn config(&self) -> &Config {
@@ -447,7 +445,7 @@ impl Manager {
     /// The state of the lane that holds `buffer`, by the lane bits of its handle (any lane for a
     /// forged one, whose table then turns it away).
     fn state_of(&self, buffer: u64) -> parking_lot::MappedMutexGuard<'static, State> {
-        self.lane(handles::lane_of(buffer) & self.lane_mask)
+        self.lane(handles::lane_of(buffer) & self.lane_mask())
     }
 
     /// Events and other manager-wide records live in lane 0.
@@ -455,8 +453,13 @@ impl Manager {
         self.lane(0)
     }
 
+    /// The lanes in use, minus one (see `registry::lane_mask_for`).
+    fn lane_mask(&self) -> usize {
+        registry::lane_mask_for(self.config.alloc_mode)
+    }
+
     fn lanes(&self) -> std::ops::RangeInclusive<usize> {
-        0..=self.lane_mask
+        0..=self.lane_mask()
     }
 
     /// Gives free chunks of `kind` back, lane by lane, until the lanes together reserve at most
@@ -495,7 +498,7 @@ impl Manager {
     /// Allocates a buffer in the calling thread's lane. When that is out of memory, see
     /// `alloc_after_release`.
     pub fn alloc(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
-        let first = self.lane(registry::alloc_lane(kind, self.lane_mask)).try_alloc(bytes, kind);
+        let first = self.lane(registry::alloc_lane(kind, self.lane_mask())).try_alloc(bytes, kind);
         match first {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.alloc_after_release(bytes, kind),
             done => done,
@@ -506,9 +509,8 @@ impl Manager {
     /// out of memory: the other lanes (a buffer may live in any), then, after waiting for the
     /// stream and giving every lane's cached chunks back, all lanes once more.
     pub fn alloc_after_release(&self, bytes: u64, kind: MemoryKind) -> Result<u64> {
-        let own = registry::alloc_lane(kind, self.lane_mask);
-        // Pinned memory stays in lane 0 (see `registry::alloc_lane`).
-        let last = if kind == MemoryKind::Device { self.lane_mask } else { 0 };
+        let own = registry::alloc_lane(kind, self.lane_mask());
+        let last = registry::kind_lane_mask(kind, self.lane_mask());
         let others = move || (0..=last).filter(move |&lane| lane != own);
         let retried = match self.alloc_in_lanes(others(), bytes, kind) {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self
@@ -550,7 +552,7 @@ impl Manager {
         if bytes > MAX_BUFFER_BYTES {
             fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
         }
-        let mut st = self.lane(registry::alloc_lane(kind, self.lane_mask));
+        let mut st = self.lane(registry::alloc_lane(kind, self.lane_mask()));
         let origin = if adopt {
             let block = Block { addr: ptr, size: bytes, token: 0 };
             st.adopted[kind as usize].inner_mut().adopt(block);

@@ -15,7 +15,7 @@
 //! then seldom touch the same lock or the same memory; one thread alone uses one lane.
 
 use super::handles::{lane_of, LANE_BITS, TAG_MANAGER};
-use super::{Manager, MemoryKind, State};
+use super::{AllocMode, Manager, MemoryKind, State};
 use crate::error::{lock, Result};
 use crate::fail;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -54,13 +54,27 @@ pub fn thread_lane() -> usize {
     LANE.with(|lane| *lane)
 }
 
-/// The lane a new buffer of `kind` goes to: pinned memory stays in lane 0, whose pinned pool
-/// is the only one that reserves chunks.
-pub fn alloc_lane(kind: MemoryKind, lane_mask: usize) -> usize {
+/// The lanes, minus one, of a manager in `mode`.
+pub fn lane_mask_for(mode: AllocMode) -> usize {
+    if mode == AllocMode::Pool {
+        LANES - 1
+    } else {
+        0
+    }
+}
+
+/// The lanes, minus one, that hold buffers of `kind`: pinned memory stays in lane 0, whose
+/// pinned pool is the only one that reserves chunks.
+pub fn kind_lane_mask(kind: MemoryKind, lane_mask: usize) -> usize {
     match kind {
-        MemoryKind::Device => thread_lane() & lane_mask,
+        MemoryKind::Device => lane_mask,
         MemoryKind::Pinned => 0,
     }
+}
+
+/// The lane a new buffer of `kind` goes to.
+pub fn alloc_lane(kind: MemoryKind, lane_mask: usize) -> usize {
+    thread_lane() & kind_lane_mask(kind, lane_mask)
 }
 
 struct Registry {
