@@ -76,8 +76,11 @@ def main():
     ap.add_argument("--only")
     a = ap.parse_args()
     wt = a.worktree
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
     if not os.path.isdir(wt):
-        subprocess.run(["git", "worktree", "add", "--detach", wt, "HEAD"], cwd=ROOT, check=True)
+        subprocess.run(["git", "worktree", "add", "--detach", wt, head], cwd=ROOT, check=True)
+    # A worktree left by an earlier run is moved to this HEAD: plants are judged on today's code.
+    subprocess.run(["git", "checkout", "-q", "--detach", head], cwd=wt, check=True)
     env = dict(os.environ, CARGO_TARGET_DIR=os.environ.get("KMM_PLANT_TARGET", "/tmp/kmm-plant-target"),
                CARGO_PROFILE_RELEASE_LTO="false", CARGO_PROFILE_RELEASE_CODEGEN_UNITS="16",
                KMM_TRUST_CASES="12", KMM_TRUST_STEPS="1500", KMM_TRUST_STRESS_SECS="4",
@@ -100,7 +103,11 @@ def main():
                 lines = [l for l in out.splitlines() if "panicked" in l or "seed" in l or "Invalid" in l
                          or "ERROR SUMMARY" in l or "leak" in l or "SIGSEGV" in l or "assertion" in l or "expects" in l]
                 why = " | ".join(lines[:3])[:300]
-                rows.append((name, t, f"{'CAUGHT (failed)' if rc != 0 else 'MISSED (passed)'} in {dt:.0f}s: {why}"))
+                if "could not compile" in out:
+                    verdict = "PLANT DID NOT BUILD"
+                else:
+                    verdict = "CAUGHT (failed)" if rc != 0 else "MISSED (passed)"
+                rows.append((name, t, f"{verdict} in {dt:.0f}s: {why}"))
                 print(rows[-1], flush=True)
         finally:
             open(f, "w").write(src)
