@@ -12,7 +12,10 @@ Each measurement runs in a fresh process (allocators must be chosen before a lib
 allocation), in rounds: one sample of every variant per round, `--repeats` rounds, the median
 reported. Prints a table (ns/op and ratios) and writes JSON to the path given.
 
-    python bench/python_alloc.py bench/results/python_alloc.json [--iters 20000] [--repeats 5]
+    python bench/python_alloc.py bench/results/python_alloc.json [--iters 20000] [--repeats 5] [--pin CPU]
+
+--pin runs every sample on one CPU (sched_setaffinity): the samples then differ less from
+process to process, since each does not land on whatever core the scheduler picked.
 
 RMM is used when `import rmm` works (e.g. PYTHONPATH=/tmp/site after installing the rmm-cu13,
 librmm-cu13 and rapids-logger wheels there); its variants are reported as unavailable otherwise.
@@ -148,7 +151,9 @@ def synchronize(lib):
         torch.cuda.synchronize()
 
 
-def worker(lib, variant, iters, repeats):
+def worker(lib, variant, iters, repeats, pin):
+    if pin is not None:
+        os.sched_setaffinity(0, {pin})
     ensure_kmm_importable()
     alloc, detail = setup(lib, variant)
     for _ in range(min(iters, 2000)):  # warm up: pools grown, code paths compiled
@@ -170,7 +175,7 @@ def worker(lib, variant, iters, repeats):
 
 def run_variant(lib, variant, args):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, variant,
-           "--iters", str(args.iters), "--repeats", "1"]
+           "--iters", str(args.iters), "--repeats", "1"] + ([] if args.pin is None else ["--pin", str(args.pin)])
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -200,6 +205,17 @@ def versions():
         except Exception as e:
             v[mod] = "unavailable (%s)" % type(e).__name__
     return v
+
+
+def plugin_calls_module():
+    """Which implementation of kmm.numba's per-allocation calls this run used."""
+    try:
+        ensure_kmm_importable()
+        import kmm.numba
+
+        return kmm.numba._calls.__name__
+    except Exception as e:
+        return "unavailable (%s)" % type(e).__name__
 
 
 def ratios(results):
@@ -238,11 +254,12 @@ def main():
     p.add_argument("--iters", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--timeout", type=int, default=300)
+    p.add_argument("--pin", type=int, help="run every sample on this CPU")
     p.add_argument("--only", default="", help="comma-separated libraries (numba,cupy,torch,kmm)")
     p.add_argument("--worker", nargs=2, metavar=("LIB", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats)))
+        print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats, args.pin)))
         return
     if not args.json_out:
         p.error("give the path of the JSON output")
@@ -280,6 +297,8 @@ def main():
         "versions": versions(),
         "iters": args.iters,
         "repeats": args.repeats,
+        "pinned_to_cpu": args.pin,
+        "numba_plugin_calls": plugin_calls_module(),
         "results": results,
         "ratios": ratios(results),
     }
@@ -294,7 +313,7 @@ def main():
     for name, r in report["ratios"].items():
         met = "" if "met" not in r else ("  target %s: %s" % (r["target"], "met" if r["met"] else "NOT met"))
         print("%-40s %6.2f%s" % (name, r["value"], met))
-    print("\ndevice: %s" % report["device"])
+    print("\ndevice: %s; kmm.numba calls: %s; pinned to CPU: %s" % (report["device"], report["numba_plugin_calls"], args.pin))
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     with open(args.json_out, "w") as f:
         json.dump(report, f, indent=2)

@@ -1,20 +1,26 @@
-"""Builds libkmm with cargo and bundles it in the wheel as kmm/libkmm.so.
+"""Builds libkmm with cargo and bundles it in the wheel as kmm/libkmm.so, and compiles
+kmm/_plugin_calls.c (the Numba plugin's per-allocation calls; CPython's stable ABI, 3.10 on).
 
 The Rust workspace is found at $KMM_RUST_DIR or ../rust (the repository layout). With
-KMM_LIBRARY set to an existing libkmm.so, that file is bundled and cargo is not run.
+KMM_LIBRARY set to an existing libkmm.so, that file is bundled and cargo is not run. Without
+Python's headers the extension is skipped (kmm then makes those calls through ctypes) and the
+wheel is tagged py3-none; with it, cp310-abi3.
 """
 
 import os
 import shutil
 import subprocess
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # older setuptools
-    from wheel.bdist_wheel import bdist_wheel
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # neither: only in-place builds (build_ext --inplace) work
+        bdist_wheel = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -42,8 +48,9 @@ class BuildPyWithLibkmm(build_py):
             subprocess.call(["strip", "--strip-debug", dest])  # the release profile keeps debuginfo
 
 
-class PlatformWheel(bdist_wheel):
-    """ctypes, no extension modules: any Python 3, but one platform (the bundled .so)."""
+class PlatformWheel(bdist_wheel or object):
+    """One platform (the bundled .so); any CPython 3.10+ when the extension (stable ABI) was
+    built, any Python 3 when it was not."""
 
     def finalize_options(self):
         super().finalize_options()
@@ -51,7 +58,19 @@ class PlatformWheel(bdist_wheel):
 
     def get_tag(self):
         _, _, plat = super().get_tag()
-        return "py3", "none", plat
+        build_ext = self.get_finalized_command("build_ext")
+        built = any(os.path.exists(build_ext.get_ext_fullpath(e.name)) for e in build_ext.extensions)
+        return ("cp310", "abi3", plat) if built else ("py3", "none", plat)
 
 
-setup(cmdclass={"build_py": BuildPyWithLibkmm, "bdist_wheel": PlatformWheel})
+PLUGIN_CALLS = Extension(
+    "kmm._plugin_calls",
+    ["kmm/_plugin_calls.c"],
+    py_limited_api=True,  # the source defines Py_LIMITED_API
+    optional=True,
+)
+
+commands = {"build_py": BuildPyWithLibkmm}
+if bdist_wheel:
+    commands["bdist_wheel"] = PlatformWheel
+setup(ext_modules=[PLUGIN_CALLS], cmdclass=commands)

@@ -252,4 +252,9 @@ def load(path=None):
     return lib, path
 
 
+def address_of(fn):
+    """The address of one of `lib`'s functions, for code that calls it from C."""
+    return ctypes.cast(fn, c_void_p).value
+
+
 lib, path = load()

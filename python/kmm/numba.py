@@ -21,10 +21,14 @@ from . import _lib
 from ._errors import NotSupportedError, error
 from .manager import Manager
 
+try:  # compiled when the wheel was built with a C compiler and Python's headers
+    from . import _plugin_calls as _calls
+except ImportError:
+    from . import _plugin_calls_py as _calls
+
 __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
 
-_malloc = _lib.lib.kmm_plugin_malloc
-_free = _lib.lib.kmm_plugin_free_address
+_calls.bind(_lib.address_of(_lib.lib.kmm_plugin_malloc), _lib.address_of(_lib.lib.kmm_plugin_free_address))
 _OOM = 3001
 #: Numba allocates without a stream; its default stream is the legacy default stream.
 _STREAM = 0
@@ -64,8 +68,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         self._manager = None
         self._ctx_proxy = None
         self._lock = threading.Lock()
-        self._defer_depth = 0
-        self._pending = []
+        self._deferral = _calls.Deferral()
 
     # -- NBEP 7 -----------------------------------------------------------------------------
     @property
@@ -102,43 +105,24 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         handle = m._handle
         if not size:  # nothing to allocate or free
             return _driver.MemoryPointer(self._ctx_proxy, _devptr(0), 0)
-        ptr = _malloc(handle, size, _STREAM)
-        if not ptr and _lib.lib.kmm_last_status() == _OOM and self._pending:
-            self._flush()
-            ptr = _malloc(handle, size, _STREAM)
-        if not ptr:
+        allocation = _calls.allocate(handle, size, _STREAM, self._deferral)
+        if allocation is None and _lib.lib.kmm_last_status() == _OOM and self._deferral.flush():
+            allocation = _calls.allocate(handle, size, _STREAM, self._deferral)
+        if allocation is None:
             raise error(_lib.lib.kmm_last_status())
-        return _KmmPointer(self._ctx_proxy, _devptr(ptr), size, _Free(self, handle, ptr))
-
-    def _release(self, manager, ptr):
-        if self._defer_depth:
-            with self._lock:
-                if self._defer_depth:
-                    self._pending.append((manager, ptr))
-                    return
-        _free(manager, ptr, _STREAM)  # fails, harmlessly, for memory of a manager reset() destroyed
-
-    def _flush(self):
-        with self._lock:
-            pending, self._pending = self._pending, []
-        for manager, ptr in pending:
-            _free(manager, ptr, _STREAM)
+        return _KmmPointer(self._ctx_proxy, _devptr(allocation.address), size, allocation)
 
     @contextlib.contextmanager
     def defer_cleanup(self):
         """While active, device memory dropped by Numba is not freed (Numba holds it for
-        asynchronous work); the frees happen when the outermost block exits."""
+        asynchronous work); the frees happen when the outermost block exits. A free of memory
+        whose manager `reset()` destroyed fails harmlessly."""
         with super().defer_cleanup():
-            with self._lock:
-                self._defer_depth += 1
+            self._deferral.enter()
             try:
                 yield
             finally:
-                with self._lock:
-                    self._defer_depth -= 1
-                    flush = self._defer_depth == 0
-                if flush:
-                    self._flush()
+                self._deferral.exit()
 
     def get_memory_info(self):
         m = self.manager
@@ -168,7 +152,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         super().reset()
         with self._lock:
             m, self._manager = self._manager, None
-            self._pending = []
+            self._deferral.discard()
         if m is not None:
             m.close()
 
@@ -178,37 +162,20 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
             m.__del__()
 
 
-class _Free:
-    """Frees one Kmm allocation, once: when Numba calls it (`MemoryPointer.free`) or when the
-    pointer holding it is collected. It stands in for the `weakref.finalize` Numba would make,
-    which costs more than the rest of an allocation."""
-
-    __slots__ = ("plugin", "manager", "ptr", "alive")
-
-    def __init__(self, plugin, manager, ptr):
-        self.plugin, self.manager, self.ptr, self.alive = plugin, manager, ptr, True
-
-    def __call__(self):
-        if self.alive:
-            self.alive = False
-            self.plugin._release(self.manager, self.ptr)
-
-    __del__ = __call__
-
-
 class _KmmPointer(_driver.MemoryPointer):
-    """Numba's `MemoryPointer` with a `_Free` as its finalizer (the attributes Numba's own
-    constructor sets, without its `weakref.finalize`; the constant ones on the class)."""
+    """Numba's `MemoryPointer` whose finalizer is the `Allocation` itself, which frees when it is
+    called or collected: Numba's own constructor would wrap a finalizer in a `weakref.finalize`,
+    which costs more than the rest of an allocation. The constant attributes live on the class."""
 
     is_managed = True
     refct = 1  # Numba's increments make it an instance attribute
     _owner = None
 
-    def __init__(self, context, pointer, size, free):
+    def __init__(self, context, pointer, size, allocation):
         self.context = context
         self.device_pointer = self.handle = pointer
         self.size = self._cuda_memsize_ = size
-        self._finalizer = free
+        self._finalizer = allocation
 
 
 #: The class Numba loads for NUMBA_CUDA_MEMORY_MANAGER=kmm.numba.

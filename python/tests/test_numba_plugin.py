@@ -119,3 +119,18 @@ def test_ipc_handle_needs_cuda(plugin):
     if plugin.manager.backend == "host":
         with pytest.raises(kmm.NotSupportedError, match="CUDA backend"):
             plugin.get_ipc_handle(mem)
+
+
+def test_oom_frees_what_defer_cleanup_holds_and_retries():
+    kn.configure(backend=BACKEND, hard_limit=2 << 20, chunk_size=1 << 20)
+    p = kn.KmmNumbaMemoryManager(context=None)
+    try:
+        with p.defer_cleanup():
+            mem = p.memalloc(2 << 20)
+            del mem  # held back: the pool is full
+            assert p.manager.stats("device")["live_buffers"] == 1
+            mem = p.memalloc(2 << 20)  # out of memory, so the held free happens, then the retry
+            assert p.manager.stats("device")["live_buffers"] == 1 and mem.size == 2 << 20
+    finally:
+        p.reset()
+        kn.configure()
