@@ -173,9 +173,57 @@ def worker(lib, variant, iters, repeats, pin):
     return {"ns_per_op": samples[len(samples) // 2], "min_ns_per_op": samples[0], "samples": samples, "detail": detail}
 
 
-def run_variant(lib, variant, args):
+NUMBA_PLUGINS = ("default", "kmm", "rmm", "floor")
+
+
+def numba_interleaved(iters, rounds, pin):
+    """All Numba variants in one process and one context, taking turns: the context's memory
+    manager is swapped for the next plugin's (one instance each, made once). Samples seconds
+    apart in one process share that process's luck (where its memory and code landed, what the
+    machine was doing), which fresh-process samples do not; the order turns each round."""
+    if pin is not None:
+        os.sched_setaffinity(0, {pin})
+    ensure_kmm_importable()
+    import numpy as np
+    from numba import cuda
+    from numba.cuda.cudadrv import driver
+
+    import kmm.numba
+
+    rmm_pool()
+    from rmm.allocators.numba import RMMNumbaManager
+
+    ctx = cuda.current_context()
+    classes = {"default": driver.NumbaCUDAMemoryManager, "kmm": kmm.numba.KmmNumbaMemoryManager,
+               "rmm": RMMNumbaManager, "floor": floor_plugin()}
+    plugins = {}
+    for name, cls in classes.items():
+        plugins[name] = cls(context=ctx)
+        plugins[name].initialize()
+    samples = {name: [] for name in NUMBA_PLUGINS}
+    order = list(NUMBA_PLUGINS)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            ctx.memory_manager = plugins[name]
+            n = iters // 10 if name == "default" else iters  # Numba's own allocator is 10x slower
+            for _ in range(min(n, 2000)):
+                x = cuda.device_array(NBYTES // 4, np.float32)
+                del x
+            cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                x = cuda.device_array(NBYTES // 4, np.float32)
+                del x
+            t1 = time.perf_counter_ns()
+            samples[name].append((t1 - t0) / n)
+            assert ctx.memory_manager is plugins[name]
+            cuda.synchronize()
+    return {"numba/" + name: v for name, v in samples.items()}
+
+
+def run_variant(lib, variant, args, repeats=1):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, variant,
-           "--iters", str(args.iters), "--repeats", "1"] + ([] if args.pin is None else ["--pin", str(args.pin)])
+           "--iters", str(args.iters), "--repeats", str(repeats)] + ([] if args.pin is None else ["--pin", str(args.pin)])
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -256,10 +304,15 @@ def main():
     p.add_argument("--timeout", type=int, default=300)
     p.add_argument("--pin", type=int, help="run every sample on this CPU")
     p.add_argument("--only", default="", help="comma-separated libraries (numba,cupy,torch,kmm)")
+    p.add_argument("--numba-interleaved", action="store_true",
+                   help="the Numba variants take turns in one process instead of a process per sample")
     p.add_argument("--worker", nargs=2, metavar=("LIB", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats, args.pin)))
+        if args.worker == ["numba", "interleaved"]:
+            print(json.dumps(numba_interleaved(args.iters, args.repeats, args.pin)))
+        else:
+            print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats, args.pin)))
         return
     if not args.json_out:
         p.error("give the path of the JSON output")
@@ -269,6 +322,17 @@ def main():
     # (other tenants, clocks) spreads over all variants instead of favouring the ones run early.
     samples = {"%s/%s" % v: [] for v in chosen}
     errors, details = {}, {}
+    if args.numba_interleaved and any(lib == "numba" for lib, _ in chosen):
+        chosen = [v for v in chosen if v[0] != "numba"]
+        r = run_variant("numba", "interleaved", args, repeats=args.repeats)
+        for key in samples:
+            if key.startswith("numba/"):
+                if "error" in r:
+                    errors[key] = r["error"]
+                else:
+                    samples[key], details[key] = r[key], "interleaved in one process"
+        for i in range(args.repeats if "error" not in r else 0):
+            print("  numba turn %d: %s" % (i + 1, ", ".join("%s %.0f" % (k, r[k][i]) for k in sorted(r))), flush=True)
     for round_ in range(args.repeats):
         for lib, variant in chosen:
             key = "%s/%s" % (lib, variant)
@@ -280,7 +344,8 @@ def main():
                 continue
             samples[key] += r["samples"]
             details[key] = r["detail"]
-        print("  round %d: %s" % (round_ + 1, ", ".join("%s %.0f" % (k, v[-1]) for k, v in samples.items() if v)), flush=True)
+        keys = ["%s/%s" % v for v in chosen]
+        print("  round %d: %s" % (round_ + 1, ", ".join("%s %.0f" % (k, samples[k][-1]) for k in keys if samples[k])), flush=True)
     results = {}
     for key, v in samples.items():
         if key in errors:
@@ -298,6 +363,7 @@ def main():
         "iters": args.iters,
         "repeats": args.repeats,
         "pinned_to_cpu": args.pin,
+        "numba_interleaved": args.numba_interleaved,
         "numba_plugin_calls": plugin_calls_module(),
         "results": results,
         "ratios": ratios(results),

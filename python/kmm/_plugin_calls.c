@@ -19,12 +19,16 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-/* kmm_plugin_malloc and kmm_plugin_free_address of gen/kmm.h (KmmManager is uint64_t, KmmStatus
- * is uint32_t). */
-typedef uint64_t (*plugin_malloc_fn)(uint64_t manager, uint64_t bytes, uint64_t stream);
-typedef uint32_t (*plugin_free_fn)(uint64_t manager, uint64_t address, uint64_t stream);
+/* kmm_plugin_alloc and kmm_plugin_free of gen/kmm.h (KmmManager and KmmBuffer are uint64_t,
+ * KmmStatus is uint32_t): by buffer handle, so libkmm keeps no table by address for them. */
+typedef uint32_t (*plugin_alloc_fn)(uint64_t manager, uint64_t bytes, uint32_t kind, uint64_t stream,
+                                    uint64_t *buffer, uint64_t *address);
+typedef uint32_t (*plugin_free_fn)(uint64_t manager, uint64_t buffer, uint64_t stream);
 
-static plugin_malloc_fn plugin_malloc;
+#define KMM_OK 0
+#define KMM_MEMORY_DEVICE 0
+
+static plugin_alloc_fn plugin_alloc;
 static plugin_free_fn plugin_free;
 static PyObject *DeferralType;
 static PyObject *AllocationType;
@@ -33,7 +37,7 @@ static PyObject *AllocationType;
 /* Deferral: while entered, the frees of its allocations wait in a list (Numba's defer_cleanup). */
 
 typedef struct {
-    uint64_t manager, address, stream;
+    uint64_t manager, buffer, stream;
 } PendingFree;
 
 typedef struct {
@@ -49,12 +53,12 @@ static Py_ssize_t deferral_flush_all(Deferral *d)
     Py_ssize_t n = d->len;
     d->len = 0;
     for (Py_ssize_t i = 0; i < n; i++)
-        plugin_free(d->pending[i].manager, d->pending[i].address, d->pending[i].stream);
+        plugin_free(d->pending[i].manager, d->pending[i].buffer, d->pending[i].stream);
     return n;
 }
 
 /* Queues a free; 0 when there is no memory for the entry (the caller then frees at once). */
-static int deferral_push(Deferral *d, uint64_t manager, uint64_t address, uint64_t stream)
+static int deferral_push(Deferral *d, uint64_t manager, uint64_t buffer, uint64_t stream)
 {
     if (d->len == d->cap) {
         Py_ssize_t cap = d->cap ? 2 * d->cap : 16;
@@ -65,7 +69,7 @@ static int deferral_push(Deferral *d, uint64_t manager, uint64_t address, uint64
         d->cap = cap;
     }
     d->pending[d->len].manager = manager;
-    d->pending[d->len].address = address;
+    d->pending[d->len].buffer = buffer;
     d->pending[d->len].stream = stream;
     d->len++;
     return 1;
@@ -146,12 +150,12 @@ static PyType_Spec deferral_spec = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* Allocation: one allocation of kmm_plugin_malloc, freed once: when called (Numba's
+/* Allocation: one allocation of kmm_plugin_alloc, freed once: when called (Numba's
  * MemoryPointer.free calls its finalizer) or when collected. */
 
 typedef struct {
     PyObject_HEAD
-    uint64_t manager, address, stream;
+    uint64_t manager, buffer, address, stream;
     int alive;
     Deferral *deferral; /* strong reference, or NULL */
 } Allocation;
@@ -161,9 +165,9 @@ static void allocation_release(Allocation *a)
     if (!a->alive)
         return;
     a->alive = 0;
-    if (a->deferral && a->deferral->depth > 0 && deferral_push(a->deferral, a->manager, a->address, a->stream))
+    if (a->deferral && a->deferral->depth > 0 && deferral_push(a->deferral, a->manager, a->buffer, a->stream))
         return;
-    plugin_free(a->manager, a->address, a->stream);
+    plugin_free(a->manager, a->buffer, a->stream);
 }
 
 static PyObject *allocation_call(PyObject *self, PyObject *args, PyObject *kwargs)
@@ -198,12 +202,12 @@ static void allocation_dealloc(PyObject *self)
 
 static PyGetSetDef allocation_getset[] = {
     {"alive", allocation_get_alive, NULL, "False once freed (or handed to its Deferral).", NULL},
-    {"address", allocation_get_address, NULL, "The device address.", NULL},
+    {"address", allocation_get_address, NULL, "The device address (0 for 0 bytes).", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyType_Slot allocation_slots[] = {
-    {Py_tp_doc, "One allocation of kmm_plugin_malloc; calling it or collecting it frees it, once."},
+    {Py_tp_doc, "One allocation of kmm_plugin_alloc; calling it or collecting it frees it, once."},
     {Py_tp_call, allocation_call},
     {Py_tp_dealloc, allocation_dealloc},
     {Py_tp_getset, allocation_getset},
@@ -230,31 +234,31 @@ static int as_u64(PyObject *o, const char *name, uint64_t *out)
 
 static PyObject *bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    uint64_t malloc_address, free_address;
+    uint64_t alloc_address, free_address;
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "bind(malloc_address, free_address) takes 2 arguments");
+        PyErr_SetString(PyExc_TypeError, "bind(alloc_address, free_address) takes 2 arguments");
         return NULL;
     }
-    if (!as_u64(args[0], "malloc_address", &malloc_address) || !as_u64(args[1], "free_address", &free_address))
+    if (!as_u64(args[0], "alloc_address", &alloc_address) || !as_u64(args[1], "free_address", &free_address))
         return NULL;
-    if (!malloc_address || !free_address) {
+    if (!alloc_address || !free_address) {
         PyErr_SetString(PyExc_ValueError, "bind: the function addresses must not be 0");
         return NULL;
     }
-    plugin_malloc = (plugin_malloc_fn)(uintptr_t)malloc_address;
+    plugin_alloc = (plugin_alloc_fn)(uintptr_t)alloc_address;
     plugin_free = (plugin_free_fn)(uintptr_t)free_address;
     Py_RETURN_NONE;
 }
 
 static PyObject *allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
-    uint64_t manager, nbytes, stream, address;
+    uint64_t manager, nbytes, stream, buffer = 0, address = 0;
     Allocation *a;
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "allocate(manager, nbytes, stream, deferral) takes 4 arguments");
         return NULL;
     }
-    if (!plugin_malloc) {
+    if (!plugin_alloc) {
         PyErr_SetString(PyExc_RuntimeError, "kmm._plugin_calls: bind() was not called");
         return NULL;
     }
@@ -265,15 +269,15 @@ static PyObject *allocate(PyObject *module, PyObject *const *args, Py_ssize_t na
         PyErr_SetString(PyExc_TypeError, "deferral must be a kmm._plugin_calls.Deferral or None");
         return NULL;
     }
-    address = plugin_malloc(manager, nbytes, stream);
-    if (!address)
+    if (plugin_alloc(manager, nbytes, KMM_MEMORY_DEVICE, stream, &buffer, &address) != KMM_OK)
         Py_RETURN_NONE; /* the status and message are libkmm's last error */
     a = PyObject_New(Allocation, (PyTypeObject *)AllocationType);
     if (!a) {
-        plugin_free(manager, address, stream);
+        plugin_free(manager, buffer, stream);
         return NULL;
     }
     a->manager = manager;
+    a->buffer = buffer;
     a->address = address;
     a->stream = stream;
     a->alive = 1;
@@ -284,11 +288,11 @@ static PyObject *allocate(PyObject *module, PyObject *const *args, Py_ssize_t na
 
 static PyMethodDef module_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
-     "bind(malloc_address, free_address): the addresses of libkmm's kmm_plugin_malloc and "
-     "kmm_plugin_free_address."},
+     "bind(alloc_address, free_address): the addresses of libkmm's kmm_plugin_alloc and "
+     "kmm_plugin_free."},
     {"allocate", (PyCFunction)(void (*)(void))allocate, METH_FASTCALL,
-     "allocate(manager, nbytes, stream, deferral) -> Allocation, or None when libkmm failed "
-     "(kmm_last_status says why)."},
+     "allocate(manager, nbytes, stream, deferral) -> Allocation of device memory, or None when "
+     "libkmm failed (kmm_last_status says why)."},
     {NULL, NULL, 0, NULL},
 };
 

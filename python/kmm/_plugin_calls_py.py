@@ -5,18 +5,19 @@ not built. tests/test_plugin_calls.py runs the same checks on both."""
 import ctypes
 import threading
 
-_malloc = None
+_alloc = None
 _free = None
+_KMM_MEMORY_DEVICE = 0
 
 
-def bind(malloc_address, free_address):
-    """The addresses of libkmm's `kmm_plugin_malloc` and `kmm_plugin_free_address`."""
-    global _malloc, _free
-    if not malloc_address or not free_address:
+def bind(alloc_address, free_address):
+    """The addresses of libkmm's `kmm_plugin_alloc` and `kmm_plugin_free`."""
+    global _alloc, _free
+    if not alloc_address or not free_address:
         raise ValueError("bind: the function addresses must not be 0")
-    u64 = ctypes.c_uint64
-    _malloc = ctypes.CFUNCTYPE(u64, u64, u64, u64)(malloc_address)
-    _free = ctypes.CFUNCTYPE(ctypes.c_uint32, u64, u64, u64)(free_address)
+    u32, u64, out = ctypes.c_uint32, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
+    _alloc = ctypes.CFUNCTYPE(u32, u64, u64, u32, u64, out, out)(alloc_address)
+    _free = ctypes.CFUNCTYPE(u32, u64, u64, u64)(free_address)
 
 
 class Deferral:
@@ -45,8 +46,8 @@ class Deferral:
     def flush(self):
         with self._lock:
             pending, self._pending = self._pending, []
-        for manager, address, stream in pending:
-            _free(manager, address, stream)
+        for manager, buffer, stream in pending:
+            _free(manager, buffer, stream)
         return len(pending)
 
     def discard(self):
@@ -58,12 +59,13 @@ class Deferral:
 
 
 class Allocation:
-    """One allocation of kmm_plugin_malloc; calling it or collecting it frees it, once."""
+    """One allocation of kmm_plugin_alloc; calling it or collecting it frees it, once."""
 
-    __slots__ = ("manager", "address", "stream", "alive", "deferral")
+    __slots__ = ("manager", "buffer", "address", "stream", "alive", "deferral")
 
-    def __init__(self, manager, address, stream, deferral):
-        self.manager, self.address, self.stream, self.deferral = manager, address, stream, deferral
+    def __init__(self, manager, buffer, address, stream, deferral):
+        self.manager, self.buffer, self.address, self.stream = manager, buffer, address, stream
+        self.deferral = deferral
         self.alive = True
 
     def __call__(self):
@@ -71,16 +73,18 @@ class Allocation:
             self.alive = False
             d = self.deferral
             if d is not None and d.depth > 0:
-                d._pending.append((self.manager, self.address, self.stream))
+                d._pending.append((self.manager, self.buffer, self.stream))
             else:
-                _free(self.manager, self.address, self.stream)
+                _free(self.manager, self.buffer, self.stream)
 
     __del__ = __call__
 
 
 def allocate(manager, nbytes, stream, deferral):
-    """An `Allocation`, or None when libkmm failed (kmm_last_status says why)."""
-    if _malloc is None:
+    """An `Allocation` of device memory, or None when libkmm failed (kmm_last_status says why)."""
+    if _alloc is None:
         raise RuntimeError("kmm._plugin_calls_py: bind() was not called")
-    address = _malloc(manager, nbytes, stream)
-    return Allocation(manager, address, stream, deferral) if address else None
+    buffer, address = ctypes.c_uint64(), ctypes.c_uint64()
+    if _alloc(manager, nbytes, _KMM_MEMORY_DEVICE, stream, buffer, address):
+        return None
+    return Allocation(manager, buffer.value, address.value, stream, deferral)

@@ -141,9 +141,7 @@ def _c_function_allocator():
     if name != b"intptr_t (void)":
         return None
 
-    def address(function):
-        return ctypes.cast(function, ctypes.c_void_p).value
-
+    address = _lib.address_of
     source = capsule_pointer(capsule, name)
     check(_lib.lib.kmm_cupy_set_stream_source(source, address(api.PyErr_Clear)))
     malloc, free = address(_lib.lib.kmm_cupy_malloc), address(_lib.lib.kmm_cupy_free)

@@ -28,7 +28,7 @@ except ImportError:
 
 __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
 
-_calls.bind(_lib.address_of(_lib.lib.kmm_plugin_malloc), _lib.address_of(_lib.lib.kmm_plugin_free_address))
+_calls.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(_lib.lib.kmm_plugin_free))
 _OOM = 3001
 #: Numba allocates without a stream; its default stream is the legacy default stream.
 _STREAM = 0

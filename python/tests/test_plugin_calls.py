@@ -23,7 +23,7 @@ def calls(request):
         if os.environ.get("KMM_REQUIRE_COMPILED") == "1":
             raise
         pytest.skip("%s not built (%s): `python setup.py build_ext --inplace` in python/" % (request.param, e))
-    module.bind(_lib.address_of(_lib.lib.kmm_plugin_malloc), _lib.address_of(_lib.lib.kmm_plugin_free_address))
+    module.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(_lib.lib.kmm_plugin_free))
     return module
 
 
@@ -33,7 +33,7 @@ def live(manager):
 
 def test_bind_rejects_null(calls):
     with pytest.raises(ValueError, match="must not be 0"):
-        calls.bind(0, _lib.address_of(_lib.lib.kmm_plugin_free_address))
+        calls.bind(0, _lib.address_of(_lib.lib.kmm_plugin_free))
 
 
 def test_allocation_frees_once_when_called(calls, manager):
@@ -59,8 +59,12 @@ def test_failure_returns_none_with_status(calls):
     m = kmm.Manager(backend=BACKEND, hard_limit=1 << 20, chunk_size=1 << 20)
     assert calls.allocate(m._handle, 2 << 20, 0, None) is None
     assert _lib.lib.kmm_last_status() == 3001  # KMM_ERROR_OUT_OF_MEMORY
-    assert calls.allocate(m._handle, 0, 0, None) is None
-    assert _lib.lib.kmm_last_status() == 1002  # KMM_ERROR_INVALID_ARGUMENT
+    assert calls.allocate(m._handle, 1 << 60, 0, None) is None
+    assert _lib.lib.kmm_last_status() == 1004  # KMM_ERROR_SIZE_OVERFLOW: past KMM_MAX_BUFFER_BYTES
+    empty = calls.allocate(m._handle, 0, 0, None)
+    assert empty.address == 0 and m.stats("device")["live_buffers"] == 1  # a buffer, no memory
+    empty()
+    assert m.stats("device")["live_buffers"] == 0
     handle = m._handle
     m.close()
     assert calls.allocate(handle, 4096, 0, None) is None

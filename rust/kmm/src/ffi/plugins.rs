@@ -22,6 +22,7 @@ use crate::manager::registry::{self, with_manager};
 use crate::manager::{AllocMode, Config, FreeMode, Manager, MemoryKind};
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Mutex, OnceLock};
 
@@ -31,10 +32,36 @@ enum StreamUse {
     Multi,
 }
 
+/// Hashes the u64 keys of the tables below (handles, addresses) with one multiply and shift:
+/// they are looked up at every plugin allocation and free, where SipHash (the default) cost as
+/// much as the pool. The shift brings the mixed high bits down, because aligned addresses have
+/// zero low bits and the table indexes by low bits.
+#[derive(Default)]
+struct U64Hasher(u64);
+
+impl Hasher for U64Hasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+
+    fn write_u64(&mut self, key: u64) {
+        let h = (self.0 ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = h ^ (h >> 32);
+    }
+}
+
+type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
+
 /// Per manager handle: which foreign stream its plugin calls have used so far.
-fn stream_use() -> &'static Mutex<HashMap<u64, StreamUse>> {
-    static MAP: OnceLock<Mutex<HashMap<u64, StreamUse>>> = OnceLock::new();
-    MAP.get_or_init(|| Mutex::new(HashMap::new()))
+fn stream_use() -> &'static Mutex<U64Map<StreamUse>> {
+    static MAP: OnceLock<Mutex<U64Map<StreamUse>>> = OnceLock::new();
+    MAP.get_or_init(|| Mutex::new(U64Map::default()))
 }
 
 /// Whether `stream` needs ordering with the manager's stream for `kind` memory, after noting it.
@@ -244,12 +271,12 @@ struct ByAddress {
     /// Device ordinal -> the manager serving the library on that device.
     managers: HashMap<i32, u64>,
     /// Address -> (manager, buffer, stream it was allocated for) of every live allocation.
-    live: HashMap<u64, (u64, u64, u64)>,
+    live: U64Map<(u64, u64, u64)>,
 }
 
 impl ByAddress {
     fn new() -> Mutex<ByAddress> {
-        Mutex::new(ByAddress { managers: HashMap::new(), live: HashMap::new() })
+        Mutex::new(ByAddress { managers: HashMap::new(), live: U64Map::default() })
     }
 }
 
