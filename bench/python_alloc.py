@@ -345,7 +345,9 @@ def main():
             samples[key] += r["samples"]
             details[key] = r["detail"]
         keys = ["%s/%s" % v for v in chosen]
-        print("  round %d: %s" % (round_ + 1, ", ".join("%s %.0f" % (k, samples[k][-1]) for k in keys if samples[k])), flush=True)
+        if keys:
+            print("  round %d: %s" % (round_ + 1, ", ".join("%s %.0f" % (k, samples[k][-1]) for k in keys if samples[k])),
+                  flush=True)
     results = {}
     for key, v in samples.items():
         if key in errors:
