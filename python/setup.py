@@ -48,21 +48,6 @@ class BuildPyWithLibkmm(build_py):
             subprocess.call(["strip", "--strip-debug", dest])  # the release profile keeps debuginfo
 
 
-class PlatformWheel(bdist_wheel or object):
-    """One platform (the bundled .so); any CPython 3.10+ when the extension (stable ABI) was
-    built, any Python 3 when it was not."""
-
-    def finalize_options(self):
-        super().finalize_options()
-        self.root_is_pure = False
-
-    def get_tag(self):
-        _, _, plat = super().get_tag()
-        build_ext = self.get_finalized_command("build_ext")
-        built = any(os.path.exists(build_ext.get_ext_fullpath(e.name)) for e in build_ext.extensions)
-        return ("cp310", "abi3", plat) if built else ("py3", "none", plat)
-
-
 PLUGIN_CALLS = Extension(
     "kmm._plugin_calls",
     ["kmm/_plugin_calls.c"],
@@ -71,6 +56,22 @@ PLUGIN_CALLS = Extension(
 )
 
 commands = {"build_py": BuildPyWithLibkmm}
-if bdist_wheel:
+if bdist_wheel is not None:
+
+    class PlatformWheel(bdist_wheel):
+        """One platform (the bundled .so); any CPython 3.10+ when the extension (stable ABI) was
+        built, any Python 3 when it was not."""
+
+        def finalize_options(self):
+            super().finalize_options()
+            self.root_is_pure = False
+
+        def get_tag(self):
+            _, _, plat = super().get_tag()
+            build_ext = self.get_finalized_command("build_ext")
+            built = any(os.path.exists(build_ext.get_ext_fullpath(e.name)) for e in build_ext.extensions)
+            return ("cp310", "abi3", plat) if built else ("py3", "none", plat)
+
     commands["bdist_wheel"] = PlatformWheel
+
 setup(ext_modules=[PLUGIN_CALLS], cmdclass=commands)

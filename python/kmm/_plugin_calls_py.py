@@ -73,9 +73,11 @@ class Allocation:
             self.alive = False
             d = self.deferral
             if d is not None and d.depth > 0:
-                d._pending.append((self.manager, self.buffer, self.stream))
-            else:
-                _free(self.manager, self.buffer, self.stream)
+                with d._lock:  # flush() swaps the list under it
+                    if d.depth > 0:
+                        d._pending.append((self.manager, self.buffer, self.stream))
+                        return
+            _free(self.manager, self.buffer, self.stream)
 
     __del__ = __call__
 
