@@ -22,14 +22,14 @@ import threading
 import cupy
 
 from . import _lib
-from ._errors import check, error
+from ._errors import OutOfMemoryError, check, error
 from .manager import Manager
 
 __all__ = ["allocator", "pinned_allocator", "manager", "configure", "live_allocations"]
 
 _plugin_alloc = _lib.lib.kmm_plugin_alloc
 _plugin_free = _lib.lib.kmm_plugin_free
-_OOM = 3001
+_OOM = OutOfMemoryError.status
 _DEVICE, _PINNED = _lib.KMM_MEMORY_DEVICE, _lib.KMM_MEMORY_PINNED
 
 _UnownedMemory = cupy.cuda.memory.UnownedMemory

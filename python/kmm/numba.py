@@ -18,7 +18,7 @@ from numba import cuda
 from numba.cuda.cudadrv import driver as _driver
 
 from . import _lib
-from ._errors import NotSupportedError, error
+from ._errors import NotSupportedError, OutOfMemoryError, error
 from .manager import Manager
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -29,7 +29,7 @@ except ImportError:
 __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
 
 _calls.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(_lib.lib.kmm_plugin_free))
-_OOM = 3001
+_OOM = OutOfMemoryError.status
 #: Numba allocates without a stream; its default stream is the legacy default stream.
 _STREAM = 0
 
