@@ -1,10 +1,12 @@
 /* The per-allocation calls of kmm.numba, compiled.
  *
  * Numba allocates through its memory-manager plugin at every numba.cuda.device_array, so the
- * plugin's cost is paid per array. Through ctypes, one call into libkmm costs several times what
- * libkmm spends in it (an argument-conversion object per argument, then libffi), and the
- * Python objects that free an allocation when Numba drops it cost as much again. This module
- * makes the same two calls from C and frees from tp_dealloc, with no Python frame on either path.
+ * plugin's cost is paid per array. Written in Python, that cost was several times what libkmm
+ * spends: ctypes' argument conversion and libffi, a Python frame for memalloc, a MemoryPointer
+ * built attribute by attribute and a CUdeviceptr for its address. Here an Allocator's memalloc
+ * (METH_O, no Python frame) calls libkmm and returns a KmmPointer: Numba's MemoryPointer
+ * subclassed in C, whose fields sit past the base's layout, whose CUdeviceptr is made when first
+ * asked for, and whose tp_finalize frees the buffer, once.
  *
  * It calls the libkmm that kmm._lib loaded, through the function addresses given to bind(), so
  * a process has one libkmm and one handle registry whichever way libkmm was found.
@@ -16,6 +18,8 @@
 #define Py_LIMITED_API 0x030A0000
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -27,11 +31,13 @@ typedef uint32_t (*plugin_free_fn)(uint64_t manager, uint64_t buffer, uint64_t s
 
 #define KMM_OK 0
 #define KMM_MEMORY_DEVICE 0
+/* Numba allocates without a stream: its memory is for the legacy default stream. */
+#define NUMBA_STREAM 0
 
 static plugin_alloc_fn plugin_alloc;
 static plugin_free_fn plugin_free;
 static PyObject *DeferralType;
-static PyObject *AllocationType;
+static PyObject *AllocatorType;
 
 /* ------------------------------------------------------------------------------------------ */
 /* Deferral: while entered, the frees of its allocations wait in a list (Numba's defer_cleanup). */
@@ -150,76 +156,391 @@ static PyType_Spec deferral_spec = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* Allocation: one allocation of kmm_plugin_alloc, freed once: when called (Numba's
- * MemoryPointer.free calls its finalizer) or when collected. */
+/* KmmPointer: Numba's MemoryPointer for one allocation of kmm_plugin_alloc.
+ *
+ * The base is a Python class, whose instance layout (dict and weak references, inline or
+ * managed) only the running interpreter knows: pointer_type() reads its __basicsize__ and puts
+ * PointerFields there. Object fields are T_OBJECT_EX members, so the base's dealloc (CPython's
+ * subtype_dealloc, inherited) releases them and the collector sees them, as for __slots__. */
 
 typedef struct {
-    PyObject_HEAD
-    uint64_t manager, buffer, address, stream;
+    PyObject *context;        /* "context": Numba's (a weak proxy), or None */
+    PyObject *device_pointer; /* "_kmm_device_pointer": factory(address), made on first use */
+    PyObject *deferral;       /* "_kmm_deferral": a Deferral or None */
+    Py_ssize_t refct;         /* "refct": Numba's reference count (OwnedPointer) */
+    uint64_t manager, buffer, address, size;
     int alive;
-    Deferral *deferral; /* strong reference, or NULL */
-} Allocation;
+} PointerFields;
 
-static void allocation_release(Allocation *a)
+/* Where PointerFields start in every KmmPointer; 0 until pointer_type() ran. */
+static Py_ssize_t fields_offset;
+/* The types pointer_type() made (an Allocator accepts only those). */
+static PyObject *pointer_types;
+
+#define FIELDS(o) ((PointerFields *)((char *)(o) + fields_offset))
+
+/* Frees the buffer, once: into the Deferral while it defers, else now. */
+static void pointer_release(PointerFields *f)
 {
-    if (!a->alive)
+    if (!f->alive)
         return;
-    a->alive = 0;
-    if (a->deferral && a->deferral->depth > 0 && deferral_push(a->deferral, a->manager, a->buffer, a->stream))
-        return;
-    plugin_free(a->manager, a->buffer, a->stream);
+    f->alive = 0;
+    if (f->deferral && PyObject_TypeCheck(f->deferral, (PyTypeObject *)DeferralType)) {
+        Deferral *d = (Deferral *)f->deferral;
+        if (d->depth > 0 && deferral_push(d, f->manager, f->buffer, NUMBA_STREAM))
+            return;
+    }
+    plugin_free(f->manager, f->buffer, NUMBA_STREAM);
 }
 
-static PyObject *allocation_call(PyObject *self, PyObject *args, PyObject *kwargs)
+static void pointer_finalize(PyObject *self)
 {
-    if (PyTuple_Size(args) != 0 || (kwargs && PyDict_Size(kwargs) != 0)) {
-        PyErr_SetString(PyExc_TypeError, "Allocation() takes no arguments");
+    pointer_release(FIELDS(self)); /* raises nothing: libkmm's status is not an exception here */
+}
+
+static PyObject *pointer_free(PyObject *self, PyObject *unused)
+{
+    PointerFields *f = FIELDS(self);
+    if (!f->alive) {
+        PyErr_SetString(PyExc_RuntimeError, "Freeing dead memory"); /* Numba's message */
         return NULL;
     }
-    allocation_release((Allocation *)self);
+    pointer_release(f);
     Py_RETURN_NONE;
 }
 
-static PyObject *allocation_get_alive(PyObject *self, void *closure)
+static PyObject *pointer_get_device_pointer(PyObject *self, void *closure)
 {
-    return PyBool_FromLong(((Allocation *)self)->alive);
+    PointerFields *f = FIELDS(self);
+    if (!f->device_pointer) {
+        PyObject *factory = PyObject_GetAttrString((PyObject *)Py_TYPE(self), "_device_pointer_factory");
+        if (!factory)
+            return NULL;
+        f->device_pointer = PyObject_CallFunction(factory, "K", (unsigned long long)f->address);
+        Py_DECREF(factory);
+        if (!f->device_pointer)
+            return NULL;
+    }
+    Py_INCREF(f->device_pointer);
+    return f->device_pointer;
 }
 
-static PyObject *allocation_get_address(PyObject *self, void *closure)
+static PyObject *pointer_get_size(PyObject *self, void *closure)
 {
-    return PyLong_FromUnsignedLongLong(((Allocation *)self)->address);
+    return PyLong_FromUnsignedLongLong(FIELDS(self)->size);
 }
 
-static void allocation_dealloc(PyObject *self)
+static PyObject *pointer_get_address(PyObject *self, void *closure)
+{
+    return PyLong_FromUnsignedLongLong(FIELDS(self)->address);
+}
+
+static PyObject *pointer_get_alive(PyObject *self, void *closure)
+{
+    return PyBool_FromLong(FIELDS(self)->alive);
+}
+
+static PyMethodDef pointer_methods[] = {
+    {"free", pointer_free, METH_NOARGS, "Frees the memory now (Numba's explicit free); a second free raises."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef pointer_getset[] = {
+    {"device_pointer", pointer_get_device_pointer, NULL, "The address as Numba's pointer type.", NULL},
+    {"handle", pointer_get_device_pointer, NULL, "The same as device_pointer (Numba's alias).", NULL},
+    {"size", pointer_get_size, NULL, "Bytes allocated.", NULL},
+    {"_cuda_memsize_", pointer_get_size, NULL, "Bytes allocated (Numba's name).", NULL},
+    {"address", pointer_get_address, NULL, "The device address as an int.", NULL},
+    {"alive", pointer_get_alive, NULL, "False once freed (or handed to its Deferral).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static int set_class_attr(PyObject *type, const char *name, PyObject *value)
+{
+    int rc = value ? PyObject_SetAttrString(type, name, value) : -1;
+    Py_XDECREF(value);
+    return rc;
+}
+
+static PyObject *pointer_type(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *base, *factory, *basicsize_obj, *bases, *type;
+    Py_ssize_t base_size, offset;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "pointer_type(base, device_pointer_factory) takes 2 arguments");
+        return NULL;
+    }
+    base = args[0];
+    factory = args[1];
+    if (!PyType_Check(base) || !PyCallable_Check(factory)) {
+        PyErr_SetString(PyExc_TypeError, "pointer_type: base must be a class and device_pointer_factory callable");
+        return NULL;
+    }
+    basicsize_obj = PyObject_GetAttrString(base, "__basicsize__");
+    if (!basicsize_obj)
+        return NULL;
+    base_size = PyLong_AsSsize_t(basicsize_obj);
+    Py_DECREF(basicsize_obj);
+    if (base_size < 0)
+        return NULL;
+    offset = (base_size + 7) & ~(Py_ssize_t)7;
+    if (fields_offset && offset != fields_offset) {
+        PyErr_Format(PyExc_TypeError, "pointer_type: base %R lays out %zd bytes, not the %zd of the first base",
+                     base, base_size, fields_offset);
+        return NULL;
+    }
+    PyMemberDef members[] = {
+        {"context", T_OBJECT_EX, offset + offsetof(PointerFields, context), 0, "Numba's context (a weak proxy)."},
+        {"_kmm_device_pointer", T_OBJECT_EX, offset + offsetof(PointerFields, device_pointer), 0, NULL},
+        {"_kmm_deferral", T_OBJECT_EX, offset + offsetof(PointerFields, deferral), 0, NULL},
+        {"refct", T_PYSSIZET, offset + offsetof(PointerFields, refct), 0, "Numba's reference count."},
+        {NULL, 0, 0, 0, NULL},
+    };
+    PyType_Slot slots[] = {
+        {Py_tp_doc, "Numba's MemoryPointer for one Kmm allocation; freed once, by free() or when collected."},
+        {Py_tp_finalize, pointer_finalize},
+        {Py_tp_methods, pointer_methods},
+        {Py_tp_getset, pointer_getset},
+        {Py_tp_members, members},
+        {0, NULL},
+    };
+    PyType_Spec spec = {
+        "kmm._plugin_calls.KmmPointer", (int)(offset + sizeof(PointerFields)), 0,
+        Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION, slots,
+    };
+    bases = PyTuple_Pack(1, base);
+    if (!bases)
+        return NULL;
+    type = PyType_FromSpecWithBases(&spec, bases); /* copies members and slots */
+    Py_DECREF(bases);
+    if (!type)
+        return NULL;
+    if (PyObject_SetAttrString(type, "_device_pointer_factory", factory) < 0 ||
+        set_class_attr(type, "is_managed", PyBool_FromLong(1)) < 0 ||
+        PyObject_SetAttrString(type, "_owner", Py_None) < 0 || PyList_Append(pointer_types, type) < 0) {
+        Py_DECREF(type);
+        return NULL;
+    }
+    fields_offset = offset;
+    return type;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Allocator: a plugin's memalloc. It serves what it can with one libkmm call and hands the rest
+ * (no manager yet, an empty or unusual size, a failure) to `fallback`, Python. */
+
+typedef struct {
+    PyObject_HEAD
+    unsigned long long manager; /* a KmmManager handle; 0: none (fallback creates it) */
+    PyObject *context;
+    PyObject *pointer_type;
+    PyObject *deferral;
+    PyObject *fallback;
+} Allocator;
+
+/* A KmmPointer of `size` bytes (> 0), or NULL: with an exception set when Python failed, without
+ * one when libkmm did (kmm_last_status says why). */
+static PyObject *allocator_new_pointer(Allocator *a, uint64_t size)
+{
+    uint64_t buffer = 0, address = 0;
+    PyObject *p;
+    PointerFields *f;
+    if (plugin_alloc(a->manager, size, KMM_MEMORY_DEVICE, NUMBA_STREAM, &buffer, &address) != KMM_OK)
+        return NULL;
+    p = ((allocfunc)PyType_GetSlot((PyTypeObject *)a->pointer_type, Py_tp_alloc))((PyTypeObject *)a->pointer_type, 0);
+    if (!p) {
+        plugin_free(a->manager, buffer, NUMBA_STREAM);
+        return NULL;
+    }
+    f = FIELDS(p); /* zeroed by tp_alloc */
+    f->context = a->context;
+    Py_INCREF(f->context);
+    f->deferral = a->deferral;
+    Py_INCREF(f->deferral);
+    f->refct = 1;
+    f->manager = a->manager;
+    f->buffer = buffer;
+    f->address = address;
+    f->size = size;
+    f->alive = 1;
+    return p;
+}
+
+static PyObject *allocator_memalloc(PyObject *self, PyObject *size_obj)
+{
+    Allocator *a = (Allocator *)self;
+    if (a->manager && PyLong_CheckExact(size_obj)) {
+        unsigned long long size = PyLong_AsUnsignedLongLong(size_obj);
+        if (size != 0 && size != (unsigned long long)-1) {
+            PyObject *p = allocator_new_pointer(a, size);
+            if (p || PyErr_Occurred())
+                return p;
+        }
+        PyErr_Clear(); /* a negative size: the fallback says what is wrong with it */
+    }
+    if (!a->fallback) {
+        PyErr_SetString(PyExc_RuntimeError, "Allocator.memalloc: the allocator was cleared");
+        return NULL;
+    }
+    return PyObject_CallFunctionObjArgs(a->fallback, size_obj, NULL);
+}
+
+static PyObject *allocator_allocate(PyObject *self, PyObject *size_obj)
+{
+    Allocator *a = (Allocator *)self;
+    unsigned long long size;
+    PyObject *p;
+    if (!a->manager) {
+        PyErr_SetString(PyExc_RuntimeError, "Allocator.allocate: manager is 0 (no Kmm manager yet)");
+        return NULL;
+    }
+    size = PyLong_AsUnsignedLongLong(size_obj);
+    if (size == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Format(PyExc_ValueError, "size must be an int in [1, 2**64), got %R", size_obj);
+        return NULL;
+    }
+    if (size == 0) {
+        PyErr_SetString(PyExc_ValueError, "size must be an int in [1, 2**64), got 0 (an empty allocation has no buffer)");
+        return NULL;
+    }
+    p = allocator_new_pointer(a, size);
+    if (p || PyErr_Occurred())
+        return p;
+    Py_RETURN_NONE;
+}
+
+static PyObject *allocator_new(PyTypeObject *type, PyObject *args, PyObject *kwargs)
+{
+    PyObject *ptype, *deferral, *fallback;
+    Allocator *a;
+    int known;
+    static char *keywords[] = {"pointer_type", "deferral", "fallback", NULL};
+    if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:Allocator", keywords, &ptype, &deferral, &fallback))
+        return NULL;
+    known = PySequence_Contains(pointer_types, ptype);
+    if (known < 0)
+        return NULL;
+    if (!known) {
+        PyErr_SetString(PyExc_TypeError, "Allocator: pointer_type must come from pointer_type()");
+        return NULL;
+    }
+    if (deferral != Py_None && !PyObject_TypeCheck(deferral, (PyTypeObject *)DeferralType)) {
+        PyErr_SetString(PyExc_TypeError, "Allocator: deferral must be a kmm._plugin_calls.Deferral or None");
+        return NULL;
+    }
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Allocator: fallback must be callable");
+        return NULL;
+    }
+    a = (Allocator *)((allocfunc)PyType_GetSlot(type, Py_tp_alloc))(type, 0);
+    if (!a)
+        return NULL;
+    Py_INCREF(Py_None);
+    a->context = Py_None;
+    Py_INCREF(ptype);
+    a->pointer_type = ptype;
+    Py_INCREF(deferral);
+    a->deferral = deferral;
+    Py_INCREF(fallback);
+    a->fallback = fallback;
+    return (PyObject *)a;
+}
+
+static int allocator_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Allocator *a = (Allocator *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(a->context);
+    Py_VISIT(a->pointer_type);
+    Py_VISIT(a->deferral);
+    Py_VISIT(a->fallback);
+    return 0;
+}
+
+static int allocator_clear(PyObject *self)
+{
+    Allocator *a = (Allocator *)self;
+    a->manager = 0; /* the fields below may be gone: no more allocations */
+    Py_CLEAR(a->context);
+    Py_CLEAR(a->fallback);
+    return 0;
+}
+
+static void allocator_dealloc(PyObject *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    Allocation *a = (Allocation *)self;
-    allocation_release(a);
-    Py_XDECREF((PyObject *)a->deferral);
+    Allocator *a = (Allocator *)self;
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(a->context);
+    Py_CLEAR(a->pointer_type);
+    Py_CLEAR(a->deferral);
+    Py_CLEAR(a->fallback);
     ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
     Py_DECREF(type);
 }
 
-static PyGetSetDef allocation_getset[] = {
-    {"alive", allocation_get_alive, NULL, "False once freed (or handed to its Deferral).", NULL},
-    {"address", allocation_get_address, NULL, "The device address (0 for 0 bytes).", NULL},
+static int allocator_set_context(PyObject *self, PyObject *value, void *closure)
+{
+    Allocator *a = (Allocator *)self;
+    if (!value) {
+        PyErr_SetString(PyExc_AttributeError, "context cannot be deleted (set None)");
+        return -1;
+    }
+    PyObject *old = a->context;
+    Py_INCREF(value);
+    a->context = value;
+    Py_XDECREF(old);
+    return 0;
+}
+
+static PyObject *allocator_get_context(PyObject *self, void *closure)
+{
+    Allocator *a = (Allocator *)self;
+    PyObject *context = a->context ? a->context : Py_None;
+    Py_INCREF(context);
+    return context;
+}
+
+static PyMethodDef allocator_methods[] = {
+    {"memalloc", allocator_memalloc, METH_O,
+     "memalloc(size) -> a KmmPointer of size bytes, or what fallback(size) returns when this "
+     "cannot serve it (no manager, an empty or unusual size, libkmm failed)."},
+    {"allocate", allocator_allocate, METH_O,
+     "allocate(size) -> a KmmPointer of size (>= 1) bytes, or None when libkmm failed "
+     "(kmm_last_status says why)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef allocator_members[] = {
+    {"manager", T_ULONGLONG, offsetof(Allocator, manager), 0, "The KmmManager handle allocated from; 0: none."},
+    {"pointer_type", T_OBJECT, offsetof(Allocator, pointer_type), READONLY, NULL},
+    {"deferral", T_OBJECT, offsetof(Allocator, deferral), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef allocator_getset[] = {
+    {"context", allocator_get_context, allocator_set_context, "The context the pointers carry.", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyType_Slot allocation_slots[] = {
-    {Py_tp_doc, "One allocation of kmm_plugin_alloc; calling it or collecting it frees it, once."},
-    {Py_tp_call, allocation_call},
-    {Py_tp_dealloc, allocation_dealloc},
-    {Py_tp_getset, allocation_getset},
+static PyType_Slot allocator_slots[] = {
+    {Py_tp_doc, "Allocator(pointer_type, deferral, fallback): a Numba plugin's memalloc, in C."},
+    {Py_tp_new, allocator_new},
+    {Py_tp_traverse, allocator_traverse},
+    {Py_tp_clear, allocator_clear},
+    {Py_tp_dealloc, allocator_dealloc},
+    {Py_tp_methods, allocator_methods},
+    {Py_tp_members, allocator_members},
+    {Py_tp_getset, allocator_getset},
     {0, NULL},
 };
 
-static PyType_Spec allocation_spec = {
-    "kmm._plugin_calls.Allocation", sizeof(Allocation), 0, Py_TPFLAGS_DEFAULT, allocation_slots,
+static PyType_Spec allocator_spec = {
+    "kmm._plugin_calls.Allocator", sizeof(Allocator), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, allocator_slots,
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* Module functions */
+/* Module */
 
 static int as_u64(PyObject *o, const char *name, uint64_t *out)
 {
@@ -250,49 +571,13 @@ static PyObject *bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
-static PyObject *allocate(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    uint64_t manager, nbytes, stream, buffer = 0, address = 0;
-    Allocation *a;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "allocate(manager, nbytes, stream, deferral) takes 4 arguments");
-        return NULL;
-    }
-    if (!plugin_alloc) {
-        PyErr_SetString(PyExc_RuntimeError, "kmm._plugin_calls: bind() was not called");
-        return NULL;
-    }
-    if (!as_u64(args[0], "manager", &manager) || !as_u64(args[1], "nbytes", &nbytes) ||
-        !as_u64(args[2], "stream", &stream))
-        return NULL;
-    if (args[3] != Py_None && !PyObject_TypeCheck(args[3], (PyTypeObject *)DeferralType)) {
-        PyErr_SetString(PyExc_TypeError, "deferral must be a kmm._plugin_calls.Deferral or None");
-        return NULL;
-    }
-    if (plugin_alloc(manager, nbytes, KMM_MEMORY_DEVICE, stream, &buffer, &address) != KMM_OK)
-        Py_RETURN_NONE; /* the status and message are libkmm's last error */
-    a = PyObject_New(Allocation, (PyTypeObject *)AllocationType);
-    if (!a) {
-        plugin_free(manager, buffer, stream);
-        return NULL;
-    }
-    a->manager = manager;
-    a->buffer = buffer;
-    a->address = address;
-    a->stream = stream;
-    a->alive = 1;
-    a->deferral = args[3] == Py_None ? NULL : (Deferral *)args[3];
-    Py_XINCREF((PyObject *)a->deferral);
-    return (PyObject *)a;
-}
-
 static PyMethodDef module_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(alloc_address, free_address): the addresses of libkmm's kmm_plugin_alloc and "
-     "kmm_plugin_free."},
-    {"allocate", (PyCFunction)(void (*)(void))allocate, METH_FASTCALL,
-     "allocate(manager, nbytes, stream, deferral) -> Allocation of device memory, or None when "
-     "libkmm failed (kmm_last_status says why)."},
+     "kmm_plugin_free (before any Allocator allocates)."},
+    {"pointer_type", (PyCFunction)(void (*)(void))pointer_type, METH_FASTCALL,
+     "pointer_type(base, device_pointer_factory) -> KmmPointer, a subclass of base (Numba's "
+     "MemoryPointer) whose device_pointer is device_pointer_factory(address), made on first use."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -307,9 +592,10 @@ PyMODINIT_FUNC PyInit__plugin_calls(void)
     if (!m)
         return NULL;
     DeferralType = PyType_FromSpec(&deferral_spec);
-    AllocationType = PyType_FromSpec(&allocation_spec);
-    if (!DeferralType || !AllocationType || PyModule_AddObjectRef(m, "Deferral", DeferralType) < 0 ||
-        PyModule_AddObjectRef(m, "Allocation", AllocationType) < 0) {
+    AllocatorType = PyType_FromSpec(&allocator_spec);
+    pointer_types = PyList_New(0);
+    if (!DeferralType || !AllocatorType || !pointer_types || PyModule_AddObjectRef(m, "Deferral", DeferralType) < 0 ||
+        PyModule_AddObjectRef(m, "Allocator", AllocatorType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

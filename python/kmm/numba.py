@@ -11,6 +11,8 @@ Numba's (the plugin subclasses `HostOnlyCUDAMemoryManager`).
 """
 
 import contextlib
+import functools
+import operator
 import threading
 import weakref
 
@@ -30,8 +32,6 @@ __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
 
 _calls.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(_lib.lib.kmm_plugin_free))
 _OOM = OutOfMemoryError.status
-#: Numba allocates without a stream; its default stream is the legacy default stream.
-_STREAM = 0
 
 if getattr(_driver, "USE_NV_BINDING", True):
     _devptr = _driver.binding.CUdeviceptr
@@ -53,8 +53,9 @@ def configure(**config):
 class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManager):
     """An NBEP 7 EMM plugin allocating Numba's device memory from a Kmm pool.
 
-    - `memalloc`: one call into libkmm (allocate and map); freed, stream-ordered, when Numba
-      drops the pointer (or calls its `free`), or later when `defer_cleanup` is active.
+    - `memalloc`: one call into libkmm (allocate and map), made from C; the `MemoryPointer` it
+      returns is freed, stream-ordered, when Numba drops it (or calls its `free`), or later
+      when `defer_cleanup` is active.
     - `get_memory_info`: device free memory plus what Kmm's pool holds unused; total is the
       device's (or Kmm's hard limit).
     - `get_ipc_handle`: `cuIpcGetMemHandle` of the pool chunk holding the allocation plus the
@@ -66,9 +67,11 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._manager = None
-        self._ctx_proxy = None
         self._lock = threading.Lock()
         self._deferral = _calls.Deferral()
+        fallback = functools.partial(type(self).memalloc, weakref.proxy(self))
+        self._allocator = _calls.Allocator(_KmmPointer, self._deferral, fallback)
+        self.memalloc = self._allocator.memalloc  # see memalloc below
 
     # -- NBEP 7 -----------------------------------------------------------------------------
     @property
@@ -88,7 +91,8 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
                 if self.context is not None:
                     config.setdefault("device", self.context.device.id)
                 self._manager = Manager(**config)
-                self._ctx_proxy = weakref.proxy(self.context) if self.context is not None else None
+                self._allocator.context = weakref.proxy(self.context) if self.context is not None else None
+                self._allocator.manager = self._manager._handle
             manager = self._manager
         if created and _SizeNotSet is not None and self.deallocations.memory_capacity is _SizeNotSet:
             self.deallocations.memory_capacity = self.get_memory_info().total
@@ -101,16 +105,23 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
             self._create()
 
     def memalloc(self, size):
-        m = self._manager or self._create()
-        handle = m._handle
+        """Numba's allocation, paid at every `device_array`. So an instance's `memalloc` is its
+        compiled allocator's (no Python frame), which serves allocations in one libkmm call and
+        hands this method the rest: the first allocation (which creates the manager), empty
+        ones, and failures (out of memory: the frees `defer_cleanup` holds back happen, then
+        one retry)."""
+        if self._manager is None:
+            self._create()
+        a = self._allocator
+        size = operator.index(size)
         if not size:  # nothing to allocate or free
-            return _driver.MemoryPointer(self._ctx_proxy, _devptr(0), 0)
-        allocation = _calls.allocate(handle, size, _STREAM, self._deferral)
-        if allocation is None and _lib.lib.kmm_last_status() == _OOM and self._deferral.flush():
-            allocation = _calls.allocate(handle, size, _STREAM, self._deferral)
-        if allocation is None:
+            return _driver.MemoryPointer(a.context, _devptr(0), 0)
+        pointer = a.allocate(size)
+        if pointer is None and _lib.lib.kmm_last_status() == _OOM and self._deferral.flush():
+            pointer = a.allocate(size)
+        if pointer is None:
             raise error(_lib.lib.kmm_last_status())
-        return _KmmPointer(self._ctx_proxy, _devptr(allocation.address), size, allocation)
+        return pointer
 
     @contextlib.contextmanager
     def defer_cleanup(self):
@@ -152,6 +163,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         super().reset()
         with self._lock:
             m, self._manager = self._manager, None
+            self._allocator.manager = 0
             self._deferral.discard()
         if m is not None:
             m.close()
@@ -162,20 +174,10 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
             m.__del__()
 
 
-class _KmmPointer(_driver.MemoryPointer):
-    """Numba's `MemoryPointer` whose finalizer is the `Allocation` itself, which frees when it is
-    called or collected: Numba's own constructor would wrap a finalizer in a `weakref.finalize`,
-    which costs more than the rest of an allocation. The constant attributes live on the class."""
-
-    is_managed = True
-    refct = 1  # Numba's increments make it an instance attribute
-    _owner = None
-
-    def __init__(self, context, pointer, size, allocation):
-        self.context = context
-        self.device_pointer = self.handle = pointer
-        self.size = self._cuda_memsize_ = size
-        self._finalizer = allocation
+#: Numba's `MemoryPointer` for one Kmm allocation: freed once, by `free()` or when collected,
+#: with no `weakref.finalize` (which costs more than the rest of an allocation); its
+#: `device_pointer` is made when first asked for.
+_KmmPointer = _calls.pointer_type(_driver.MemoryPointer, _devptr)
 
 
 #: The class Numba loads for NUMBA_CUDA_MEMORY_MANAGER=kmm.numba.

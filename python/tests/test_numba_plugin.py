@@ -64,7 +64,7 @@ def test_pointer_frees_once_when_dropped_or_freed(plugin):
     assert stats() == 0
     mem = plugin.memalloc(4096)
     mem.free()  # Numba's explicit free
-    assert stats() == 0 and not mem._finalizer.alive
+    assert stats() == 0 and not mem.alive
     with pytest.raises(RuntimeError, match="dead memory"):
         mem.free()
     del mem
