@@ -345,6 +345,10 @@ static PyObject *allocator_new_pointer(Allocator *a, uint64_t size)
     uint64_t buffer = 0, address = 0;
     PyObject *p;
     PointerFields *f;
+    if (!a->pointer_type) {
+        PyErr_SetString(PyExc_RuntimeError, "Allocator: cleared by the garbage collector");
+        return NULL;
+    }
     if (plugin_alloc(a->manager, size, KMM_MEMORY_DEVICE, NUMBA_STREAM, &buffer, &address) != KMM_OK)
         return NULL;
     p = ((allocfunc)PyType_GetSlot((PyTypeObject *)a->pointer_type, Py_tp_alloc))((PyTypeObject *)a->pointer_type, 0);
@@ -379,7 +383,7 @@ static PyObject *allocator_memalloc(PyObject *self, PyObject *size_obj)
         PyErr_Clear(); /* a negative size: the fallback says what is wrong with it */
     }
     if (!a->fallback) {
-        PyErr_SetString(PyExc_RuntimeError, "Allocator.memalloc: the allocator was cleared");
+        PyErr_SetString(PyExc_RuntimeError, "Allocator: cleared by the garbage collector");
         return NULL;
     }
     return PyObject_CallFunctionObjArgs(a->fallback, size_obj, NULL);
@@ -417,6 +421,10 @@ static PyObject *allocator_new(PyTypeObject *type, PyObject *args, PyObject *kwa
     static char *keywords[] = {"pointer_type", "deferral", "fallback", NULL};
     if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO:Allocator", keywords, &ptype, &deferral, &fallback))
         return NULL;
+    if (!plugin_alloc) {
+        PyErr_SetString(PyExc_RuntimeError, "Allocator: kmm._plugin_calls.bind() was not called");
+        return NULL;
+    }
     known = PySequence_Contains(pointer_types, ptype);
     if (known < 0)
         return NULL;
@@ -460,8 +468,10 @@ static int allocator_traverse(PyObject *self, visitproc visit, void *arg)
 static int allocator_clear(PyObject *self)
 {
     Allocator *a = (Allocator *)self;
-    a->manager = 0; /* the fields below may be gone: no more allocations */
+    a->manager = 0;
     Py_CLEAR(a->context);
+    Py_CLEAR(a->pointer_type); /* allocator_new_pointer refuses from now on */
+    Py_CLEAR(a->deferral);
     Py_CLEAR(a->fallback);
     return 0;
 }

@@ -118,6 +118,8 @@ class Allocator:
     __slots__ = ("manager", "context", "pointer_type", "deferral", "fallback")
 
     def __init__(self, pointer_type, deferral, fallback):
+        if _alloc is None:
+            raise RuntimeError("Allocator: kmm._plugin_calls_py.bind() was not called")
         if not (isinstance(pointer_type, type) and hasattr(pointer_type, "_device_pointer_factory")):
             raise TypeError("Allocator: pointer_type must come from pointer_type()")
         if deferral is not None and not isinstance(deferral, Deferral):
@@ -138,8 +140,6 @@ class Allocator:
 
     def allocate(self, size):
         """A KmmPointer of size (>= 1) bytes, or None when libkmm failed (kmm_last_status says why)."""
-        if _alloc is None:
-            raise RuntimeError("kmm._plugin_calls_py: bind() was not called")
         if not self.manager:
             raise RuntimeError("Allocator.allocate: manager is 0 (no Kmm manager yet)")
         if not isinstance(size, int) or not 0 < size < 1 << 64:

@@ -8,6 +8,8 @@ these checks need no Numba; tests/test_numba_plugin.py checks them against Numba
 import gc
 import importlib
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -82,6 +84,24 @@ def test_bind_rejects_null(calls):
         calls.bind(0, _lib.address_of(_lib.lib.kmm_plugin_free))
 
 
+@pytest.mark.parametrize("name", IMPLEMENTATIONS)
+def test_allocator_needs_bind(name):
+    if name == "kmm._plugin_calls":
+        pytest.importorskip(name)
+    code = (
+        "import %s as calls\n"
+        "class Base: pass\n"
+        "try:\n"
+        "    calls.Allocator(calls.pointer_type(Base, int), None, print)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n" % name
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "bind() was not called" in out.stdout
+
+
 def test_pointer_has_numbas_attributes(calls, manager):
     DevicePointer.made = 0
     p = allocator(calls, manager).memalloc(1 << 20)
@@ -114,11 +134,12 @@ def test_pointers_free_when_dropped_or_collected(calls, manager):
     del pointers  # reference counting alone frees them
     assert live(manager) == 0
     p = a.memalloc(4096)
-    cycle = [p]
-    p.cycle = cycle  # a reference cycle through the pointer: only the collector frees it
-    del p, cycle
+    p.cycle = [p]  # a reference cycle through the pointer's dict: only the collector frees it
+    q = a.memalloc(4096)
+    q.context = [q]  # and one through a field
+    del p, q
     gc.collect()
-    assert live(manager) == 0 and manager.stats("device")["frees"] == 9
+    assert live(manager) == 0 and manager.stats("device")["frees"] == 10
 
 
 def test_memalloc_hands_what_it_cannot_serve_to_the_fallback(calls):
