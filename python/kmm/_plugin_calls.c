@@ -255,13 +255,6 @@ static PyGetSetDef pointer_getset[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static int set_class_attr(PyObject *type, const char *name, PyObject *value)
-{
-    int rc = value ? PyObject_SetAttrString(type, name, value) : -1;
-    Py_XDECREF(value);
-    return rc;
-}
-
 static PyObject *pointer_type(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     PyObject *base, *factory, *basicsize_obj, *bases, *type;
@@ -285,8 +278,8 @@ static PyObject *pointer_type(PyObject *module, PyObject *const *args, Py_ssize_
         return NULL;
     offset = (base_size + 7) & ~(Py_ssize_t)7;
     if (fields_offset && offset != fields_offset) {
-        PyErr_Format(PyExc_TypeError, "pointer_type: base %R lays out %zd bytes, not the %zd of the first base",
-                     base, base_size, fields_offset);
+        PyErr_Format(PyExc_TypeError, "pointer_type: base %R lays out %zd bytes: the fields would start at "
+                     "byte %zd, not %zd as in the first pointer type", base, base_size, offset, fields_offset);
         return NULL;
     }
     PyMemberDef members[] = {
@@ -316,7 +309,7 @@ static PyObject *pointer_type(PyObject *module, PyObject *const *args, Py_ssize_
     if (!type)
         return NULL;
     if (PyObject_SetAttrString(type, "_device_pointer_factory", factory) < 0 ||
-        set_class_attr(type, "is_managed", PyBool_FromLong(1)) < 0 ||
+        PyObject_SetAttrString(type, "is_managed", Py_True) < 0 ||
         PyObject_SetAttrString(type, "_owner", Py_None) < 0 || PyList_Append(pointer_types, type) < 0) {
         Py_DECREF(type);
         return NULL;

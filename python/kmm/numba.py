@@ -71,7 +71,8 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         self._deferral = _calls.Deferral()
         fallback = functools.partial(type(self).memalloc, weakref.proxy(self))
         self._allocator = _calls.Allocator(_KmmPointer, self._deferral, fallback)
-        self.memalloc = self._allocator.memalloc  # see memalloc below
+        if type(self).memalloc is KmmNumbaMemoryManager.memalloc:  # not overridden by a subclass
+            self.memalloc = self._allocator.memalloc  # see memalloc below
 
     # -- NBEP 7 -----------------------------------------------------------------------------
     @property

@@ -134,3 +134,21 @@ def test_oom_frees_what_defer_cleanup_holds_and_retries():
     finally:
         p.reset()
         kn.configure()
+
+
+def test_memalloc_is_the_compiled_allocators_unless_a_subclass_overrides_it(plugin):
+    assert plugin.memalloc.__self__ is plugin._allocator  # no Python frame per allocation
+
+    class Counting(kn.KmmNumbaMemoryManager):
+        calls = 0
+
+        def memalloc(self, size):
+            Counting.calls += 1
+            return super().memalloc(size)
+
+    p = Counting(context=None)
+    try:
+        mem = p.memalloc(4096)
+        assert Counting.calls == 1 and mem.size == 4096 and mem.alive
+    finally:
+        p.reset()
