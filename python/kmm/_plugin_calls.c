@@ -373,7 +373,7 @@ static PyObject *allocator_memalloc(PyObject *self, PyObject *size_obj)
             if (p || PyErr_Occurred())
                 return p;
         }
-        PyErr_Clear(); /* a negative size: the fallback says what is wrong with it */
+        PyErr_Clear(); /* a size out of range: the fallback says what is wrong with it */
     }
     if (!a->fallback) {
         PyErr_SetString(PyExc_RuntimeError, "Allocator: cleared by the garbage collector");
