@@ -6,9 +6,10 @@ import numpy as np
 
 from . import _lib
 from ._errors import InvalidHandleError, check
-from .manager import KIND_NAMES
 
 _lib_ = _lib.lib
+KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
+KIND_NAMES = {v: k for k, v in KINDS.items()}
 _plugin_alloc = _lib_.kmm_plugin_alloc
 _buffer_free = _lib_.kmm_buffer_free
 FORCE = _lib.KMM_FREE_FORCE

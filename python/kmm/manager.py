@@ -5,6 +5,7 @@ import threading
 
 from . import _lib
 from ._errors import InvalidHandleError, check
+from .buffer import KIND_NAMES, KINDS, Buffer
 
 _lib_ = _lib.lib
 
@@ -16,8 +17,6 @@ SUBALLOCATORS = {
     "fixed": _lib.KMM_SUBALLOC_FIXED,
     "ring": _lib.KMM_SUBALLOC_RING,
 }
-KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
-KIND_NAMES = {v: k for k, v in KINDS.items()}
 _ENUMS = {"backend": BACKENDS, "alloc_mode": ALLOC_MODES, "suballocator": SUBALLOCATORS}
 
 
@@ -133,8 +132,6 @@ class Manager:
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes, kind="device"):
         """A new `Buffer` of `nbytes` bytes of "device" or "pinned" memory."""
-        from .buffer import Buffer
-
         return Buffer._alloc(self, int(nbytes), kind_code(kind))
 
     def empty(self, shape, dtype="float32", kind="device"):
