@@ -42,8 +42,9 @@ static PyObject *AllocatorType;
 /* ------------------------------------------------------------------------------------------ */
 /* Deferral: while entered, the frees of its allocations wait in a list (Numba's defer_cleanup). */
 
+/* Numba's frees are all for NUMBA_STREAM, so an entry needs no stream. */
 typedef struct {
-    uint64_t manager, buffer, stream;
+    uint64_t manager, buffer;
 } PendingFree;
 
 typedef struct {
@@ -59,12 +60,12 @@ static Py_ssize_t deferral_flush_all(Deferral *d)
     Py_ssize_t n = d->len;
     d->len = 0;
     for (Py_ssize_t i = 0; i < n; i++)
-        plugin_free(d->pending[i].manager, d->pending[i].buffer, d->pending[i].stream);
+        plugin_free(d->pending[i].manager, d->pending[i].buffer, NUMBA_STREAM);
     return n;
 }
 
 /* Queues a free; 0 when there is no memory for the entry (the caller then frees at once). */
-static int deferral_push(Deferral *d, uint64_t manager, uint64_t buffer, uint64_t stream)
+static int deferral_push(Deferral *d, uint64_t manager, uint64_t buffer)
 {
     if (d->len == d->cap) {
         Py_ssize_t cap = d->cap ? 2 * d->cap : 16;
@@ -76,7 +77,6 @@ static int deferral_push(Deferral *d, uint64_t manager, uint64_t buffer, uint64_
     }
     d->pending[d->len].manager = manager;
     d->pending[d->len].buffer = buffer;
-    d->pending[d->len].stream = stream;
     d->len++;
     return 1;
 }
@@ -187,7 +187,7 @@ static void pointer_release(PointerFields *f)
     f->alive = 0;
     if (f->deferral && PyObject_TypeCheck(f->deferral, (PyTypeObject *)DeferralType)) {
         Deferral *d = (Deferral *)f->deferral;
-        if (d->depth > 0 && deferral_push(d, f->manager, f->buffer, NUMBA_STREAM))
+        if (d->depth > 0 && deferral_push(d, f->manager, f->buffer))
             return;
     }
     plugin_free(f->manager, f->buffer, NUMBA_STREAM);
@@ -472,12 +472,8 @@ static int allocator_clear(PyObject *self)
 static void allocator_dealloc(PyObject *self)
 {
     PyTypeObject *type = Py_TYPE(self);
-    Allocator *a = (Allocator *)self;
     PyObject_GC_UnTrack(self);
-    Py_CLEAR(a->context);
-    Py_CLEAR(a->pointer_type);
-    Py_CLEAR(a->deferral);
-    Py_CLEAR(a->fallback);
+    allocator_clear(self);
     ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
     Py_DECREF(type);
 }

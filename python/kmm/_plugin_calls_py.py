@@ -5,9 +5,10 @@ not built. tests/test_plugin_calls.py runs the same checks on both."""
 import ctypes
 import threading
 
+from ._lib import KMM_MEMORY_DEVICE
+
 _alloc = None
 _free = None
-_KMM_MEMORY_DEVICE = 0
 #: Numba allocates without a stream: its memory is for the legacy default stream.
 _NUMBA_STREAM = 0
 
@@ -48,8 +49,8 @@ class Deferral:
     def flush(self):
         with self._lock:
             pending, self._pending = self._pending, []
-        for manager, buffer, stream in pending:
-            _free(manager, buffer, stream)
+        for manager, buffer in pending:
+            _free(manager, buffer, _NUMBA_STREAM)
         return len(pending)
 
     def discard(self):
@@ -69,7 +70,7 @@ def _free_once(pointer):
     if d is not None and d.depth > 0:
         with d._lock:  # flush() swaps the list under it
             if d.depth > 0:
-                d._pending.append((pointer._kmm_manager, pointer._kmm_buffer, _NUMBA_STREAM))
+                d._pending.append((pointer._kmm_manager, pointer._kmm_buffer))
                 return
     _free(pointer._kmm_manager, pointer._kmm_buffer, _NUMBA_STREAM)
 
@@ -145,6 +146,6 @@ class Allocator:
         if not isinstance(size, int) or not 0 < size < 1 << 64:
             raise ValueError("size must be an int in [1, 2**64), got %r" % (size,))
         buffer, address = ctypes.c_uint64(), ctypes.c_uint64()
-        if _alloc(self.manager, size, _KMM_MEMORY_DEVICE, _NUMBA_STREAM, buffer, address):
+        if _alloc(self.manager, size, KMM_MEMORY_DEVICE, _NUMBA_STREAM, buffer, address):
             return None
         return self.pointer_type(self.context, self.manager, buffer.value, address.value, size, self.deferral)
