@@ -10,26 +10,14 @@
 #include <stdbool.h>
 
 /**
- * Most kernel arguments of one launch.
- */
-#define KMM_MAX_KERNEL_ARGS 256
-
-/**
  * Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).
  */
 #define KMM_IPC_HANDLE_BYTES 64
 
 /**
- * `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
- * (the default: PyTorch does not check for NULL and would use address 0).
+ * Most kernel arguments of one launch.
  */
-#define KMM_TORCH_OOM_ABORT 0
-
-/**
- * `kmm_torch_set_oom_policy` value: on out-of-memory, return NULL (the error stays readable
- * with `kmm_last_error` on the allocating thread).
- */
-#define KMM_TORCH_OOM_NULL 1
+#define KMM_MAX_KERNEL_ARGS 256
 
 /**
  * `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
@@ -44,6 +32,18 @@
  * `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
  */
 #define KMM_MATCH_ACCUMULATE 1
+
+/**
+ * `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
+ * (the default: PyTorch does not check for NULL and would use address 0).
+ */
+#define KMM_TORCH_OOM_ABORT 0
+
+/**
+ * `kmm_torch_set_oom_policy` value: on out-of-memory, return NULL (the error stays readable
+ * with `kmm_last_error` on the allocating thread).
+ */
+#define KMM_TORCH_OOM_NULL 1
 
 /**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
@@ -185,7 +185,8 @@ enum KmmAllocMode
    * Kmm's own suballocator over large chunks (the default). The pool is split into 16
    * lanes, each with its own lock and chunks; threads are dealt lanes in turn, so threads
    * sharing a manager seldom wait for each other. A request its thread's lane cannot serve is
-   * tried in the other lanes before the manager reports out of memory.
+   * tried in the other lanes before the manager reports out of memory, and a lane takes the
+   * free chunks of other lanes before it grows.
    */
   KMM_ALLOC_POOL = 0,
   /**
@@ -367,6 +368,16 @@ typedef struct {
 typedef uint64_t KmmEvent;
 
 /**
+ * Reads CuPy's current stream (CuPy's `get_current_stream_ptr`); -1 on error.
+ */
+typedef ptrdiff_t (*KmmStreamSource)(void);
+
+/**
+ * Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
+ */
+typedef void (*KmmErrorHook)(void);
+
+/**
  * Manager configuration. Fill it with `kmm_config_default`, then change fields.
  */
 typedef struct {
@@ -461,9 +472,9 @@ typedef struct {
 
 /**
  * Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
- * are what callers asked for; "reserved" is what the manager holds from the device. A pool-mode
- * manager sums its lanes (see `KMM_ALLOC_POOL`): the peaks are the manager's own while one
- * thread allocates, and an upper bound of them once several threads allocate at once.
+ * are what callers asked for; "reserved" is what the manager holds from the device. Bytes in use
+ * and reserved, and their peaks, are the manager's own across all its lanes (see
+ * `KMM_ALLOC_POOL`); the counts sum the lanes.
  */
 typedef struct {
   uint64_t in_use;
@@ -516,16 +527,6 @@ typedef struct {
    */
   uint64_t offset;
 } KmmKernelArg;
-
-/**
- * Reads CuPy's current stream (CuPy's `get_current_stream_ptr`); -1 on error.
- */
-typedef ptrdiff_t (*KmmStreamSource)(void);
-
-/**
- * Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
- */
-typedef void (*KmmErrorHook)(void);
 
 /**
  * A gradient-spoiled FISP sequence with adiabatic inversion (BlochSimulators' FISP2D),
@@ -710,12 +711,24 @@ KmmStatus kmm_buffer_wrap(KmmManager manager,
                           KmmBuffer *out);
 
 /**
- * Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream
- * still sees the memory, and later work may reuse it. Callable from any thread and from
- * finalizers. A mapped buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`.
- * A second free of the same handle is `KMM_ERROR_INVALID_HANDLE`.
+ * Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream,
+ * and on every stream recorded with `kmm_buffer_record_stream`, still sees the memory; the
+ * memory is reused only after that work. Callable from any thread and from finalizers. A mapped
+ * buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`. A second free of the
+ * same handle is `KMM_ERROR_INVALID_HANDLE`. If a recorded stream cannot be waited for, the
+ * buffer stays allocated and the status says why.
  */
 KmmStatus kmm_buffer_free(KmmManager manager, KmmBuffer buffer, uint32_t flags);
+
+/**
+ * Records that work on `stream` (a `CUstream` of the manager's device, 0 the legacy default
+ * stream; on the host backend another manager's stream, 0 the manager's own) may use the
+ * buffer's memory, as PyTorch's `record_stream`: the buffer's free, a compaction move of it, a
+ * trim and the reuse of its memory all wait for the work queued on `stream` up to the free
+ * (stream-ordered: nothing blocks). Record each stream that uses a mapped address; the
+ * manager's own stream needs no record. The stream must stay alive until the buffer is freed.
+ */
+KmmStatus kmm_buffer_record_stream(KmmManager manager, KmmBuffer buffer, uint64_t stream);
 
 /**
  * Writes the buffer's size, kind and pin count to `*out`.
@@ -820,6 +833,55 @@ KmmStatus kmm_fill(KmmManager manager,
                    uint64_t bytes,
                    const void *pattern,
                    size_t pattern_size);
+
+/**
+ * Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+ * alive while CuPy may allocate). Thread-safe.
+ */
+KmmStatus kmm_cupy_set_manager(int32_t device, KmmManager manager);
+
+/**
+ * Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+ * `get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+ * that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+ * a pending Python exception; may be NULL).
+ */
+KmmStatus kmm_cupy_set_stream_source(KmmStreamSource source, KmmErrorHook on_error);
+
+/**
+ * The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
+ * device memory from the manager registered for `device`, ready for work on CuPy's current
+ * stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
+ * check; `kmm.cupy` does and raises). Call it as CuPy does, with the GIL held: the stream
+ * source set by `kmm_cupy_set_stream_source` is Python code underneath (not through ctypes'
+ * `CDLL`, which releases the GIL).
+ */
+void *kmm_cupy_malloc(void *param, size_t size, int32_t device);
+
+/**
+ * The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
+ * the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
+ * ignored (the error is readable with `kmm_last_error`).
+ */
+void kmm_cupy_free(void *param, void *ptr, int32_t device);
+
+/**
+ * How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+ */
+KmmStatus kmm_cupy_live_allocations(uint64_t *out);
+
+/**
+ * Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+ * allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+ * to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+ * The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+ * it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
+ * backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+ */
+KmmStatus kmm_buffer_ipc_handle(KmmManager manager,
+                                KmmBuffer buffer,
+                                uint8_t *out,
+                                uint64_t *offset);
 
 /**
  * Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
@@ -971,16 +1033,16 @@ KmmStatus kmm_plugin_alloc(KmmManager manager,
 
 /**
  * For allocator plugins: frees a buffer from `kmm_plugin_alloc` (mapped or not) after the work
- * queued so far on `stream` (the stream that last used it). Non-blocking; callable from any
- * thread and from finalizers.
+ * queued so far on `stream` (the stream that last used it; it must still be alive).
+ * Non-blocking; callable from any thread and from finalizers.
  */
 KmmStatus kmm_plugin_free(KmmManager manager, KmmBuffer buffer, uint64_t stream);
 
 /**
- * For allocator plugins that keep only the address (Numba's): allocates, as `kmm_plugin_alloc`
- * does, `bytes` (at least 1) of device memory ready for work on `stream`, and returns its
- * address. 0 on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the
- * status). Free with `kmm_plugin_free_address`.
+ * For allocator plugins that keep only the address: allocates, as `kmm_plugin_alloc` does,
+ * `bytes` (at least 1) of device memory ready for work on `stream`, and returns its address. 0
+ * on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the status).
+ * Free with `kmm_plugin_free_address`.
  */
 uint64_t kmm_plugin_malloc(KmmManager manager, uint64_t bytes, uint64_t stream);
 
@@ -989,86 +1051,6 @@ uint64_t kmm_plugin_malloc(KmmManager manager, uint64_t bytes, uint64_t stream);
  * so far on `stream`. Non-blocking; callable from any thread and from finalizers.
  */
 KmmStatus kmm_plugin_free_address(KmmManager manager, uint64_t address, uint64_t stream);
-
-/**
- * Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
- * allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
- * to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
- * The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
- * it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
- * backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
- */
-KmmStatus kmm_buffer_ipc_handle(KmmManager manager,
-                                KmmBuffer buffer,
-                                uint8_t *out,
-                                uint64_t *offset);
-
-/**
- * Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
- * it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
- */
-KmmStatus kmm_torch_manager(int32_t device, KmmManager *out);
-
-/**
- * Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
- * or `KMM_TORCH_OOM_NULL`.
- */
-KmmStatus kmm_torch_set_oom_policy(uint32_t policy);
-
-/**
- * The allocation function of PyTorch's `CUDAPluggableAllocator`: `size` bytes of device memory
- * of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero bytes. On failure
- * the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
- */
-void *kmm_torch_malloc(size_t size, int32_t device, void *stream);
-
-/**
- * The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
- * `kmm_torch_malloc` after the work queued so far on `stream`. Unknown pointers and NULL are
- * ignored (the error is readable with `kmm_last_error`).
- */
-void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
-
-/**
- * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
- */
-KmmStatus kmm_torch_live_allocations(uint64_t *out);
-
-/**
- * Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
- * alive while CuPy may allocate). Thread-safe.
- */
-KmmStatus kmm_cupy_set_manager(int32_t device, KmmManager manager);
-
-/**
- * Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
- * `get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
- * that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
- * a pending Python exception; may be NULL).
- */
-KmmStatus kmm_cupy_set_stream_source(KmmStreamSource source, KmmErrorHook on_error);
-
-/**
- * The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
- * device memory from the manager registered for `device`, ready for work on CuPy's current
- * stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
- * check; `kmm.cupy` does and raises). Call it as CuPy does, with the GIL held: the stream
- * source set by `kmm_cupy_set_stream_source` is Python code underneath (not through ctypes'
- * `CDLL`, which releases the GIL).
- */
-void *kmm_cupy_malloc(void *param, size_t size, int32_t device);
-
-/**
- * The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
- * the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
- * ignored (the error is readable with `kmm_last_error`).
- */
-void kmm_cupy_free(void *param, void *ptr, int32_t device);
-
-/**
- * How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
- */
-KmmStatus kmm_cupy_live_allocations(uint64_t *out);
 
 /**
  * Simulates the FISP signals of atoms `first_atom .. first_atom + natoms` of `params` into
@@ -1127,6 +1109,37 @@ KmmStatus kmm_qmri_match(KmmManager manager,
                          KmmBuffer params,
                          const KmmMatchOutputs *outputs,
                          uint32_t flags);
+
+/**
+ * Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
+ * it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
+ */
+KmmStatus kmm_torch_manager(int32_t device, KmmManager *out);
+
+/**
+ * Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
+ * or `KMM_TORCH_OOM_NULL`.
+ */
+KmmStatus kmm_torch_set_oom_policy(uint32_t policy);
+
+/**
+ * The allocation function of PyTorch's `CUDAPluggableAllocator`: `size` bytes of device memory
+ * of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero bytes. On failure
+ * the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
+ */
+void *kmm_torch_malloc(size_t size, int32_t device, void *stream);
+
+/**
+ * The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
+ * `kmm_torch_malloc` after the work queued so far on `stream`. Unknown pointers and NULL are
+ * ignored (the error is readable with `kmm_last_error`).
+ */
+void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
+
+/**
+ * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
+ */
+KmmStatus kmm_torch_live_allocations(uint64_t *out);
 
 #ifdef __cplusplus
 }  // extern "C"

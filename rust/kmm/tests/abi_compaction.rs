@@ -5,7 +5,7 @@
 //! wrong data on the host backend.
 mod common;
 use common::*;
-use kmm::ffi::plugins::kmm_buffer_ipc_handle;
+use kmm::ffi::ipc::kmm_buffer_ipc_handle;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

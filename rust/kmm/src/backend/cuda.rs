@@ -44,6 +44,7 @@ pub struct CudaBackend {
     ctx: Raw<sys::CUcontext>,
     name: String,
     pinned_ranges: PinnedRanges,
+    orders: Arc<StreamOrders>,
 }
 
 impl CudaBackend {
@@ -78,26 +79,47 @@ impl CudaBackend {
             let mut name = [0 as std::ffi::c_char; 256];
             check(sys::cuDeviceGetName(name.as_mut_ptr(), 256, cu_device), "cuDeviceGetName")?;
             let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
-            Ok(CudaBackend { device, cu_device, ctx: Raw(ctx), name, pinned_ranges: PinnedRanges::default() })
+            let orders = Arc::new(StreamOrders { ctx: Raw(ctx), spare: Mutex::new(Vec::new()) });
+            Ok(CudaBackend { device, cu_device, ctx: Raw(ctx), name, pinned_ranges: PinnedRanges::default(), orders })
         }
     }
 
-    /// Makes the primary context current on this thread (other libraries may have changed it).
-    fn bind(&self) -> Result<()> {
-        bind(self.ctx.0)
+    /// Makes the primary context current on this thread while the guard lives.
+    fn enter(&self) -> Result<Current> {
+        enter(self.ctx.0)
     }
 }
 
-/// Makes `ctx` current on this thread unless it already is.
-pub(crate) fn bind(ctx: sys::CUcontext) -> Result<()> {
+/// The one context rule: a Kmm call leaves the calling thread's current context as it found it.
+/// `enter` makes `ctx` current for the guard's lifetime and the guard puts the caller's context
+/// back (CUDA.jl, CuPy or PyTorch may have made another device's context current on the thread,
+/// and a Julia finalizer may run Kmm in the middle of their work).
+#[must_use = "the context is current only while the guard lives"]
+pub(crate) struct Current {
+    previous: Option<sys::CUcontext>,
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        if let Some(previous) = self.previous {
+            // SAFETY: restores the handle cuCtxGetCurrent gave (possibly NULL: no context).
+            unsafe { sys::cuCtxSetCurrent(previous) };
+        }
+    }
+}
+
+/// Makes `ctx` current on this thread until the returned guard drops (nothing to undo when it
+/// already is).
+pub(crate) fn enter(ctx: sys::CUcontext) -> Result<Current> {
     let mut current = std::ptr::null_mut();
     unsafe {
         check(sys::cuCtxGetCurrent(&mut current), "cuCtxGetCurrent")?;
-        if current != ctx {
-            check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        if current == ctx {
+            return Ok(Current { previous: None });
         }
+        check(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
     }
-    Ok(())
+    Ok(Current { previous: Some(current) })
 }
 
 impl Backend for CudaBackend {
@@ -111,23 +133,23 @@ impl Backend for CudaBackend {
         self.name.clone()
     }
     fn memory_info(&self) -> Result<(u64, u64)> {
-        self.bind()?;
+        let _current = self.enter()?;
         let (mut free, mut total) = (0usize, 0usize);
         check(unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) }, "cuMemGetInfo")?;
         Ok((free as u64, total as u64))
     }
     fn alloc_device(&self, bytes: u64) -> Result<DevicePtr> {
-        self.bind()?;
+        let _current = self.enter()?;
         let mut ptr = 0;
         check(unsafe { sys::cuMemAlloc_v2(&mut ptr, bytes as usize) }, "cuMemAlloc")?;
         Ok(ptr)
     }
     unsafe fn free_device(&self, ptr: DevicePtr) -> Result<()> {
-        self.bind()?;
+        let _current = self.enter()?;
         check(sys::cuMemFree_v2(ptr), "cuMemFree")
     }
     fn alloc_pinned(&self, bytes: u64) -> Result<*mut u8> {
-        self.bind()?;
+        let _current = self.enter()?;
         let mut ptr = std::ptr::null_mut();
         check(
             unsafe { sys::cuMemHostAlloc(&mut ptr, bytes as usize, sys::CU_MEMHOSTALLOC_PORTABLE) },
@@ -137,12 +159,12 @@ impl Backend for CudaBackend {
         Ok(ptr as *mut u8)
     }
     unsafe fn free_pinned(&self, ptr: *mut u8) -> Result<()> {
-        self.bind()?;
+        let _current = self.enter()?;
         self.pinned_ranges.remove(ptr as u64);
         check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost")
     }
     unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
-        self.bind()?;
+        let _current = self.enter()?;
         check(
             sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes as usize, sys::CU_MEMHOSTREGISTER_PORTABLE),
             "cuMemHostRegister",
@@ -151,7 +173,7 @@ impl Backend for CudaBackend {
         Ok(())
     }
     unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
-        self.bind()?;
+        let _current = self.enter()?;
         check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister")?;
         self.pinned_ranges.remove(ptr as u64);
         Ok(())
@@ -160,19 +182,39 @@ impl Backend for CudaBackend {
         self.pinned_ranges.contains(ptr as u64, bytes)
     }
     fn create_stream(&self) -> Result<Arc<dyn Stream>> {
-        self.bind()?;
+        let _current = self.enter()?;
         let mut raw = std::ptr::null_mut();
         check(
             unsafe { sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) },
             "cuStreamCreate",
         )?;
-        Ok(Arc::new(CudaStream { raw: Raw(raw), ctx: self.ctx }))
+        Ok(Arc::new(CudaStream { raw: Raw(raw), ctx: self.ctx, orders: self.orders.clone() }))
     }
     fn create_event(&self) -> Result<Box<dyn Event>> {
         Ok(Box::new(CudaEvent::new(self.ctx.0)?))
     }
+    fn order_streams(&self, earlier: u64, later: u64) -> Result<()> {
+        self.orders.order(earlier, later)
+    }
+    fn ipc_handle(&self, addr: DevicePtr) -> Result<([u8; 64], u64)> {
+        let _current = self.enter()?;
+        unsafe {
+            let (mut base, mut size) = (0, 0usize);
+            check(sys::cuMemGetAddressRange_v2(&mut base, &mut size, addr), "cuMemGetAddressRange")?;
+            let mut handle: sys::CUipcMemHandle = std::mem::zeroed();
+            check(
+                sys::cuIpcGetMemHandle(&mut handle, base),
+                "cuIpcGetMemHandle (memory of alloc_mode cuda_async cannot be shared this way)",
+            )?;
+            let mut out = [0u8; 64];
+            for (o, r) in out.iter_mut().zip(handle.reserved.iter()) {
+                *o = *r as u8;
+            }
+            Ok((out, addr - base))
+        }
+    }
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
-        self.bind()?;
+        let _current = self.enter()?;
         unsafe {
             let mut props: sys::CUmemPoolProps = std::mem::zeroed();
             props.allocType = sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -205,6 +247,36 @@ impl Drop for CudaBackend {
 pub struct CudaStream {
     raw: Raw<sys::CUstream>,
     ctx: Raw<sys::CUcontext>,
+    orders: Arc<StreamOrders>,
+}
+
+/// Orders raw streams of one context through events kept for reuse: creating an event per
+/// ordering would cost more than recording it.
+struct StreamOrders {
+    ctx: Raw<sys::CUcontext>,
+    spare: Mutex<Vec<CudaEvent>>,
+}
+
+impl StreamOrders {
+    /// `later` waits for the work queued so far on `earlier` (0 is the context's legacy default
+    /// stream, which is why the context is made current).
+    fn order(&self, earlier: u64, later: u64) -> Result<()> {
+        if earlier == later {
+            return Ok(());
+        }
+        let event = match lock(&self.spare).pop() {
+            Some(e) => e,
+            None => CudaEvent::new(self.ctx.0)?,
+        };
+        let _current = enter(self.ctx.0)?;
+        let ordered = unsafe {
+            check(sys::cuEventRecord(event.raw.0, earlier as sys::CUstream), "cuEventRecord (ordering streams)")
+                .and_then(|_| check(sys::cuStreamWaitEvent(later as sys::CUstream, event.raw.0, 0), "cuStreamWaitEvent (ordering streams)"))
+        };
+        // The wait captured the record: the event may be recorded again at once.
+        lock(&self.spare).push(event);
+        ordered
+    }
 }
 
 fn cuda_event(event: &dyn Event) -> Result<&CudaEvent> {
@@ -225,19 +297,19 @@ impl Stream for CudaStream {
         self.raw.0 as u64
     }
     unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes as usize, self.raw.0), "cuMemcpyHtoDAsync")
     }
     unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes as usize, self.raw.0), "cuMemcpyDtoHAsync")
     }
     unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(sys::cuMemcpyAsync(dst, src, bytes as usize, self.raw.0), "cuMemcpyAsync")
     }
     unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         let n = count as usize;
         match width {
             1 => check(sys::cuMemsetD8Async(dst, value as u8, n, self.raw.0), "cuMemsetD8Async"),
@@ -247,32 +319,25 @@ impl Stream for CudaStream {
         }
     }
     fn record(&self, event: &dyn Event) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(unsafe { sys::cuEventRecord(cuda_event(event)?.raw.0, self.raw.0) }, "cuEventRecord")
     }
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(unsafe { sys::cuStreamWaitEvent(self.raw.0, cuda_event(event)?.raw.0, 0) }, "cuStreamWaitEvent")
     }
     fn wait_raw_stream(&self, foreign: u64) -> Result<()> {
-        let ev = CudaEvent::new(self.ctx.0)?;
-        check(unsafe { sys::cuEventRecord(ev.raw.0, foreign as sys::CUstream) }, "cuEventRecord(foreign stream)")?;
-        self.wait_event(&ev)
+        self.orders.order(foreign, self.raw())
     }
     fn signal_raw_stream(&self, foreign: u64) -> Result<()> {
-        let ev = CudaEvent::new(self.ctx.0)?;
-        self.record(&ev)?;
-        check(
-            unsafe { sys::cuStreamWaitEvent(foreign as sys::CUstream, ev.raw.0, 0) },
-            "cuStreamWaitEvent(foreign stream)",
-        )
+        self.orders.order(self.raw(), foreign)
     }
     fn synchronize(&self) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(unsafe { sys::cuStreamSynchronize(self.raw.0) }, "cuStreamSynchronize")
     }
     fn launch_host_fn(&self, f: Box<dyn FnOnce() + Send>) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         let data = Box::into_raw(Box::new(f)) as *mut c_void;
         let status = unsafe { sys::cuLaunchHostFunc(self.raw.0, Some(run_host_fn), data) };
         if status != sys::CUresult::CUDA_SUCCESS {
@@ -285,7 +350,7 @@ impl Stream for CudaStream {
 
 impl Drop for CudaStream {
     fn drop(&mut self) {
-        if bind(self.ctx.0).is_ok() {
+        if let Ok(_current) = enter(self.ctx.0) {
             unsafe {
                 sys::cuStreamSynchronize(self.raw.0);
                 sys::cuStreamDestroy_v2(self.raw.0);
@@ -301,7 +366,7 @@ pub struct CudaEvent {
 
 impl CudaEvent {
     fn new(ctx: sys::CUcontext) -> Result<CudaEvent> {
-        bind(ctx)?;
+        let _current = enter(ctx)?;
         let mut raw = std::ptr::null_mut();
         check(
             unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) },
@@ -313,7 +378,7 @@ impl CudaEvent {
 
 impl Event for CudaEvent {
     fn query(&self) -> Result<bool> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         match unsafe { sys::cuEventQuery(self.raw.0) } {
             sys::CUresult::CUDA_SUCCESS => Ok(true),
             sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
@@ -321,7 +386,7 @@ impl Event for CudaEvent {
         }
     }
     fn synchronize(&self) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(unsafe { sys::cuEventSynchronize(self.raw.0) }, "cuEventSynchronize")
     }
     fn as_any(&self) -> &dyn Any {
@@ -331,7 +396,7 @@ impl Event for CudaEvent {
 
 impl Drop for CudaEvent {
     fn drop(&mut self) {
-        if bind(self.ctx.0).is_ok() {
+        if let Ok(_current) = enter(self.ctx.0) {
             unsafe { sys::cuEventDestroy_v2(self.raw.0) };
         }
     }
@@ -355,7 +420,7 @@ impl CudaAsyncPool {
 
 impl AsyncPool for CudaAsyncPool {
     fn alloc(&self, bytes: u64, stream: &dyn Stream) -> Result<DevicePtr> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         let mut ptr = 0;
         check(
             unsafe { sys::cuMemAllocFromPoolAsync(&mut ptr, bytes as usize, self.pool.0, stream.raw() as sys::CUstream) },
@@ -364,7 +429,7 @@ impl AsyncPool for CudaAsyncPool {
         Ok(ptr)
     }
     unsafe fn free(&self, ptr: DevicePtr, stream: &dyn Stream) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(sys::cuMemFreeAsync(ptr, stream.raw() as sys::CUstream), "cuMemFreeAsync")
     }
     fn reserved(&self) -> Result<(u64, u64)> {
@@ -372,14 +437,14 @@ impl AsyncPool for CudaAsyncPool {
         Ok((self.attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?, self.attribute(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)?))
     }
     fn trim(&self, keep_bytes: u64) -> Result<()> {
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         check(unsafe { sys::cuMemPoolTrimTo(self.pool.0, keep_bytes as usize) }, "cuMemPoolTrimTo")
     }
 }
 
 impl Drop for CudaAsyncPool {
     fn drop(&mut self) {
-        if bind(self.ctx.0).is_ok() {
+        if let Ok(_current) = enter(self.ctx.0) {
             unsafe { sys::cuMemPoolDestroy(self.pool.0) };
         }
     }

@@ -219,6 +219,16 @@ impl Backend for FaultyBackend {
         self.plan.stream_fault("create_event")?;
         self.inner.create_event()
     }
+    fn order_streams(&self, earlier: u64, later: u64) -> Result<()> {
+        self.plan.stream_fault("order_streams")?;
+        self.inner.order_streams(earlier, later)
+    }
+    fn check_stream(&self, raw: u64) -> Result<()> {
+        self.inner.check_stream(raw)
+    }
+    fn ipc_handle(&self, addr: DevicePtr) -> Result<([u8; 64], u64)> {
+        self.inner.ipc_handle(addr)
+    }
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
         Ok(Box::new(FaultyPool { inner: self.inner.create_async_pool(release_threshold, max_size)?, plan: self.plan.clone() }))
     }

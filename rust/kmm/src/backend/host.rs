@@ -108,7 +108,7 @@ impl Backend for HostBackend {
     }
     unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
         if !self.pinned_ranges.insert(ptr as u64, bytes) {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} is already registered");
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} ({bytes} bytes) overlaps a registered range");
         }
         Ok(())
     }
@@ -126,6 +126,22 @@ impl Backend for HostBackend {
     }
     fn create_event(&self) -> Result<Box<dyn Event>> {
         Ok(Box::new(HostEvent::default()))
+    }
+    fn order_streams(&self, earlier: u64, later: u64) -> Result<()> {
+        if earlier == later {
+            return Ok(());
+        }
+        let later = HostStream::find(later)?;
+        // A stream that is gone ran all its work before its worker stopped: nothing to wait for.
+        let Ok(earlier) = HostStream::find(earlier) else {
+            return Ok(());
+        };
+        let ev = HostEvent::default();
+        earlier.record(&ev)?;
+        later.wait_event(&ev)
+    }
+    fn check_stream(&self, raw: u64) -> Result<()> {
+        HostStream::find(raw).map(drop)
     }
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
         Ok(Box::new(HostAsyncPool {

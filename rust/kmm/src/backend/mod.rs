@@ -51,6 +51,21 @@ pub trait Backend: Send + Sync {
 
     fn create_stream(&self) -> Result<Arc<dyn Stream>>;
     fn create_event(&self) -> Result<Box<dyn Event>>;
+    /// Raw stream `later` waits for the work queued so far on raw stream `earlier` (streams of
+    /// this device, the backend's own or foreign ones). Stream-ordered: nothing waits on the host.
+    fn order_streams(&self, earlier: u64, later: u64) -> Result<()>;
+    /// Whether `raw` names a stream this backend can order (the host backend knows its streams;
+    /// CUDA cannot check a `CUstream` without risking a crash on a forged one, so it accepts all).
+    fn check_stream(&self, raw: u64) -> Result<()> {
+        let _ = raw;
+        Ok(())
+    }
+    /// The IPC handle (`cuIpcGetMemHandle`) of the device allocation holding `addr`, and `addr`'s
+    /// offset from that allocation's base.
+    fn ipc_handle(&self, addr: DevicePtr) -> Result<([u8; 64], u64)> {
+        let _ = addr;
+        crate::fail!(KMM_ERROR_NOT_SUPPORTED, "IPC handles need the CUDA backend; this manager runs on the host backend")
+    }
     /// A stream-ordered pool private to one manager (`cuMemPoolCreate`).
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>>;
 }

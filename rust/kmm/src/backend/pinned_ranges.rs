@@ -10,10 +10,13 @@ use std::sync::Mutex;
 pub struct PinnedRanges(Mutex<BTreeMap<u64, u64>>);
 
 impl PinnedRanges {
-    /// Returns false when a range already starts at `start`.
+    /// Returns false when the range overlaps one already held (as CUDA refuses to register
+    /// memory twice, in part or whole).
     pub fn insert(&self, start: u64, len: u64) -> bool {
         let mut ranges = lock(&self.0);
-        if ranges.contains_key(&start) {
+        let end = start.saturating_add(len.max(1));
+        let before = ranges.range(..end).next_back();
+        if before.is_some_and(|(&base, &size)| base.saturating_add(size.max(1)) > start) {
             return false;
         }
         ranges.insert(start, len);

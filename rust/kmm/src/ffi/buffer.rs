@@ -5,7 +5,6 @@ use super::{boundary, check_flags, check_out, write_out};
 use crate::error::KmmStatus;
 use crate::fail;
 use crate::manager::registry::{with_alloc_state, with_buffer_state, with_manager};
-use crate::manager::FreeMode;
 use std::ffi::c_void;
 
 /// Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
@@ -18,9 +17,9 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
         let kind = memory_kind(kind, "kind")?;
         // The pool as it stands, under the state's lock alone; out of memory takes the manager's
         // path, which waits for the stream and gives cached memory back before trying again.
-        let b = match with_alloc_state(manager, kind, |st| st.try_alloc(bytes, kind)) {
+        let b = match with_alloc_state(manager, kind, |st| st.try_alloc_own(bytes, kind)) {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
-                with_manager(manager, |m| m.alloc_after_release(bytes, kind))?
+                with_manager(manager, |m| m.alloc_after_release(bytes, kind, m.raw_stream()))?
             }
             b => b?,
         };
@@ -53,17 +52,29 @@ pub extern "C" fn kmm_buffer_wrap(
     })
 }
 
-/// Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream
-/// still sees the memory, and later work may reuse it. Callable from any thread and from
-/// finalizers. A mapped buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`.
-/// A second free of the same handle is `KMM_ERROR_INVALID_HANDLE`.
+/// Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream,
+/// and on every stream recorded with `kmm_buffer_record_stream`, still sees the memory; the
+/// memory is reused only after that work. Callable from any thread and from finalizers. A mapped
+/// buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`. A second free of the
+/// same handle is `KMM_ERROR_INVALID_HANDLE`. If a recorded stream cannot be waited for, the
+/// buffer stays allocated and the status says why.
 #[no_mangle]
 pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags: u32) -> KmmStatus {
     boundary(|| {
         check_flags(flags, KMM_FREE_FORCE, "flags")?;
-        let mode = if flags & KMM_FREE_FORCE != 0 { FreeMode::Force } else { FreeMode::Checked };
-        with_buffer_state(manager, buffer, |st| st.free(buffer, mode))
+        with_buffer_state(manager, buffer, |st| st.free(buffer, flags & KMM_FREE_FORCE != 0))
     })
+}
+
+/// Records that work on `stream` (a `CUstream` of the manager's device, 0 the legacy default
+/// stream; on the host backend another manager's stream, 0 the manager's own) may use the
+/// buffer's memory, as PyTorch's `record_stream`: the buffer's free, a compaction move of it, a
+/// trim and the reuse of its memory all wait for the work queued on `stream` up to the free
+/// (stream-ordered: nothing blocks). Record each stream that uses a mapped address; the
+/// manager's own stream needs no record. The stream must stay alive until the buffer is freed.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_record_stream(manager: KmmManager, buffer: KmmBuffer, stream: u64) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.record_stream(buffer, stream)))
 }
 
 /// Writes the buffer's size, kind and pin count to `*out`.

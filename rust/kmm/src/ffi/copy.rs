@@ -5,7 +5,7 @@ use super::types::*;
 use crate::error::{KmmStatus, Result};
 use crate::fail;
 use crate::manager::copy::{copy_buffer, Completion};
-use crate::manager::registry::with_manager;
+use crate::manager::registry::{with_manager, with_two_managers};
 use std::ffi::c_void;
 
 fn completion_for(event: *mut KmmEvent) -> Completion {
@@ -90,13 +90,7 @@ pub extern "C" fn kmm_copy_buffer(
     bytes: u64,
 ) -> KmmStatus {
     boundary(|| {
-        with_manager(dst_manager, |d| {
-            if dst_manager == src_manager {
-                copy_buffer(d, dst, dst_offset, d, src, src_offset, bytes)
-            } else {
-                with_manager(src_manager, |s| copy_buffer(d, dst, dst_offset, s, src, src_offset, bytes))
-            }
-        })
+        with_two_managers(dst_manager, src_manager, |d, s| copy_buffer(d, dst, dst_offset, s, src, src_offset, bytes))
     })
 }
 

@@ -4,11 +4,15 @@
 //! as integers and are validated, so no value a caller passes is undefined behaviour in Rust.
 
 pub mod buffer;
+mod by_address;
 pub mod copy;
+pub mod cupy;
+pub mod ipc;
 pub mod manager;
 pub mod module;
-pub mod plugins;
+pub mod plugin;
 pub mod qmri;
+pub mod torch;
 pub mod types;
 
 use crate::error::{Error, KmmStatus, Result};

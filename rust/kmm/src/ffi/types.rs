@@ -47,7 +47,8 @@ pub enum KmmAllocMode {
     /// Kmm's own suballocator over large chunks (the default). The pool is split into 16
     /// lanes, each with its own lock and chunks; threads are dealt lanes in turn, so threads
     /// sharing a manager seldom wait for each other. A request its thread's lane cannot serve is
-    /// tried in the other lanes before the manager reports out of memory.
+    /// tried in the other lanes before the manager reports out of memory, and a lane takes the
+    /// free chunks of other lanes before it grows.
     KMM_ALLOC_POOL = 0,
     /// A private CUDA memory pool (`cuMemAllocFromPoolAsync`) with release threshold and
     /// maximum size (the hard limit).
@@ -133,9 +134,9 @@ pub struct KmmConfig {
 }
 
 /// Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
-/// are what callers asked for; "reserved" is what the manager holds from the device. A pool-mode
-/// manager sums its lanes (see `KMM_ALLOC_POOL`): the peaks are the manager's own while one
-/// thread allocates, and an upper bound of them once several threads allocate at once.
+/// are what callers asked for; "reserved" is what the manager holds from the device. Bytes in use
+/// and reserved, and their peaks, are the manager's own across all its lanes (see
+/// `KMM_ALLOC_POOL`); the counts sum the lanes.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KmmMemoryStats {

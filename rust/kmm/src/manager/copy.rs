@@ -50,6 +50,8 @@ impl Manager {
             ),
         }
         r.pins += 1;
+        // Kmm's own work on the manager's stream: the buffer's free waits for it.
+        r.users.insert(self.raw_stream());
         Ok((Lease { manager: self, handle }, r.addr + offset, r.kind))
     }
 

@@ -1,7 +1,8 @@
 //! Generational handle tables. A handle is 64 bits: a 4-bit tag saying what it names, the
 //! 12-bit registry slot of the owning manager, a 20-bit generation, the 4-bit lane of the
 //! manager whose table issued it, and a 24-bit index. Stale (freed), foreign (another
-//! manager's), forged and mistyped handles all fail the lookup.
+//! manager's), forged and mistyped handles all fail the lookup. A handle never comes back: a
+//! slot whose generation has gone once around (2^20 uses) is retired instead of reused.
 
 use crate::error::Result;
 use crate::fail;
@@ -69,7 +70,12 @@ impl<T> HandleTable<T> {
             Some(i) => i,
             None => {
                 if self.slots.len() as u64 > INDEX_MASK {
-                    fail!(KMM_ERROR_OUT_OF_MEMORY, "more than {} live {}s in one lane of a manager", INDEX_MASK, tag_name(self.tag));
+                    fail!(
+                        KMM_ERROR_OUT_OF_MEMORY,
+                        "no {} handle left in this lane of the manager: {} live, the other slots retired after 2^20 uses each",
+                        tag_name(self.tag),
+                        self.live
+                    );
                 }
                 self.slots.push(Slot { generation: self.seed, value: None });
                 (self.slots.len() - 1) as u32
@@ -127,7 +133,10 @@ impl<T> HandleTable<T> {
         check(self.slots[i].value.as_ref().expect("checked live"))?;
         let slot = &mut self.slots[i];
         slot.generation = slot.generation.wrapping_add(1) & GEN_MASK;
-        self.free.push(i as u32);
+        // Back at the generation it started with, the slot would issue its first handle again.
+        if slot.generation != self.seed {
+            self.free.push(i as u32);
+        }
         self.live -= 1;
         Ok(slot.value.take().expect("checked live"))
     }
@@ -196,5 +205,22 @@ mod tests {
         assert!(t.get(0).is_err());
         assert!(t.get(u64::MAX).is_err());
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn a_slot_is_retired_before_its_generation_comes_around() {
+        let mut t = HandleTable::new(TAG_BUFFER, 1, 0, 77);
+        let first = t.insert(0u8).unwrap();
+        t.remove(first).unwrap();
+        let mut last = first;
+        for _ in 1..(1u32 << GEN_BITS) {
+            last = t.insert(0u8).unwrap();
+            assert_eq!(last & INDEX_MASK, first & INDEX_MASK, "the one slot is reused until it retires");
+            t.remove(last).unwrap();
+        }
+        let fresh = t.insert(1u8).unwrap();
+        assert_ne!(fresh & INDEX_MASK, first & INDEX_MASK, "the slot was retired");
+        assert!(t.get(first).is_err() && t.get(last).is_err());
+        assert_eq!(*t.get(fresh).unwrap(), 1);
     }
 }

@@ -173,6 +173,26 @@ pub fn with_manager<R>(handle: u64, f: impl FnOnce(&Manager) -> Result<R>) -> Re
     }
 }
 
+/// Runs `f` on two live managers (the same one twice when the handles are equal). Their slots'
+/// locks are taken in slot order, so calls on the same pair in both directions and destroys of
+/// either cannot deadlock; two handles of one slot that differ name one dead manager, which is
+/// turned away before any lock is taken twice.
+pub fn with_two_managers<R>(a: u64, b: u64, f: impl FnOnce(&Manager, &Manager) -> Result<R>) -> Result<R> {
+    if a == b {
+        return with_manager(a, |m| f(m, m));
+    }
+    let ((slot_a, _), (slot_b, _)) = (decode(a)?, decode(b)?);
+    if std::ptr::eq(slot_a, slot_b) {
+        let stale = if with_manager(a, |_| Ok(())).is_err() { a } else { b };
+        fail!(KMM_ERROR_INVALID_HANDLE, "manager {stale:#x} is not live (destroyed or never created)");
+    }
+    if (a & 0xFFF) < (b & 0xFFF) {
+        with_manager(a, |ma| with_manager(b, |mb| f(ma, mb)))
+    } else {
+        with_manager(b, |mb| with_manager(a, |ma| f(ma, mb)))
+    }
+}
+
 /// Takes the manager out of the registry; later calls with its handle fail. Its slot is reused
 /// once its teardown (the drop of the last `Arc`) has ended.
 pub fn unregister(handle: u64) -> Result<Arc<Manager>> {

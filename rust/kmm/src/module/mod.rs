@@ -8,7 +8,7 @@
 
 mod cache;
 
-use crate::backend::cuda::{bind, check};
+use crate::backend::cuda::{check, enter, Current};
 use crate::backend::BackendKind;
 use crate::error::{lock, Error, KmmStatus, Result};
 use crate::manager::handles::{HandleTable, TAG_MODULE};
@@ -46,7 +46,7 @@ impl Module {
             return Ok(Function { f: f.0, ctx: self.ctx.0 });
         }
         let cname = CString::new(name).map_err(|_| err!(KMM_ERROR_INVALID_ARGUMENT, "kernel name {name:?} contains a NUL byte"))?;
-        bind(self.ctx.0)?;
+        let _current = enter(self.ctx.0)?;
         let mut f = std::ptr::null_mut();
         let status = unsafe { sys::cuModuleGetFunction(&mut f, self.module.0, cname.as_ptr()) };
         if status == sys::CUresult::CUDA_ERROR_NOT_FOUND {
@@ -73,7 +73,7 @@ impl Function {
     /// The parameters match the kernel's signature and the memory they name stays valid until
     /// the kernel has run.
     pub unsafe fn launch(&self, stream: u64, grid: [u32; 3], block: [u32; 3], shmem: u32, params: &mut [u64]) -> Result<()> {
-        bind(self.ctx)?;
+        let _current = enter(self.ctx)?;
         if shmem > 48 << 10 {
             check(
                 sys::cuFuncSetAttribute(
@@ -105,7 +105,7 @@ impl Function {
 
     /// Blocks of `block_size` threads that fit on one multiprocessor at once.
     pub fn occupancy(&self, block_size: u32, shmem: usize) -> Result<u32> {
-        bind(self.ctx)?;
+        let _current = enter(self.ctx)?;
         let mut n = 0;
         check(
             unsafe { sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut n, self.f, block_size as i32, shmem) },
@@ -125,8 +125,9 @@ pub struct DeviceInfo {
 }
 
 impl DeviceInfo {
-    pub fn bind(&self) -> Result<()> {
-        bind(self.ctx.0)
+    /// Makes the device's context current until the guard drops (see `backend::cuda::enter`).
+    pub(crate) fn enter(&self) -> Result<Current> {
+        enter(self.ctx.0)
     }
 }
 
@@ -200,7 +201,7 @@ pub fn compile(device: i32, src: &str, options: &[String]) -> Result<Arc<Module>
     if let Some(m) = lock(loaded).get(&(device, key)) {
         return Ok(m.clone());
     }
-    info.bind()?;
+    let _current = info.enter()?;
     let load = |image: &[u8]| {
         let mut module = std::ptr::null_mut();
         check(unsafe { sys::cuModuleLoadData(&mut module, image.as_ptr() as *const c_void) }, "cuModuleLoadData").map(|_| module)

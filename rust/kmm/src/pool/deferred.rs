@@ -1,10 +1,13 @@
 //! Adaptor: a freed block is handed back to the inner resource only once the manager's stream
-//! has run the work queued before the free. Needed wherever reuse is not itself stream-ordered:
-//! pinned host memory (the CPU writes it at once) and memory returned to the device.
+//! has run the work queued before the free (the manager has made that stream wait for every
+//! other stream that used the block). Needed wherever reuse is not itself stream-ordered: pinned
+//! host memory (the CPU writes it at once) and memory returned to the device. Nothing here waits:
+//! blocks come back as their events are seen complete, and a caller that needs them sooner waits
+//! for `pending_fence` without holding this resource's lock.
 
 use super::{Block, MemoryResource, Owner, Relocator, ResourceCounters};
-use crate::backend::{self, Backend, Event, Stream};
-use crate::error::{KmmStatus, Result};
+use crate::backend::{Backend, Event, Stream};
+use crate::error::Result;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -12,10 +15,10 @@ pub struct Deferred<R> {
     inner: R,
     backend: Arc<dyn Backend>,
     stream: Arc<dyn Stream>,
-    pending: VecDeque<(Box<dyn Event>, Block)>,
-    spare_events: Vec<Box<dyn Event>>,
-    /// Blocks freed when no event could be recorded nor the stream waited for (a failing
-    /// device): handed back at the next `trim`, which runs with the stream idle.
+    pending: VecDeque<(Arc<dyn Event>, Vec<Block>)>,
+    spare_events: Vec<Arc<dyn Event>>,
+    /// Blocks freed when no event could be recorded (a failing device): they wait for the next
+    /// event that can be, which `detach_free` records.
     orphans: Vec<Block>,
 }
 
@@ -28,56 +31,65 @@ impl<R: MemoryResource> Deferred<R> {
         &mut self.inner
     }
 
-    /// Hands back every block whose free the stream has passed; with `wait`, all of them.
-    fn reclaim(&mut self, wait: bool) -> Result<()> {
+    /// Hands back every block whose free the stream has passed (never waits).
+    fn reclaim(&mut self) -> Result<()> {
         while let Some((event, _)) = self.pending.front() {
-            if wait {
-                event.synchronize()?;
-            } else if !event.query()? {
+            if !event.query()? {
                 break;
             }
-            let (event, block) = self.pending.pop_front().expect("front exists");
-            self.spare_events.push(event);
-            self.inner.deallocate(block)?;
+            let (event, blocks) = self.pending.pop_front().expect("front exists");
+            // Recycled only when no waiter of `pending_fence` still holds it.
+            if Arc::strong_count(&event) == 1 {
+                self.spare_events.push(event);
+            }
+            for block in blocks {
+                self.inner.deallocate(block)?;
+            }
         }
         Ok(())
+    }
+
+    /// Queues `blocks` behind an event recorded now on the stream; on failure they stay orphans.
+    fn defer(&mut self, blocks: Vec<Block>) {
+        let event = match self.spare_events.pop() {
+            Some(e) => Ok(e),
+            None => self.backend.create_event().map(Arc::from),
+        };
+        match event.and_then(|e| self.stream.record(e.as_ref()).map(|_| e)) {
+            Ok(event) => self.pending.push_back((event, blocks)),
+            Err(_) => self.orphans.extend(blocks),
+        }
     }
 }
 
 impl<R: MemoryResource> MemoryResource for Deferred<R> {
+    /// Out of memory is returned as it is: the manager waits for `pending_fence` outside its
+    /// lock and asks again.
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
-        self.reclaim(false)?;
-        match self.inner.allocate(bytes, owner, relocator) {
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY && !self.pending.is_empty() => {
-                self.reclaim(true)?;
-                self.inner.allocate(bytes, owner, relocator)
-            }
-            other => other,
-        }
+        self.reclaim()?;
+        self.inner.allocate(bytes, owner, relocator)
     }
 
-    /// Never loses the block: when the event cannot be recorded, the block goes back once the
-    /// stream is idle (now, or at the next trim).
+    /// Never loses the block: without an event it waits, as an orphan, for a later one. Blocks
+    /// already passed are reclaimed first, so memory given back by a loop of frees alone (adopted
+    /// memory) does not pile up.
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        match backend::record_reusing(self.backend.as_ref(), self.stream.as_ref(), &mut self.spare_events) {
-            Ok(event) => {
-                self.pending.push_back((event, block));
-                Ok(())
-            }
-            Err(_) if self.stream.synchronize().is_ok() => self.inner.deallocate(block),
-            Err(_) => {
-                self.orphans.push(block);
-                Ok(())
-            }
-        }
+        self.reclaim()?;
+        self.defer(vec![block]);
+        Ok(())
     }
 
-    fn trim(&mut self, keep_bytes: u64) -> Result<()> {
-        self.reclaim(true)?;
-        while let Some(block) = self.orphans.pop() {
-            self.inner.deallocate(block)?;
+    fn detach_free(&mut self, keep_bytes: u64) -> Result<Vec<(u64, u64)>> {
+        if !self.orphans.is_empty() {
+            let orphans = std::mem::take(&mut self.orphans);
+            self.defer(orphans);
         }
-        self.inner.trim(keep_bytes)
+        self.reclaim()?;
+        self.inner.detach_free(keep_bytes)
+    }
+
+    fn pending_fence(&self) -> Option<Arc<dyn Event>> {
+        self.pending.back().map(|(event, _)| event.clone())
     }
 
     fn counters(&self) -> ResourceCounters {

@@ -40,8 +40,8 @@ impl MemoryResource for DirectResource {
         Ok(())
     }
 
-    fn trim(&mut self, _keep_bytes: u64) -> Result<()> {
-        Ok(())
+    fn detach_free(&mut self, _keep_bytes: u64) -> Result<Vec<(u64, u64)>> {
+        Ok(Vec::new())
     }
 
     fn counters(&self) -> ResourceCounters {

@@ -1,27 +1,26 @@
 //! Adaptor: a hard limit on what an upstream may hand out, counted atomically before the
-//! upstream call so that allocations in flight on other threads count too.
+//! upstream call so that allocations in flight on other threads count too. The count is what the
+//! manager reserves of that upstream, across its lanes, with its exact peak.
 
+use super::stats::Gauge;
 use super::Upstream;
 use crate::error::Result;
 use crate::fail;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 pub struct Limit {
     max: u64,
-    used: AtomicU64,
+    used: Gauge,
 }
 
 impl Limit {
     /// `max == 0` means no limit.
     pub fn new(max: u64) -> Self {
-        Limit { max: if max == 0 { u64::MAX } else { max }, used: AtomicU64::new(0) }
+        Limit { max: if max == 0 { u64::MAX } else { max }, used: Gauge::default() }
     }
 
     pub fn acquire(&self, bytes: u64) -> Result<()> {
-        let before = self.used.fetch_add(bytes, Ordering::AcqRel);
-        if before.checked_add(bytes).is_none_or(|after| after > self.max) {
-            self.used.fetch_sub(bytes, Ordering::AcqRel);
+        if let Err(before) = self.used.add_within(bytes, self.max) {
             fail!(
                 KMM_ERROR_OUT_OF_MEMORY,
                 "hard limit: {bytes} more bytes would exceed the limit of {} bytes ({before} held)",
@@ -32,11 +31,12 @@ impl Limit {
     }
 
     pub fn release(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Ordering::AcqRel);
+        self.used.sub(bytes);
     }
 
-    pub fn used(&self) -> u64 {
-        self.used.load(Ordering::Acquire)
+    /// Bytes held now and their peak.
+    pub fn used(&self) -> &Gauge {
+        &self.used
     }
 }
 

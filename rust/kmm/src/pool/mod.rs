@@ -115,10 +115,10 @@ impl ResourceCounters {
         self.peak_reserved = self.peak_reserved.max(self.reserved);
     }
 
-    /// Adds another lane's counters (peaks add up to an upper bound of the joint peak).
+    /// Adds another lane's counters (the manager takes the peak from its upstream's gauge).
     pub fn merge(&mut self, other: &ResourceCounters) {
         self.reserved += other.reserved;
-        self.peak_reserved += other.peak_reserved;
+        self.peak_reserved = self.peak_reserved.max(other.peak_reserved);
         self.pool_hits += other.pool_hits;
         self.pool_misses += other.pool_misses;
         self.upstream_allocs += other.upstream_allocs;
@@ -129,24 +129,50 @@ impl ResourceCounters {
     }
 }
 
-/// What a pool needs from its caller to relocate live blocks: whose blocks may move now, and
-/// the move itself: queue the copy (where every later use of either place is ordered after it)
-/// and point the owner at the new block. An error leaves the block where it was.
+/// What a pool needs from its caller: free chunks from elsewhere before it grows (another lane's,
+/// made ready for this pool's stream order), and for relocating live blocks, whose blocks may
+/// move now and the move itself: queue the copy (where every later use of either place is
+/// ordered after it) and point the owner at the new block. An error leaves the block where it
+/// was.
 pub trait Relocator {
     fn movable(&mut self, owner: Owner) -> bool;
     fn relocate(&mut self, relocation: &Relocation) -> Result<()>;
+    /// Entirely free chunks of the same upstream, `bytes` or more in all if there are, that the
+    /// pool may add instead of growing (none by default).
+    fn spare_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        let _ = bytes;
+        Vec::new()
+    }
 }
 
-/// A source of blocks, as the manager sees one.
+/// A source of blocks, as the manager sees one. Blocks go back stream-ordered: the manager
+/// orders the free first (see `manager::order`), so a resource never waits for a stream.
 pub trait MemoryResource: Send {
     /// A block of at least `bytes`, held by `owner`. A pool that compacts may relocate other
     /// owners' blocks through `relocator` to make room.
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block>;
-    /// Stream-ordered: later work on the manager's stream may reuse the block at once.
+    /// Takes a block back; the manager has ordered its reuse already.
     fn deallocate(&mut self, block: Block) -> Result<()>;
-    /// Gives cached memory back upstream until at most `keep_bytes` stay reserved. Called only
-    /// when the manager's stream is idle.
-    fn trim(&mut self, keep_bytes: u64) -> Result<()>;
+    /// Takes entirely free chunks out, largest first, until at most `keep_bytes` stay reserved,
+    /// and returns them (base, size): the caller gives them upstream once the work that may still
+    /// use them has run, without holding this resource's lock while it waits. Resources that give
+    /// memory back safely by themselves (CUDA's pool, a deferred resource's reclaimed blocks) do
+    /// so here.
+    fn detach_free(&mut self, keep_bytes: u64) -> Result<Vec<(u64, u64)>>;
+    /// Takes entirely free chunks out for another resource of the same upstream (another lane),
+    /// `bytes` or more in all if there are; they stop counting here.
+    fn give_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        let _ = bytes;
+        Vec::new()
+    }
+    /// Adds chunks given by `give_chunks` of another resource.
+    fn take_chunks(&mut self, chunks: &[(u64, u64)]) {
+        debug_assert!(chunks.is_empty(), "this resource holds no chunks");
+    }
+    /// The event after which every block freed so far may be reclaimed (deferred resources).
+    fn pending_fence(&self) -> Option<std::sync::Arc<dyn crate::backend::Event>> {
+        None
+    }
     fn counters(&self) -> ResourceCounters;
     fn reset_peak(&mut self);
 }

@@ -1,6 +1,7 @@
-//! A pool: chunks from an upstream, blocks from a suballocator. Grows by whole chunks on a miss
-//! and gives chunks back only through `trim` (the manager calls it when its stream is idle, at
-//! synchronization against the release threshold, and when an allocation runs out of memory).
+//! A pool: chunks from an upstream, blocks from a suballocator. On a miss it first takes spare
+//! chunks from its caller (another lane's free ones), then grows by whole chunks. Free chunks
+//! leave only through `detach_free` (the manager gives them upstream once their fence passed)
+//! and `give_chunks` (to another lane).
 //!
 //! A pool may compact: when growing would take what it reserves past a set ratio of what its
 //! blocks hold, or when growing fails, it first tries to make room by relocating movable blocks
@@ -88,6 +89,18 @@ impl PoolResource {
     }
 }
 
+impl PoolResource {
+    /// Removes entirely free chunks, largest first, until `bytes` or more are out.
+    fn detach(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        let chunks = self.sub.remove_free_chunks(bytes);
+        for &(base, size) in &chunks {
+            self.chunks.retain(|&(b, _)| b != base);
+            self.counters.reserved -= size;
+        }
+        chunks
+    }
+}
+
 /// Counts the bytes a compaction moves.
 struct Counted<'a> {
     inner: &'a mut dyn Relocator,
@@ -95,6 +108,9 @@ struct Counted<'a> {
 }
 
 impl Relocator for Counted<'_> {
+    fn spare_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        self.inner.spare_chunks(bytes)
+    }
     fn movable(&mut self, owner: Owner) -> bool {
         self.inner.movable(owner)
     }
@@ -116,6 +132,13 @@ impl MemoryResource for PoolResource {
             return Ok(block);
         }
         self.counters.pool_misses += 1;
+        let spare = relocator.spare_chunks(size);
+        if !spare.is_empty() {
+            self.take_chunks(&spare);
+            if let Some(block) = self.sub.alloc_movable(size, owner) {
+                return Ok(block);
+            }
+        }
         let chunk = self.sub.chunk_for(size, self.chunk_size);
         let past_ratio = self.growth_passes_ratio(size, chunk);
         if past_ratio {
@@ -141,18 +164,25 @@ impl MemoryResource for PoolResource {
         Ok(())
     }
 
-    fn trim(&mut self, keep_bytes: u64) -> Result<()> {
+    fn detach_free(&mut self, keep_bytes: u64) -> Result<Vec<(u64, u64)>> {
         if self.counters.reserved <= keep_bytes {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        for (base, size) in self.sub.remove_free_chunks(self.counters.reserved - keep_bytes) {
-            // SAFETY: the chunk came from this upstream and the manager's stream is idle.
-            unsafe { self.upstream.deallocate(base, size)? };
-            self.chunks.retain(|&(b, _)| b != base);
-            self.counters.reserved -= size;
-            self.counters.upstream_frees += 1;
+        let chunks = self.detach(self.counters.reserved - keep_bytes);
+        self.counters.upstream_frees += chunks.len() as u64;
+        Ok(chunks)
+    }
+
+    fn give_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        self.detach(bytes)
+    }
+
+    fn take_chunks(&mut self, chunks: &[(u64, u64)]) {
+        for &(base, size) in chunks {
+            self.counters.add_reserved(size);
+            self.chunks.push((base, size));
+            self.sub.add_chunk(base, size);
         }
-        Ok(())
     }
 
     fn counters(&self) -> ResourceCounters {
@@ -167,7 +197,7 @@ impl MemoryResource for PoolResource {
 impl Drop for PoolResource {
     fn drop(&mut self) {
         for &(base, size) in &self.chunks {
-            // SAFETY: the owning manager has synchronized its stream before dropping the pool.
+            // SAFETY: the owning manager has synchronized its streams before dropping the pool.
             let _ = unsafe { self.upstream.deallocate(base, size) };
         }
     }

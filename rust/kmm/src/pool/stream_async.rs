@@ -32,8 +32,10 @@ impl MemoryResource for AsyncResource {
         Ok(())
     }
 
-    fn trim(&mut self, keep_bytes: u64) -> Result<()> {
-        self.pool.trim(keep_bytes)
+    /// The driver keeps memory of frees still pending on the stream: trimming is safe at once.
+    fn detach_free(&mut self, keep_bytes: u64) -> Result<Vec<(u64, u64)>> {
+        self.pool.trim(keep_bytes)?;
+        Ok(Vec::new())
     }
 
     fn counters(&self) -> ResourceCounters {

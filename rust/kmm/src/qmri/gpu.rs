@@ -57,7 +57,7 @@ struct Scratch<'a> {
 impl<'a> Scratch<'a> {
     fn new(m: &'a Manager, bytes: u64) -> Result<Scratch<'a>> {
         let handle = m.alloc(bytes.max(1), MemoryKind::Device)?;
-        let addr = match m.map(handle) {
+        let addr = match m.map_for_own_work(handle) {
             Ok(a) => a,
             Err(e) => {
                 let _ = m.free(handle, crate::manager::FreeMode::Force);
@@ -165,37 +165,46 @@ fn cublas_check(status: cb::cublasStatus_t, call: &str) -> Result<()> {
     }
 }
 
-/// One cuBLAS handle per device, shared by its managers (creating one costs milliseconds and a
-/// workspace of tens of MiB).
-fn cublas_handles() -> &'static Mutex<HashMap<i32, Handle>> {
-    static HANDLES: OnceLock<Mutex<HashMap<i32, Handle>>> = OnceLock::new();
+/// Idle cuBLAS handles per device. A matching call takes one for its duration and puts it back,
+/// so calls on different managers and devices run at once and no lock is held while the device
+/// works. Creating a handle costs milliseconds and a workspace of tens of MiB, so handles are
+/// kept for the process (as many per device as matchings ever ran on it at once).
+fn idle_handles() -> &'static Mutex<HashMap<i32, Vec<Handle>>> {
+    static HANDLES: OnceLock<Mutex<HashMap<i32, Vec<Handle>>>> = OnceLock::new();
     HANDLES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Destroys the device's cuBLAS handle (and its workspace); called when the last CUDA manager
-/// of the device goes away, so nothing Kmm allocated outlives its managers.
-pub fn release_device(device: i32) {
-    if let Some(h) = lock(cublas_handles()).remove(&device) {
-        if module::device_info(device).and_then(|d| d.bind()).is_ok() {
-            // SAFETY: the handle came from cublasCreate and no manager of the device is left.
-            unsafe { cb::cublasDestroy_v2(h.0) };
+/// A device's cuBLAS handle taken for one call; back to the idle list on drop.
+struct TakenHandle {
+    device: i32,
+    handle: Option<Handle>,
+}
+
+impl Drop for TakenHandle {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            lock(idle_handles()).entry(self.device).or_default().push(h);
         }
     }
 }
 
-/// Runs `f` with the device's cuBLAS handle bound to the manager's stream (one user at a time).
+/// Runs `f` with a cuBLAS handle of the manager's device bound to the manager's stream.
 fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
     if !unsafe { cb::is_culib_present() } {
         fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "matching on the CUDA backend needs cuBLAS, which was not found: put a directory holding libcublas.so (a link to libcublas.so.13 or .12) and libcublasLt on LD_LIBRARY_PATH");
     }
-    module::device_info(m.device())?.bind()?;
-    let mut handles = lock(cublas_handles());
-    if !handles.contains_key(&m.device()) {
-        let mut h = std::ptr::null_mut();
-        cublas_check(unsafe { cb::cublasCreate_v2(&mut h) }, "cublasCreate")?;
-        handles.insert(m.device(), Handle(h));
-    }
-    let h = handles[&m.device()].0;
+    let _current = module::device_info(m.device())?.enter()?;
+    let idle = lock(idle_handles()).get_mut(&m.device()).and_then(Vec::pop);
+    let handle = match idle {
+        Some(h) => h,
+        None => {
+            let mut h = std::ptr::null_mut();
+            cublas_check(unsafe { cb::cublasCreate_v2(&mut h) }, "cublasCreate")?;
+            Handle(h)
+        }
+    };
+    let taken = TakenHandle { device: m.device(), handle: Some(handle) };
+    let h = taken.handle.as_ref().expect("just taken").0;
     cublas_check(unsafe { cb::cublasSetStream_v2(h, m.raw_stream() as cb::cudaStream_t) }, "cublasSetStream")?;
     // KMM_MATCH_MATH=tf32 lets cuBLAS use TF32 tensor cores (about 10 mantissa bits in the
     // products: much faster, and near-equal atoms may swap); default: full FP32.

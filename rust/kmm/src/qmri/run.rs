@@ -49,7 +49,7 @@ impl<'a> Pins<'a> {
         if size < bytes {
             fail!(KMM_ERROR_OUT_OF_RANGE, "{name} holds {size} bytes but needs {bytes}");
         }
-        let addr = self.m.map(handle)?;
+        let addr = self.m.map_for_own_work(handle)?;
         self.handles.push(handle);
         Ok(addr)
     }

@@ -1,0 +1,364 @@
+//! The bookkeeping of one lane of a manager: its buffers, its resources and how their freed
+//! blocks become reusable. It lives in the manager's registry slot (see `registry`), so the calls
+//! that need only this lock it without going through the manager. Nothing here waits for the
+//! device: what must wait is returned to the caller, who waits after unlocking.
+
+use super::config::{MemoryKind, MAX_BUFFER_BYTES};
+use super::handles::HandleTable;
+use super::order::{self, Reuse, StreamSet};
+use super::registry;
+use crate::backend::{Backend, Event, Stream};
+use crate::error::{KmmStatus, Result};
+use crate::pool::deferred::Deferred;
+use crate::pool::direct::DirectResource;
+use crate::pool::stats::{Gauge, UsageCounters};
+use crate::pool::{Block, MemoryResource, Owner, Relocation, Relocator, NO_OWNER};
+use crate::{err, fail};
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Origin {
+    Empty,
+    Resource(Block),
+    Borrowed,
+    Adopted(Block),
+}
+
+pub(super) struct BufferRecord {
+    pub kind: MemoryKind,
+    pub addr: u64,
+    pub bytes: u64,
+    pub origin: Origin,
+    pub pins: u32,
+    /// The streams that may use the memory; its free is ordered after all of them.
+    pub users: StreamSet,
+    /// The buffer was moved, or placed while a compaction's copies may still be queued (perhaps
+    /// where a moved buffer was): the next `map` waits for them.
+    pub settling: bool,
+}
+
+/// What a `map` of a settling buffer waits for: the event after a compaction's copies, or (when
+/// none could be recorded) the manager's stream itself.
+#[derive(Clone)]
+pub(super) enum MovesFence {
+    Event(Arc<dyn Event>),
+    Stream(Arc<dyn Stream>),
+}
+
+impl MovesFence {
+    pub fn wait(&self) -> Result<()> {
+        match self {
+            MovesFence::Event(e) => e.synchronize(),
+            MovesFence::Stream(s) => s.synchronize(),
+        }
+    }
+}
+
+/// Where a lane is in its manager, for taking spare chunks from the other lanes.
+#[derive(Clone, Copy)]
+pub(super) struct Place {
+    pub slot: u16,
+    pub lane: usize,
+    /// The lanes that hold device buffers, minus one.
+    pub lane_mask: usize,
+}
+
+pub struct State {
+    pub(super) buffers: HandleTable<BufferRecord>,
+    pub(super) events: HandleTable<Arc<dyn Event>>,
+    /// Indexed by `MemoryKind`.
+    pub(super) resources: [Box<dyn MemoryResource>; 2],
+    /// How each kind's freed blocks become reusable (see `order`).
+    pub(super) reuse: [Reuse; 2],
+    /// Memory adopted through `wrap`, freed through the backend once the stream passes.
+    pub(super) adopted: [Deferred<DirectResource>; 2],
+    pub(super) usage: [UsageCounters; 2],
+    /// The manager's bytes in use per kind, shared by its lanes.
+    pub(super) in_use: Arc<[Gauge; 2]>,
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) stream: Arc<dyn Stream>,
+    /// The manager's own raw stream.
+    pub(super) home: u64,
+    pub(super) place: Place,
+    /// Completes when the copies of the latest compaction have run.
+    pub(super) moves_fence: Option<MovesFence>,
+    /// While the fence has not been seen complete: device allocations to go before it is queried
+    /// again. A query costs as much as many allocations, and a buffer wrongly taken as settling
+    /// costs one wait on a completed event at its first map.
+    pub(super) fence_query_in: Option<u32>,
+}
+
+/// Device allocations between two queries of the moves' fence.
+const FENCE_QUERY_INTERVAL: u32 = 64;
+
+/// The pool's caller during one allocation: takes spare chunks from the other lanes and moves
+/// unmapped device buffers for a compacting pool. Moves are copies on the manager's stream, after
+/// the stream has waited for every stream that used the buffer, so work queued before a move
+/// still finds the old place and work queued after it finds the new one.
+struct LaneCaller<'a> {
+    buffers: &'a mut HandleTable<BufferRecord>,
+    reuse: &'a mut Reuse,
+    backend: &'a dyn Backend,
+    stream: &'a dyn Stream,
+    home: u64,
+    /// For spare chunks: device memory of a pool-mode manager.
+    place: Option<Place>,
+    moved: usize,
+}
+
+impl Relocator for LaneCaller<'_> {
+    /// Free chunks of the other lanes (those not busy now, and with no compaction's copies in
+    /// flight, whose chunks may still be read), ordered for this lane's stream.
+    fn spare_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        let Some(place) = self.place else {
+            return Vec::new();
+        };
+        let mut taken = Vec::new();
+        let mut total = 0u64;
+        for lane in (0..=place.lane_mask).filter(|&l| l != place.lane) {
+            if total >= bytes {
+                break;
+            }
+            let Some(mut cell) = registry::state_cell(place.slot, lane).try_lock() else {
+                continue;
+            };
+            let Some(other) = cell.as_mut().filter(|o| o.fence_query_in.is_none()) else {
+                continue;
+            };
+            let device = MemoryKind::Device as usize;
+            let chunks = other.resources[device].give_chunks(bytes - total);
+            if chunks.is_empty() {
+                continue;
+            }
+            let from = other.reuse[device].free_stream(other.home);
+            if let Err(_) = self.backend.order_streams(from, self.reuse.free_stream(self.home)) {
+                other.resources[device].take_chunks(&chunks);
+                continue;
+            }
+            total += chunks.iter().map(|c| c.1).sum::<u64>();
+            taken.extend(chunks);
+        }
+        taken
+    }
+
+    fn movable(&mut self, owner: Owner) -> bool {
+        self.buffers.at(owner).is_some_and(|r| r.pins == 0)
+    }
+
+    fn relocate(&mut self, r: &Relocation) -> Result<()> {
+        // The copies run on the manager's stream: the lane's free blocks must be ordered there.
+        order::take_over(self.backend, self.reuse, self.home)?;
+        let Some(record) = self.buffers.at_mut(r.owner) else {
+            fail!(KMM_ERROR_INTERNAL, "relocation of block {:#x} names no live buffer (slot {})", r.from.addr, r.owner);
+        };
+        order::order_free(self.backend, self.home, &record.users)?;
+        // SAFETY: both blocks are live pool memory of this manager until the stream passes the
+        // copy: the old one is freed only after it is queued, stream-ordered.
+        unsafe { self.stream.copy_d2d(r.to.addr, r.from.addr, record.bytes.min(r.from.size))? };
+        record.addr = r.to.addr;
+        record.origin = Origin::Resource(r.to);
+        record.users = StreamSet::of(self.home);
+        record.settling = true;
+        self.moved += 1;
+        Ok(())
+    }
+}
+
+impl State {
+    /// Allocates a buffer from the pool as it stands, ready for work on the raw `stream`. Out of
+    /// memory is returned without counting a failure, for `Manager::alloc` to release cached
+    /// memory and retry; other errors count.
+    pub fn try_alloc(&mut self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
+        let k = kind as usize;
+        if bytes > MAX_BUFFER_BYTES {
+            self.usage[k].on_failure();
+            fail!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} exceeds the largest buffer, 2^48 bytes");
+        }
+        if bytes == 0 {
+            let record = BufferRecord::new(kind, 0, 0, Origin::Empty, StreamSet::empty());
+            return self.insert_buffer(record);
+        }
+        // Device buffers may be moved while unmapped; they are known to the pool by their slot.
+        // Pinned blocks have no owner, and the pinned pool never compacts.
+        let device = kind == MemoryKind::Device;
+        let owner = if device { self.buffers.next_index() } else { NO_OWNER };
+        let mut caller = LaneCaller {
+            buffers: &mut self.buffers,
+            reuse: &mut self.reuse[k],
+            backend: self.backend.as_ref(),
+            stream: self.stream.as_ref(),
+            home: self.home,
+            place: (device && self.place.lane_mask > 0).then_some(self.place),
+            moved: 0,
+        };
+        let allocated = self.resources[k].allocate(bytes, owner, &mut caller);
+        // Moves stay made even when the allocation then fails: fence them either way.
+        if caller.moved > 0 {
+            self.fence_moves();
+        }
+        let block = match allocated {
+            Ok(block) => block,
+            Err(e) => {
+                if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
+                    self.usage[k].on_failure();
+                }
+                return Err(e);
+            }
+        };
+        if let Err(e) = order::order_alloc(self.backend.as_ref(), &mut self.reuse[k], stream, self.home) {
+            // Unused: back as it came.
+            self.resources[k].deallocate(block)?;
+            self.usage[k].on_failure();
+            return Err(e);
+        }
+        // Until the moves' copies have run, any new device block may lie where a moved buffer
+        // was (the request's own room, or what a window left over or gave back).
+        let mut record = BufferRecord::new(kind, block.addr, bytes, Origin::Resource(block), StreamSet::of(stream));
+        record.settling = device && self.moves_in_flight();
+        self.insert_buffer(record)
+    }
+
+    /// `try_alloc` for work on the manager's own stream.
+    pub fn try_alloc_own(&mut self, bytes: u64, kind: MemoryKind) -> Result<u64> {
+        self.try_alloc(bytes, kind, self.home)
+    }
+
+    /// Whether the copies of the latest compaction may still be queued.
+    fn moves_in_flight(&mut self) -> bool {
+        let Some(countdown) = self.fence_query_in.as_mut() else {
+            return false;
+        };
+        if *countdown > 0 {
+            *countdown -= 1;
+            return true;
+        }
+        let done = match &self.moves_fence {
+            Some(MovesFence::Event(e)) => e.query().unwrap_or(false),
+            _ => false,
+        };
+        self.fence_query_in = if done { None } else { Some(FENCE_QUERY_INTERVAL) };
+        !done
+    }
+
+    /// Marks the end of a compaction's copies on the stream, for `map` to wait on. The last
+    /// fence's event is recorded again unless a `map` still waits on it; without an event, maps
+    /// wait for the stream.
+    fn fence_moves(&mut self) {
+        let reusable = match self.moves_fence.take() {
+            Some(MovesFence::Event(e)) if Arc::strong_count(&e) == 1 => Some(e),
+            _ => None,
+        };
+        let event = match reusable {
+            Some(e) => Ok(e),
+            None => self.backend.create_event().map(Arc::from),
+        };
+        self.moves_fence = Some(match event.and_then(|e| self.stream.record(e.as_ref()).map(|_| e)) {
+            Ok(event) => MovesFence::Event(event),
+            Err(_) => MovesFence::Stream(self.stream.clone()),
+        });
+        self.fence_query_in = Some(FENCE_QUERY_INTERVAL);
+    }
+
+    pub(super) fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
+        let (kind, bytes, origin) = (record.kind, record.bytes, record.origin);
+        match self.buffers.insert(record) {
+            Ok(h) => {
+                self.usage[kind as usize].on_alloc(bytes);
+                self.in_use[kind as usize].add(bytes);
+                Ok(h)
+            }
+            Err(e) => {
+                if let Origin::Resource(block) = origin {
+                    self.resources[kind as usize].deallocate(block)?;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Frees a buffer once its memory's reuse is ordered after every stream that used it. When
+    /// that ordering fails the buffer stays allocated (and the error says why).
+    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {
+        let record = self.buffers.get(handle)?;
+        if record.pins > 0 && !force {
+            fail!(
+                KMM_ERROR_BUFFER_MAPPED,
+                "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
+                record.pins
+            );
+        }
+        let k = record.kind as usize;
+        let on = match record.origin {
+            Origin::Empty => None,
+            Origin::Resource(_) => Some(self.reuse[k].free_stream(self.home)),
+            // Kmm's adopted memory goes back once the manager's stream passed the free, and a
+            // borrowed buffer's owner waits for that stream (`kmm_buffer_wrap`).
+            Origin::Adopted(_) | Origin::Borrowed => Some(self.home),
+        };
+        if let Some(on) = on {
+            order::order_free(self.backend.as_ref(), on, &record.users)?;
+        }
+        let record = self.buffers.remove(handle)?;
+        self.usage[k].on_free(record.bytes);
+        self.in_use[k].sub(record.bytes);
+        match record.origin {
+            Origin::Resource(block) => self.resources[k].deallocate(block),
+            Origin::Adopted(block) => self.adopted[k].deallocate(block),
+            Origin::Empty | Origin::Borrowed => Ok(()),
+        }
+    }
+
+    /// Records that work on the raw `stream` may use the buffer's memory.
+    pub fn record_stream(&mut self, handle: u64, stream: u64) -> Result<()> {
+        let record = self.buffers.get_mut(handle)?;
+        if stream != self.home {
+            self.backend.check_stream(stream)?;
+        }
+        record.users.insert(stream);
+        Ok(())
+    }
+
+    pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
+        let r = self.buffers.get(handle)?;
+        Ok((r.addr, r.bytes, r.kind, r.pins))
+    }
+
+    /// Pins the buffer; returns its address and, when a compaction's copies that involve it may
+    /// still be queued, the fence to wait for (outside the lock) before the address is used
+    /// outside the stream. With `own_work`, Kmm queues work on it on the manager's stream.
+    pub(super) fn map(&mut self, handle: u64, own_work: bool) -> Result<(u64, Option<MovesFence>)> {
+        let fence = &self.moves_fence;
+        let r = self.buffers.get_mut(handle)?;
+        r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
+        if own_work {
+            r.users.insert(self.home);
+        }
+        let wait = if r.settling { fence.clone() } else { None };
+        if wait.is_none() {
+            r.settling = false;
+        }
+        Ok((r.addr, wait))
+    }
+
+    /// After a `map`'s wait for the moves' fence succeeded: the buffer's bytes are in place.
+    pub(super) fn settled(&mut self, handle: u64) {
+        if let Ok(r) = self.buffers.get_mut(handle) {
+            r.settling = false;
+        }
+    }
+
+    pub fn unmap(&mut self, handle: u64) -> Result<()> {
+        let r = self.buffers.get_mut(handle)?;
+        if r.pins == 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
+        }
+        r.pins -= 1;
+        Ok(())
+    }
+}
+
+impl BufferRecord {
+    pub(super) fn new(kind: MemoryKind, addr: u64, bytes: u64, origin: Origin, users: StreamSet) -> Self {
+        BufferRecord { kind, addr, bytes, origin, pins: 0, users, settling: false }
+    }
+}

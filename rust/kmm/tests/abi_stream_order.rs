@@ -1,0 +1,371 @@
+//! Defects in stream ordering, handles, lanes and locking, driven through the C ABI. Each test is
+//! named after its defect and fails (or crashes, or trips its watchdog) until the defect is fixed.
+//! The symptom of a deadlock is a call that never returns, so those tests run their body under
+//! `within`, which fails the test instead of hanging the suite.
+mod common;
+use common::*;
+use kmm::ffi::cupy::{kmm_cupy_live_allocations, kmm_cupy_malloc, kmm_cupy_set_manager};
+use kmm::manager::registry::thread_lane;
+use std::collections::{BTreeSet, VecDeque};
+use std::ffi::c_void;
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::mpsc;
+use std::time::Duration;
+
+const MIB: u64 = 1 << 20;
+
+/// Runs `body` on a thread of its own and fails the test when it has not returned within
+/// `secs`. A stuck body is left behind: its threads and managers cannot be freed.
+fn within<R: Send + 'static>(secs: u64, what: &str, body: impl FnOnce() -> R + Send + 'static) -> R {
+    let (done, finished) = mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let result = body();
+        let _ = done.send(());
+        result
+    });
+    match finished.recv_timeout(Duration::from_secs(secs)) {
+        // Returned, or panicked (the sender is dropped): join passes the panic on.
+        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => worker.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: not done after {secs} s (deadlocked)"),
+    }
+}
+
+/// A dead handle naming the registry slot of the live manager `m`: the handle of the manager
+/// the slot held before (a handle is the slot in its low 12 bits and the slot's generation
+/// above them, and every destroy bumps the generation), or, for a slot in its first use, one
+/// never issued. Slots are reused first in, first out, so a new manager lands in a destroyed
+/// one's slot only after all 4096 slots have gone round: this spares a test that wait.
+fn stale_handle_of_slot(m: &Mgr) -> KmmManager {
+    let stale = m.0 - (1 << 12);
+    let mut info = KmmManagerInfo::default();
+    expect_err(kmm_manager_info(stale, &mut info), KMM_ERROR_INVALID_HANDLE, &["not live"]);
+    stale
+}
+
+/// Loops `step` on a thread of `s` until `stop` is set.
+fn repeat_until<'s>(s: &'s std::thread::Scope<'s, '_>, stop: &'s AtomicBool, step: impl Fn() + Send + 's) {
+    s.spawn(move || {
+        while !stop.load(Relaxed) {
+            step();
+        }
+    });
+}
+
+/// A trim waits for the stream, then gives free chunks back; a buffer allocated, filled (queued)
+/// and freed by another thread in between leaves its chunk free while the fill is still queued.
+/// Giving that chunk back frees memory the stream worker is about to write: chunks above 32 MiB
+/// are mmap'ed by the C allocator, so the write faults.
+#[test]
+fn trim_races_free() {
+    const BIG: u64 = 64 * MIB;
+    // Only the filled pages are ever touched: a chunk grown again after a trim costs page faults
+    // for these alone.
+    const FILL: u64 = 16 * MIB;
+    const ROUNDS: u32 = 200;
+    // Rounds queued ahead of the one waited for: the stream is never idle, and between rounds
+    // the buffer is freed while its fill is still queued.
+    const AHEAD: usize = 3;
+    // A trim every few rounds: trims that do give the chunk back cost a new one.
+    const TRIM_EVERY: u32 = 5;
+    let m = Mgr::new();
+    let rounds = AtomicU32::new(0);
+    std::thread::scope(|s| {
+        let filler = s.spawn(|| {
+            let mut queued = VecDeque::new();
+            for round in 0..ROUNDS {
+                let b = m.alloc(BIG, DEVICE);
+                ok(kmm_fill(m.0, b, 0, FILL, [round as u8].as_ptr().cast(), 1));
+                // No synchronize: the free is stream-ordered, the fill still queued.
+                m.free(b);
+                let mut ev = 0;
+                ok(kmm_manager_record_event(m.0, &mut ev));
+                queued.push_back(ev);
+                if queued.len() > AHEAD {
+                    let ev = queued.pop_front().expect("queued");
+                    ok(kmm_event_wait(m.0, ev));
+                    ok(kmm_event_destroy(m.0, ev));
+                }
+                rounds.store(round + 1, Relaxed);
+            }
+            for ev in queued {
+                ok(kmm_event_destroy(m.0, ev));
+            }
+        });
+        let mut trimmed_at = 0;
+        while !filler.is_finished() {
+            let now = rounds.load(Relaxed);
+            if now >= trimmed_at + TRIM_EVERY {
+                ok(kmm_manager_trim(m.0, 0));
+                trimmed_at = now;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        filler.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+    });
+    // The pool still hands out memory that holds what is written to it.
+    let b = m.alloc(BIG, DEVICE);
+    ok(kmm_fill(m.0, b, 0, FILL, [0x5Au8].as_ptr().cast(), 1));
+    let data = pattern(MIB as usize, 7);
+    m.upload(b, BIG - MIB, &data);
+    assert_eq!(m.download(b, 0, FILL as usize), vec![0x5A; FILL as usize]);
+    assert_eq!(m.download(b, BIG - MIB, MIB as usize), data);
+    m.free(b);
+    ok(kmm_manager_trim(m.0, 0));
+    assert_eq!(m.stats(DEVICE).reserved, 0);
+}
+
+/// Handles carry a 20-bit generation and a lane's free slots are reused last in, first out, so
+/// 2^20 allocations and frees through one slot bring a freed handle back to life.
+#[test]
+fn handle_generation_wraps() {
+    const GENERATIONS: u32 = 1 << 20;
+    let m = Mgr::new();
+    // Empty buffers take handle slots like any other and cost no memory.
+    let stale = m.alloc(0, DEVICE);
+    m.free(stale);
+    let mut reissued = None;
+    for _ in 0..GENERATIONS + 2 {
+        let b = m.alloc(0, DEVICE);
+        if b == stale {
+            reissued = Some(b);
+            break;
+        }
+        m.free(b);
+    }
+    // Keep one buffer live: the one that got the stale handle back, if any.
+    let live = reissued.unwrap_or_else(|| m.alloc(0, DEVICE));
+    let mut info = KmmBufferInfo::default();
+    let status = kmm_buffer_info(m.0, stale, &mut info);
+    assert_eq!(status, KMM_ERROR_INVALID_HANDLE, "freed handle {stale:#x} is live again after {GENERATIONS} reuses of its slot");
+    expect_err(kmm_buffer_free(m.0, stale, 0), KMM_ERROR_INVALID_HANDLE, &["not live"]);
+    ok(kmm_buffer_info(m.0, live, &mut info));
+    assert_eq!(m.stats(DEVICE).live_buffers, 1);
+    m.free(live);
+}
+
+/// Sixteen threads in turn (each dealt its own lane) allocate and free one large buffer. A lane
+/// must take another lane's free chunk before it grows, and the peak is the manager's own, not
+/// the sum of each lane's peak.
+#[test]
+fn lanes_do_not_strand_memory() {
+    const BIG: u64 = 256 * MIB;
+    let m = Mgr::new();
+    let mut lanes = BTreeSet::new();
+    for _ in 0..16 {
+        let lane = std::thread::scope(|s| {
+            s.spawn(|| {
+                m.free(m.alloc(BIG, DEVICE));
+                thread_lane()
+            })
+            .join()
+            .expect("thread")
+        });
+        lanes.insert(lane);
+    }
+    m.sync();
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers), (0, 0));
+    assert!(
+        s.reserved <= 2 * BIG,
+        "one {} MiB buffer at a time from {} lanes left {} MiB reserved",
+        BIG / MIB,
+        lanes.len(),
+        s.reserved / MIB
+    );
+    assert_eq!(s.peak_in_use, BIG, "peak in use of one {} MiB buffer at a time", BIG / MIB);
+}
+
+/// Copies both ways between two managers must move the right bytes while both are alive.
+fn copies_move_correct_data(a: &Mgr, b: &Mgr) {
+    const N: usize = 64 << 10;
+    let (ab, bb) = (a.alloc(2 * N as u64, DEVICE), b.alloc(2 * N as u64, DEVICE));
+    let (first, second) = (pattern(N, 11), pattern(N, 12));
+    a.upload(ab, 0, &first);
+    b.upload(bb, N as u64, &second);
+    std::thread::scope(|s| {
+        s.spawn(|| ok(kmm_copy_buffer(b.0, bb, 0, a.0, ab, 0, N as u64)));
+        s.spawn(|| ok(kmm_copy_buffer(a.0, ab, N as u64, b.0, bb, N as u64, N as u64)));
+    });
+    assert_eq!(b.download(bb, 0, N), first);
+    assert_eq!(a.download(ab, N as u64, N), second);
+    a.free(ab);
+    b.free(bb);
+}
+
+/// How long each race runs. On the current code each deadlocked within 0.5 s in every trial
+/// (2 cores, under load); the races below must survive it.
+const RACE: Duration = Duration::from_millis(1500);
+
+/// Each copy holds its destination manager's read lock while it takes its source's, so copies
+/// A->B and B->A take two locks in opposite orders; with writers waiting on both (destroys,
+/// which new readers queue behind) each copy waits for the other. A destroy through a stale
+/// handle write-locks the slot it names just as a real destroy does (before it finds the
+/// handle stale), so it can be repeated until the race is won; the real destroys come last. Copies of zero bytes take the same locks
+/// and queue nothing, so the loops spin fast and the streams stay idle.
+fn cross_copies_race_destroys(a: Mgr, b: Mgr) {
+    let (a_stale, b_stale) = (stale_handle_of_slot(&a), stale_handle_of_slot(&b));
+    let (ab, bb) = (a.alloc(4096, DEVICE), b.alloc(4096, DEVICE));
+    // The stale writers run until the real destroys begin, the copies until those have ended.
+    let (destroying, destroyed) = (&AtomicBool::new(false), &AtomicBool::new(false));
+    std::thread::scope(|s| {
+        for (dm, db, sm, sb) in [(a.0, ab, b.0, bb), (b.0, bb, a.0, ab)] {
+            for _ in 0..3 {
+                repeat_until(s, destroyed, move || match kmm_copy_buffer(dm, db, 0, sm, sb, 0, 0) {
+                    KMM_OK => {}
+                    KMM_ERROR_INVALID_HANDLE if destroying.load(Relaxed) => {}
+                    other => panic!("copy between live managers: {other:?}: {}", last_error()),
+                });
+            }
+        }
+        for stale in [a_stale, b_stale] {
+            repeat_until(s, destroying, move || assert_eq!(kmm_manager_destroy(stale, 0), KMM_ERROR_INVALID_HANDLE, "{}", last_error()));
+        }
+        std::thread::sleep(RACE);
+        destroying.store(true, Relaxed);
+        // Then the managers themselves, from threads of their own, while the copies go on.
+        let destroys = [a.0, b.0].map(|m| s.spawn(move || kmm_manager_destroy(m, 0)));
+        let statuses = destroys.map(|d| d.join().expect("destroy"));
+        destroyed.store(true, Relaxed);
+        assert_eq!(statuses, [KMM_OK; 2], "destroying the managers copied between");
+    });
+    drop((a, b)); // Already destroyed: their own destroy finds the handles dead.
+}
+
+/// A stale source handle that names the destination's registry slot: the copy holds that slot's
+/// read lock and takes it again for the source; with a writer waiting in between, the second
+/// read waits for the writer and the writer for the first read. The copy must instead find the
+/// source stale.
+fn stale_source_races_destroy(y: Mgr) {
+    let x_stale = stale_handle_of_slot(&y);
+    let yb = y.alloc(4096, DEVICE);
+    // The stale writer runs until the real destroy begins, the copies until it has ended.
+    let (destroying, destroyed) = (&AtomicBool::new(false), &AtomicBool::new(false));
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            // Invalid either way: the source is stale, and later the destination is destroyed.
+            repeat_until(s, destroyed, || expect_err(kmm_copy_buffer(y.0, yb, 0, x_stale, yb, 0, 0), KMM_ERROR_INVALID_HANDLE, &[]));
+        }
+        repeat_until(s, destroying, || assert_eq!(kmm_manager_destroy(x_stale, 0), KMM_ERROR_INVALID_HANDLE, "{}", last_error()));
+        std::thread::sleep(RACE);
+        destroying.store(true, Relaxed);
+        // The live manager's own destroy, while the copies go on.
+        let status = kmm_manager_destroy(y.0, 0);
+        destroyed.store(true, Relaxed);
+        ok(status);
+    });
+}
+
+#[test]
+fn copy_lock_order() {
+    within(20, "copies racing destroys", || {
+        let (a, b) = (Mgr::new(), Mgr::new());
+        copies_move_correct_data(&a, &b);
+        cross_copies_race_destroys(a, b);
+        stale_source_races_destroy(Mgr::new());
+    });
+}
+
+/// Adopted memory is freed through a deferral that is drained only by synchronize and trim, so
+/// a program that wraps and frees without either piles it all up. Once the stream has passed a
+/// free (an event waited for says so) the memory must go back.
+#[test]
+fn adopted_memory_is_returned_without_trim() {
+    if gpu() {
+        return; // Adopting malloc'ed memory is the host backend's contract only.
+    }
+    const SIZE: u64 = 64 << 10;
+    const ROUNDS: u32 = 2000;
+    const WAIT_EVERY: u32 = 32;
+    let m = Mgr::new();
+    let mut most = 0;
+    for round in 0..ROUNDS {
+        // SAFETY: a plain allocation, handed to Kmm, which frees it.
+        let p = unsafe { libc::malloc(SIZE as usize) };
+        assert!(!p.is_null());
+        let mut b = 0;
+        ok(kmm_buffer_wrap(m.0, p, SIZE, DEVICE, KmmOwnership::KMM_ADOPT as u32, &mut b));
+        m.free(b);
+        most = most.max(m.stats(DEVICE).reserved);
+        if round % WAIT_EVERY == WAIT_EVERY - 1 {
+            // The stream passes every free so far (no synchronize, no trim).
+            let mut ev = 0;
+            ok(kmm_manager_record_event(m.0, &mut ev));
+            ok(kmm_event_wait(m.0, ev));
+            ok(kmm_event_destroy(m.0, ev));
+        }
+    }
+    assert!(most < 64 * SIZE, "{ROUNDS} adopted {} KiB buffers, freed one at a time, reserved up to {} KiB", SIZE >> 10, most >> 10);
+}
+
+/// A range that wraps past the top of the address space is no memory at all.
+#[test]
+fn wrap_rejects_wrapping_range() {
+    let m = Mgr::new();
+    let mut b = 0;
+    let status = kmm_buffer_wrap(m.0, (u64::MAX - 100) as *mut c_void, 4096, DEVICE, KmmOwnership::KMM_BORROW as u32, &mut b);
+    let msg = last_error();
+    if status == KMM_OK {
+        m.free(b); // Borrowed: Kmm never touches the memory.
+    }
+    assert!(matches!(status, KMM_ERROR_INVALID_ARGUMENT | KMM_ERROR_OUT_OF_RANGE), "wrapping {:#x} + 4096 gave {status:?}", u64::MAX - 100);
+    assert!(msg.contains("ptr") || msg.contains("bytes"), "error message {msg:?} names neither ptr nor bytes");
+}
+
+/// `kmm_host_register`, expecting a refusal; a registration it accepts by mistake is undone so
+/// the failing test leaves no range registered. Returns the status and the message.
+fn register_refused(m: &Mgr, ptr: *mut u8, bytes: u64) -> (KmmStatus, String) {
+    let status = kmm_host_register(m.0, ptr.cast(), bytes);
+    let msg = last_error();
+    if status == KMM_OK {
+        ok(kmm_host_unregister(m.0, ptr.cast()));
+    }
+    assert!(
+        matches!(status, KMM_ERROR_INVALID_ARGUMENT | KMM_ERROR_OUT_OF_RANGE | KMM_ERROR_SIZE_OVERFLOW),
+        "registering {bytes} bytes at {ptr:?} gave {status:?}"
+    );
+    (status, msg)
+}
+
+/// Registration checks its range (size, wrap-around, overlap with other registrations) and
+/// belongs to the manager that made it.
+#[test]
+fn host_register_checks() {
+    let (a, b) = (Mgr::new(), Mgr::new());
+    let mut memory = vec![0u8; 4 * 4096];
+    let p = memory.as_mut_ptr();
+    let (_, msg) = register_refused(&a, p, u64::MAX);
+    assert!(msg.contains("bytes"), "error message {msg:?} does not name bytes");
+    let (_, msg) = register_refused(&a, (u64::MAX - 4095) as *mut u8, 8192);
+    assert!(msg.contains("ptr") || msg.contains("bytes"), "error message {msg:?} names neither ptr nor bytes");
+    ok(kmm_host_register(a.0, p.cast(), 2 * 4096));
+    // The same pointer twice is refused; so must be any range sharing bytes with it.
+    expect_err(kmm_host_register(a.0, p.cast(), 4096), KMM_ERROR_INVALID_ARGUMENT, &[]);
+    // SAFETY (both): inside `memory`.
+    let (tail, inside) = unsafe { (p.add(4096), p.add(1024)) };
+    let (status, _) = register_refused(&a, tail, 2 * 4096);
+    assert_eq!(status, KMM_ERROR_INVALID_ARGUMENT, "a range overlapping a registration's tail");
+    let (status, _) = register_refused(&a, inside, 1024);
+    assert_eq!(status, KMM_ERROR_INVALID_ARGUMENT, "a range inside a registration");
+    // Another manager cannot undo A's registration.
+    let status = kmm_host_unregister(b.0, p.cast());
+    assert_eq!(status, KMM_ERROR_INVALID_ARGUMENT, "manager B unregistered memory registered through A");
+    ok(kmm_host_unregister(a.0, p.cast()));
+    drop(memory);
+}
+
+/// CuPy asks for zero bytes at times; that must give NULL and hold nothing, not an empty buffer
+/// that is never freed (CuPy does not free NULL).
+#[test]
+fn cupy_malloc_zero_does_not_leak() {
+    let m = Mgr::new();
+    // The CuPy state is process-wide; no other test in this file touches it.
+    ok(kmm_cupy_set_manager(0, m.0));
+    for i in 0..1000 {
+        assert!(kmm_cupy_malloc(null_mut(), 0, 0).is_null(), "call {i}: a zero-byte allocation has no address");
+    }
+    let mut live = u64::MAX;
+    ok(kmm_cupy_live_allocations(&mut live));
+    let s = m.stats(DEVICE);
+    assert_eq!((live, s.live_buffers, s.in_use), (0, 0, 0), "(CuPy allocations, live buffers, bytes) after 1000 zero-byte mallocs");
+}
