@@ -162,7 +162,8 @@ struct Walk {
     tally: Tally,
     /// Host memory lent to Kmm (borrowed buffers, pending copies of destroyed managers).
     keep_alive: Vec<Box<[u8]>>,
-    registered: Option<Box<[u8]>>,
+    /// Registered host memory and the manager it was registered through (its only owner).
+    registered: Option<(Box<[u8]>, u64)>,
     gpu: bool,
 }
 
@@ -512,12 +513,12 @@ impl Walk {
         let alloc_len = if bad_r { 16 } else { len };
         let null_src = self.rng.below(30) == 0;
         let mode = self.rng.below(3); // 0 sync, 1 async with event, 2 async without
-        let use_registered = !null_src && !bad_r && self.registered.as_ref().is_some_and(|r| r.len() as u64 >= len) && self.rng.below(3) == 0;
+        let use_registered = !null_src && !bad_r && self.registered.as_ref().is_some_and(|(r, _)| r.len() as u64 >= len) && self.rng.below(3) == 0;
         let (src, _) = self.host_block(alloc_len);
         let src_ptr = if null_src {
             null()
         } else if use_registered {
-            let r = self.registered.as_mut().unwrap();
+            let r = &mut self.registered.as_mut().unwrap().0;
             r[..len as usize].copy_from_slice(&src[..len as usize]);
             r.as_ptr()
         } else {
@@ -1159,8 +1160,17 @@ impl Walk {
 
     /// Registers a region of pageable memory (later copies through it go direct), or
     /// unregisters it; double registration and unknown pointers are errors on the host backend.
+    /// Only the manager that registered a region may unregister it, and its destruction does.
     fn op_register(&mut self) {
         let (mi, m, bad_m) = self.pick_manager();
+        if let Some((_, owner)) = self.registered {
+            if !self.mgrs.iter().any(|x| x.alive && x.handle == owner) {
+                // The owner's destroy ended the registration.
+                let (r, _) = self.registered.take().unwrap();
+                self.keep_alive.push(r);
+                return;
+            }
+        }
         match &self.registered {
             None => {
                 let mut region = vec![0u8; 512 << 10].into_boxed_slice();
@@ -1185,11 +1195,11 @@ impl Walk {
                         self.note("host_register", true, format!("second host_register = {st:?}"));
                         self.expect(st, KMM_ERROR_INVALID_ARGUMENT, "double registration");
                     }
-                    self.registered = Some(region);
+                    self.registered = Some((region, m));
                 }
             }
-            Some(r) => {
-                let ptr = r.as_ptr() as *mut u8;
+            Some((r, owner)) => {
+                let (ptr, owner) = (r.as_ptr() as *mut u8, *owner);
                 if mi.is_none() {
                     let st = kmm_host_unregister(m, ptr.cast());
                     self.note("host_unregister", true, format!("host_unregister on a dead manager = {st:?}"));
@@ -1205,10 +1215,15 @@ impl Walk {
                 let st = kmm_host_unregister(m, null_mut());
                 self.note("host_unregister", true, format!("host_unregister(NULL) = {st:?}"));
                 self.expect(st, KMM_ERROR_NULL_POINTER, "unregister NULL");
-                let st = kmm_host_unregister(m, ptr.cast());
+                if m != owner {
+                    let st = kmm_host_unregister(m, ptr.cast());
+                    self.note("host_unregister", true, format!("host_unregister by another manager = {st:?}"));
+                    self.expect(st, KMM_ERROR_INVALID_ARGUMENT, "unregister through a manager that did not register");
+                }
+                let st = kmm_host_unregister(owner, ptr.cast());
                 self.note("host_unregister", false, format!("host_unregister = {st:?}"));
                 self.expect(st, KMM_OK, "unregister");
-                let r = self.registered.take().unwrap();
+                let (r, _) = self.registered.take().unwrap();
                 self.keep_alive.push(r);
             }
         }
@@ -1363,10 +1378,12 @@ impl Walk {
             self.expect(st, KMM_OK, "final destroy");
             self.mgrs[i].alive = false;
         }
-        if let Some(r) = self.registered.take() {
-            // Registration outlives managers on the host backend: undo it through a new one.
+        if let Some((r, _)) = self.registered.take() {
+            // Its owner's destroy ended the registration: another manager may register it anew.
             let mut m = 0;
             ok(kmm_manager_create(&default_config(), &mut m));
+            expect_err(kmm_host_unregister(m, r.as_ptr() as *mut _), KMM_ERROR_INVALID_ARGUMENT, &["not registered through this manager"]);
+            ok(kmm_host_register(m, r.as_ptr() as *mut _, r.len() as u64));
             ok(kmm_host_unregister(m, r.as_ptr() as *mut _));
             ok(kmm_manager_destroy(m, 0));
         }

@@ -55,6 +55,9 @@ pub struct Manager {
     in_use: Arc<[Gauge; 2]>,
     /// Host ranges this manager registered (start -> bytes): only it may unregister them.
     registered: Mutex<BTreeMap<u64, u64>>,
+    /// Chunks (kind, base, size) taken out of a pool whose fence could not be waited for: given
+    /// back at teardown, after the stream.
+    unfenced: Mutex<Vec<(usize, u64, u64)>>,
 }
 
 impl Manager {
@@ -140,6 +143,7 @@ impl Manager {
             limits,
             in_use,
             registered: Mutex::new(BTreeMap::new()),
+            unfenced: Mutex::new(Vec::new()),
         })
     }
 
@@ -280,6 +284,7 @@ impl Manager {
         let k = kind as usize;
         let mut budget = keep_bytes;
         let mut detached: Vec<(Arc<dyn Event>, Vec<(u64, u64)>)> = Vec::new();
+        let mut failure = None;
         for lane in self.lanes() {
             let mut st = self.lane(lane);
             let st = &mut *st;
@@ -299,20 +304,26 @@ impl Manager {
             match fenced {
                 Ok(event) => detached.push((event, chunks)),
                 Err(e) => {
+                    // Unfenced chunks stay cached; the lanes already detached still go back.
                     st.resources[k].take_chunks(&chunks);
-                    return Err(e);
+                    failure.get_or_insert(e);
+                    break;
                 }
             }
         }
         for (event, chunks) in detached {
-            event.synchronize()?;
-            for (base, size) in chunks {
-                // SAFETY: the chunk came from this upstream, no block of it is handed out any more,
-                // and the work queued before its blocks' frees has run.
-                unsafe { self.upstreams[k].deallocate(base, size)? };
+            match event.synchronize() {
+                // SAFETY: the chunks came from this upstream, no block of them is handed out any
+                // more, and the work queued before their blocks' frees has run.
+                Ok(()) => chunks.iter().try_for_each(|&(base, size)| unsafe { self.upstreams[k].deallocate(base, size) })?,
+                Err(e) => {
+                    // A failing device: the chunks are held back until teardown.
+                    lock(&self.unfenced).extend(chunks.iter().map(|&(base, size)| (k, base, size)));
+                    failure.get_or_insert(e);
+                }
             }
         }
-        Ok(())
+        failure.map_or(Ok(()), Err)
     }
 
     /// Adopts (`adopt = true`: Kmm frees it) or borrows memory allocated elsewhere.
@@ -381,20 +392,26 @@ impl Manager {
     }
 
     /// Waits for the stream; then memory whose free the stream has now passed goes back:
-    /// adopted memory is freed and device chunks above the release threshold are released.
+    /// adopted memory is freed and device chunks above the release threshold are released. That
+    /// second part is housekeeping: memory it cannot fence (a failing device) stays cached for the
+    /// next synchronize or trim, and the wait's own outcome is what is returned.
     pub fn synchronize(&self) -> Result<()> {
         self.stream.synchronize()?;
         let threshold = match self.config.alloc_mode {
             AllocMode::Pool => self.config.release_threshold,
             _ => u64::MAX,
         };
-        self.release(MemoryKind::Device, threshold)?;
-        self.release(MemoryKind::Pinned, u64::MAX)
+        let _ = self.release(MemoryKind::Device, threshold);
+        let _ = self.release(MemoryKind::Pinned, u64::MAX);
+        Ok(())
     }
 
-    /// Gives cached memory back until each pool reserves at most `keep_bytes`, once the work
-    /// queued before the frees of that memory has run (on every stream that used it).
+    /// Waits for the stream, then gives cached memory back until each pool reserves at most
+    /// `keep_bytes`. The wait is the call's promise to its caller; the memory's safety does not
+    /// rest on it: each chunk goes back only after the fence of its lane (a free by another
+    /// thread after the wait is covered too).
     pub fn trim(&self, keep_bytes: u64) -> Result<()> {
+        self.stream.synchronize()?;
         for kind in [MemoryKind::Device, MemoryKind::Pinned] {
             self.release(kind, keep_bytes)?;
         }
@@ -470,14 +487,13 @@ impl Manager {
 
     /// The manager's stream waits for the work queued so far on `foreign`.
     pub fn wait_for_stream(&self, foreign: u64) -> Result<()> {
-        let foreign = self.stream_arg(foreign);
         self.backend.check_stream(foreign)?;
         self.backend.order_streams(foreign, self.raw_stream())
     }
 
     /// `foreign` waits for the work queued so far on the manager's stream.
     pub fn order_stream_after(&self, foreign: u64) -> Result<()> {
-        self.backend.order_streams(self.raw_stream(), self.stream_arg(foreign))
+        self.backend.order_streams(self.raw_stream(), foreign)
     }
 
     /// # Safety
@@ -541,6 +557,10 @@ impl Drop for Manager {
             let _ = self.release(kind, 0);
         }
         let _ = lock(&self.staging).release();
+        for (k, base, size) in lock(&self.unfenced).drain(..) {
+            // SAFETY: taken out of a pool of this upstream, and the stream has run all its work.
+            let _ = unsafe { self.upstreams[k].deallocate(base, size) };
+        }
         for (&start, _) in lock(&self.registered).iter() {
             // SAFETY: registered through this manager, and the stream has run every copy.
             let _ = unsafe { self.backend.unregister_host(start as *mut u8) };

@@ -88,6 +88,14 @@ impl<R: MemoryResource> MemoryResource for Deferred<R> {
         self.inner.detach_free(keep_bytes)
     }
 
+    fn give_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
+        self.inner.give_chunks(bytes)
+    }
+
+    fn take_chunks(&mut self, chunks: &[(u64, u64)]) {
+        self.inner.take_chunks(chunks)
+    }
+
     fn pending_fence(&self) -> Option<Arc<dyn Event>> {
         self.pending.back().map(|(event, _)| event.clone())
     }

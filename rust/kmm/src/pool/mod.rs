@@ -165,9 +165,9 @@ pub trait MemoryResource: Send {
         let _ = bytes;
         Vec::new()
     }
-    /// Adds chunks given by `give_chunks` of another resource.
+    /// Adds chunks given by `give_chunks` or `detach_free` of a resource of the same upstream.
     fn take_chunks(&mut self, chunks: &[(u64, u64)]) {
-        debug_assert!(chunks.is_empty(), "this resource holds no chunks");
+        assert!(chunks.is_empty(), "a resource without chunks was given {} chunk(s)", chunks.len());
     }
     /// The event after which every block freed so far may be reclaimed (deferred resources).
     fn pending_fence(&self) -> Option<std::sync::Arc<dyn crate::backend::Event>> {
