@@ -181,7 +181,8 @@ FUNCTIONS = {
                                     c_uint64, c_uint32]),
     "kmm_qmri_match": (S, [c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint64, c_uint32,
                            c_uint64, POINTER(KmmMatchOutputs), c_uint32]),
-    # Plugins (rust/kmm/src/ffi/plugins.rs). Out-pointers as c_void_p so callers can pass the
+    "kmm_buffer_record_stream": (S, [c_uint64, c_uint64, c_uint64]),
+    # Plugins (rust/kmm/src/ffi/plugin.rs and by_address.rs). Out-pointers as c_void_p so callers can pass the
     # address of a preallocated scratch array as a plain int (the allocation fast path).
     "kmm_plugin_alloc": (S, [c_uint64, c_uint64, c_uint32, c_uint64, c_void_p, c_void_p]),
     "kmm_plugin_free": (S, [c_uint64, c_uint64, c_uint64]),

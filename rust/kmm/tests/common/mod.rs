@@ -24,6 +24,13 @@ pub fn default_config() -> KmmConfig {
     assert_eq!(kmm_config_default(c.as_mut_ptr()), KMM_OK);
     let mut c = unsafe { c.assume_init() };
     c.backend = if gpu() { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
+    // KMM_TEST_ALLOC_MODE=pool|cuda_async|direct runs a suite in another allocation mode.
+    match std::env::var("KMM_TEST_ALLOC_MODE").ok().as_deref() {
+        None | Some("") | Some("pool") => {}
+        Some("cuda_async") => c.alloc_mode = KmmAllocMode::KMM_ALLOC_CUDA_ASYNC as u32,
+        Some("direct") => c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32,
+        Some(other) => panic!("KMM_TEST_ALLOC_MODE={other:?} is not pool, cuda_async or direct"),
+    }
     c
 }
 
