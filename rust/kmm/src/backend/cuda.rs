@@ -164,6 +164,10 @@ impl Backend for CudaBackend {
         check(sys::cuMemFreeHost(ptr as *mut c_void), "cuMemFreeHost")
     }
     unsafe fn register_host(&self, ptr: *mut u8, bytes: u64) -> Result<()> {
+        // Refused here as on the host backend, rather than by the driver with its own status.
+        if self.pinned_ranges.overlaps(ptr as u64, bytes) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} ({bytes} bytes) overlaps a registered range");
+        }
         let _current = self.enter()?;
         check(
             sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes as usize, sys::CU_MEMHOSTREGISTER_PORTABLE),

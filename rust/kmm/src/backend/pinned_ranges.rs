@@ -14,13 +14,21 @@ impl PinnedRanges {
     /// memory twice, in part or whole).
     pub fn insert(&self, start: u64, len: u64) -> bool {
         let mut ranges = lock(&self.0);
-        let end = start.saturating_add(len.max(1));
-        let before = ranges.range(..end).next_back();
-        if before.is_some_and(|(&base, &size)| base.saturating_add(size.max(1)) > start) {
+        if Self::overlapping(&ranges, start, len) {
             return false;
         }
         ranges.insert(start, len);
         true
+    }
+
+    /// Whether `start..start+len` shares a byte with a range held.
+    pub fn overlaps(&self, start: u64, len: u64) -> bool {
+        Self::overlapping(&lock(&self.0), start, len)
+    }
+
+    fn overlapping(ranges: &BTreeMap<u64, u64>, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len.max(1));
+        ranges.range(..end).next_back().is_some_and(|(&base, &size)| base.saturating_add(size.max(1)) > start)
     }
 
     pub fn remove(&self, start: u64) -> bool {

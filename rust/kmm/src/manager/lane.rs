@@ -279,26 +279,26 @@ impl State {
     /// Frees a buffer once its memory's reuse is ordered after every stream that used it. When
     /// that ordering fails the buffer stays allocated (and the error says why).
     pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {
-        let record = self.buffers.get(handle)?;
-        if record.pins > 0 && !force {
-            fail!(
-                KMM_ERROR_BUFFER_MAPPED,
-                "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
-                record.pins
-            );
-        }
+        let (backend, reuse, home) = (self.backend.as_ref(), &self.reuse, self.home);
+        // One lookup: the checks and the ordering run on the record before it is removed.
+        let record = self.buffers.remove_if(handle, |record| {
+            if record.pins > 0 && !force {
+                fail!(
+                    KMM_ERROR_BUFFER_MAPPED,
+                    "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
+                    record.pins
+                );
+            }
+            let on = match record.origin {
+                Origin::Empty => return Ok(()),
+                Origin::Resource(_) => reuse[record.kind as usize].free_stream(home),
+                // Kmm's adopted memory goes back once the manager's stream passed the free, and a
+                // borrowed buffer's owner waits for that stream (`kmm_buffer_wrap`).
+                Origin::Adopted(_) | Origin::Borrowed => home,
+            };
+            order::order_free(backend, on, &record.users)
+        })?;
         let k = record.kind as usize;
-        let on = match record.origin {
-            Origin::Empty => None,
-            Origin::Resource(_) => Some(self.reuse[k].free_stream(self.home)),
-            // Kmm's adopted memory goes back once the manager's stream passed the free, and a
-            // borrowed buffer's owner waits for that stream (`kmm_buffer_wrap`).
-            Origin::Adopted(_) | Origin::Borrowed => Some(self.home),
-        };
-        if let Some(on) = on {
-            order::order_free(self.backend.as_ref(), on, &record.users)?;
-        }
-        let record = self.buffers.remove(handle)?;
         self.usage[k].on_free(record.bytes);
         self.in_use[k].sub(record.bytes);
         match record.origin {

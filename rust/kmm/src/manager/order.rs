@@ -24,33 +24,42 @@ use crate::error::Result;
 /// No stream (an empty set's first entry).
 const NONE: u64 = u64::MAX;
 
-/// The raw streams that may use a buffer's memory. One stream is the common case and costs no
-/// allocation.
+/// The raw streams that may use a buffer's memory. One stream is the common case: it costs no
+/// allocation, and the set is two words in every buffer's record.
 #[derive(Debug, Clone)]
 pub struct StreamSet {
     first: u64,
-    rest: Vec<u64>,
+    rest: Option<Box<Vec<u64>>>,
 }
 
 impl StreamSet {
     pub fn empty() -> StreamSet {
-        StreamSet { first: NONE, rest: Vec::new() }
+        StreamSet { first: NONE, rest: None }
     }
 
     pub fn of(stream: u64) -> StreamSet {
-        StreamSet { first: stream, rest: Vec::new() }
+        StreamSet { first: stream, rest: None }
     }
 
     pub fn insert(&mut self, stream: u64) {
         if self.first == NONE {
             self.first = stream;
-        } else if self.first != stream && !self.rest.contains(&stream) {
-            self.rest.push(stream);
+        } else if self.first != stream {
+            let rest = self.rest.get_or_insert_with(Default::default);
+            if !rest.contains(&stream) {
+                rest.push(stream);
+            }
         }
     }
 
+    /// Whether `stream` is the only stream (or there is none).
+    pub fn only(&self, stream: u64) -> bool {
+        self.rest.is_none() && (self.first == stream || self.first == NONE)
+    }
+
     pub fn iter(&self) -> impl Iterator<Item = u64> + '_ {
-        (self.first != NONE).then_some(self.first).into_iter().chain(self.rest.iter().copied())
+        let rest = self.rest.as_deref().map_or(&[][..], |r| &r[..]);
+        (self.first != NONE).then_some(self.first).into_iter().chain(rest.iter().copied())
     }
 }
 
@@ -83,6 +92,9 @@ pub fn long_lived(stream: u64, home: u64, cuda: bool) -> bool {
 /// Before a block goes back to a resource whose frees are ordered on `on`: `on` waits for every
 /// stream of `users`. Nothing waits on the host; an error leaves the caller's buffer as it was.
 pub fn order_free(backend: &dyn Backend, on: u64, users: &StreamSet) -> Result<()> {
+    if users.only(on) {
+        return Ok(());
+    }
     for user in users.iter() {
         if user != on {
             backend.order_streams(user, on)?;
