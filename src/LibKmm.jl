@@ -8,23 +8,13 @@ import ..check_status, ..throw_kmm_error
 
 # constants
 """
-Most kernel arguments of one launch.
-"""
-const KMM_MAX_KERNEL_ARGS = 256
-"""
 Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).
 """
 const KMM_IPC_HANDLE_BYTES = 64
 """
-`kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
-(the default: PyTorch does not check for NULL and would use address 0).
+Most kernel arguments of one launch.
 """
-const KMM_TORCH_OOM_ABORT = 0
-"""
-`kmm_torch_set_oom_policy` value: on out-of-memory, return NULL (the error stays readable
-with `kmm_last_error` on the allocating thread).
-"""
-const KMM_TORCH_OOM_NULL = 1
+const KMM_MAX_KERNEL_ARGS = 256
 """
 `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
 and B0 finite). The check copies the parameters to the host and waits for the stream; skip
@@ -37,6 +27,16 @@ batches; a voxel's results are replaced only where this batch scores strictly hi
 `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
 """
 const KMM_MATCH_ACCUMULATE = 1
+"""
+`kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
+(the default: PyTorch does not check for NULL and would use address 0).
+"""
+const KMM_TORCH_OOM_ABORT = 0
+"""
+`kmm_torch_set_oom_policy` value: on out-of-memory, return NULL (the error stays readable
+with `kmm_last_error` on the allocating thread).
+"""
+const KMM_TORCH_OOM_NULL = 1
 """
 Bumped whenever a signature, a struct layout or a constant's meaning changes.
 """
@@ -142,11 +142,6 @@ An event recorded on a manager's stream. 0 is never valid.
 """
 const KmmEvent = UInt64
 """
-A compiled, loaded CUDA module. Process-wide: usable with any manager on the device it was
-compiled for. 0 is never valid.
-"""
-const KmmModule = UInt64
-"""
 Reads CuPy's current stream (CuPy's `get_current_stream_ptr`); -1 on error.
 """
 const KmmStreamSource = Ptr{Cvoid}
@@ -154,6 +149,11 @@ const KmmStreamSource = Ptr{Cvoid}
 Called after a `KmmStreamSource` failed, to clear the error it left (Python's `PyErr_Clear`).
 """
 const KmmErrorHook = Ptr{Cvoid}
+"""
+A compiled, loaded CUDA module. Process-wide: usable with any manager on the device it was
+compiled for. 0 is never valid.
+"""
+const KmmModule = UInt64
 
 # structs (field order and types as in C; layout checked by test/bindings.jl)
 """
@@ -199,9 +199,9 @@ end
 
 """
 Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
-are what callers asked for; "reserved" is what the manager holds from the device. A pool-mode
-manager sums its lanes (see `KMM_ALLOC_POOL`): the peaks are the manager's own while one
-thread allocates, and an upper bound of them once several threads allocate at once.
+are what callers asked for; "reserved" is what the manager holds from the device. Bytes in use
+and reserved, and their peaks, are the manager's own across all its lanes (see
+`KMM_ALLOC_POOL`); the counts sum the lanes.
 """
 struct KmmMemoryStats
     in_use::UInt64
@@ -291,6 +291,7 @@ const _fp_kmm_status_name = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_wrap = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_free = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_buffer_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_info = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_map = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_unmap = Ref{Ptr{Cvoid}}(C_NULL)
@@ -302,6 +303,12 @@ const _fp_kmm_copy_to_host = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_copy_to_host_async = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_copy_buffer = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_fill = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_set_manager = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_set_stream_source = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_malloc = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_free = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_cupy_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_buffer_ipc_handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_config_default = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_create = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_destroy = Ref{Ptr{Cvoid}}(C_NULL)
@@ -325,23 +332,17 @@ const _fp_kmm_plugin_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_malloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_free_address = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_buffer_ipc_handle = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_simulate_fisp = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_manager = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_cupy_set_manager = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_cupy_set_stream_source = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_cupy_malloc = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_cupy_free = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_cupy_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_qmri_simulate_fisp = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
-const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_buffer_ipc_handle, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations)
 
 """
     load!(path) -> handle
@@ -359,6 +360,7 @@ function load!(path::AbstractString)
     _fp_kmm_buffer_alloc[] = something(Libdl.dlsym(lib, :kmm_buffer_alloc; throw_error = false), C_NULL)
     _fp_kmm_buffer_wrap[] = something(Libdl.dlsym(lib, :kmm_buffer_wrap; throw_error = false), C_NULL)
     _fp_kmm_buffer_free[] = something(Libdl.dlsym(lib, :kmm_buffer_free; throw_error = false), C_NULL)
+    _fp_kmm_buffer_record_stream[] = something(Libdl.dlsym(lib, :kmm_buffer_record_stream; throw_error = false), C_NULL)
     _fp_kmm_buffer_info[] = something(Libdl.dlsym(lib, :kmm_buffer_info; throw_error = false), C_NULL)
     _fp_kmm_buffer_map[] = something(Libdl.dlsym(lib, :kmm_buffer_map; throw_error = false), C_NULL)
     _fp_kmm_buffer_unmap[] = something(Libdl.dlsym(lib, :kmm_buffer_unmap; throw_error = false), C_NULL)
@@ -370,6 +372,12 @@ function load!(path::AbstractString)
     _fp_kmm_copy_to_host_async[] = something(Libdl.dlsym(lib, :kmm_copy_to_host_async; throw_error = false), C_NULL)
     _fp_kmm_copy_buffer[] = something(Libdl.dlsym(lib, :kmm_copy_buffer; throw_error = false), C_NULL)
     _fp_kmm_fill[] = something(Libdl.dlsym(lib, :kmm_fill; throw_error = false), C_NULL)
+    _fp_kmm_cupy_set_manager[] = something(Libdl.dlsym(lib, :kmm_cupy_set_manager; throw_error = false), C_NULL)
+    _fp_kmm_cupy_set_stream_source[] = something(Libdl.dlsym(lib, :kmm_cupy_set_stream_source; throw_error = false), C_NULL)
+    _fp_kmm_cupy_malloc[] = something(Libdl.dlsym(lib, :kmm_cupy_malloc; throw_error = false), C_NULL)
+    _fp_kmm_cupy_free[] = something(Libdl.dlsym(lib, :kmm_cupy_free; throw_error = false), C_NULL)
+    _fp_kmm_cupy_live_allocations[] = something(Libdl.dlsym(lib, :kmm_cupy_live_allocations; throw_error = false), C_NULL)
+    _fp_kmm_buffer_ipc_handle[] = something(Libdl.dlsym(lib, :kmm_buffer_ipc_handle; throw_error = false), C_NULL)
     _fp_kmm_config_default[] = something(Libdl.dlsym(lib, :kmm_config_default; throw_error = false), C_NULL)
     _fp_kmm_manager_create[] = something(Libdl.dlsym(lib, :kmm_manager_create; throw_error = false), C_NULL)
     _fp_kmm_manager_destroy[] = something(Libdl.dlsym(lib, :kmm_manager_destroy; throw_error = false), C_NULL)
@@ -393,20 +401,14 @@ function load!(path::AbstractString)
     _fp_kmm_plugin_free[] = something(Libdl.dlsym(lib, :kmm_plugin_free; throw_error = false), C_NULL)
     _fp_kmm_plugin_malloc[] = something(Libdl.dlsym(lib, :kmm_plugin_malloc; throw_error = false), C_NULL)
     _fp_kmm_plugin_free_address[] = something(Libdl.dlsym(lib, :kmm_plugin_free_address; throw_error = false), C_NULL)
-    _fp_kmm_buffer_ipc_handle[] = something(Libdl.dlsym(lib, :kmm_buffer_ipc_handle; throw_error = false), C_NULL)
+    _fp_kmm_qmri_simulate_fisp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_fisp; throw_error = false), C_NULL)
+    _fp_kmm_qmri_simulate_pssfp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_pssfp; throw_error = false), C_NULL)
+    _fp_kmm_qmri_match[] = something(Libdl.dlsym(lib, :kmm_qmri_match; throw_error = false), C_NULL)
     _fp_kmm_torch_manager[] = something(Libdl.dlsym(lib, :kmm_torch_manager; throw_error = false), C_NULL)
     _fp_kmm_torch_set_oom_policy[] = something(Libdl.dlsym(lib, :kmm_torch_set_oom_policy; throw_error = false), C_NULL)
     _fp_kmm_torch_malloc[] = something(Libdl.dlsym(lib, :kmm_torch_malloc; throw_error = false), C_NULL)
     _fp_kmm_torch_free[] = something(Libdl.dlsym(lib, :kmm_torch_free; throw_error = false), C_NULL)
     _fp_kmm_torch_live_allocations[] = something(Libdl.dlsym(lib, :kmm_torch_live_allocations; throw_error = false), C_NULL)
-    _fp_kmm_cupy_set_manager[] = something(Libdl.dlsym(lib, :kmm_cupy_set_manager; throw_error = false), C_NULL)
-    _fp_kmm_cupy_set_stream_source[] = something(Libdl.dlsym(lib, :kmm_cupy_set_stream_source; throw_error = false), C_NULL)
-    _fp_kmm_cupy_malloc[] = something(Libdl.dlsym(lib, :kmm_cupy_malloc; throw_error = false), C_NULL)
-    _fp_kmm_cupy_free[] = something(Libdl.dlsym(lib, :kmm_cupy_free; throw_error = false), C_NULL)
-    _fp_kmm_cupy_live_allocations[] = something(Libdl.dlsym(lib, :kmm_cupy_live_allocations; throw_error = false), C_NULL)
-    _fp_kmm_qmri_simulate_fisp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_fisp; throw_error = false), C_NULL)
-    _fp_kmm_qmri_simulate_pssfp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_pssfp; throw_error = false), C_NULL)
-    _fp_kmm_qmri_match[] = something(Libdl.dlsym(lib, :kmm_qmri_match; throw_error = false), C_NULL)
     libkmm[] = path
     return lib
 end
@@ -533,10 +535,12 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
-Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream
-still sees the memory, and later work may reuse it. Callable from any thread and from
-finalizers. A mapped buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`.
-A second free of the same handle is `KMM_ERROR_INVALID_HANDLE`.
+Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream,
+and on every stream recorded with `kmm_buffer_record_stream`, still sees the memory; the
+memory is reused only after that work. Callable from any thread and from finalizers. A mapped
+buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`. A second free of the
+same handle is `KMM_ERROR_INVALID_HANDLE`. If a recorded stream cannot be waited for, the
+buffer stays allocated and the status says why.
 
 Returns the status; `kmm_buffer_free` is the checked form.
 """
@@ -546,15 +550,46 @@ Returns the status; `kmm_buffer_free` is the checked form.
     ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt32), manager, buffer, flags)
 end
 """
-Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream
-still sees the memory, and later work may reuse it. Callable from any thread and from
-finalizers. A mapped buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`.
-A second free of the same handle is `KMM_ERROR_INVALID_HANDLE`.
+Frees a buffer. Stream-ordered and non-blocking: work already queued on the manager's stream,
+and on every stream recorded with `kmm_buffer_record_stream`, still sees the memory; the
+memory is reused only after that work. Callable from any thread and from finalizers. A mapped
+buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`. A second free of the
+same handle is `KMM_ERROR_INVALID_HANDLE`. If a recorded stream cannot be waited for, the
+buffer stays allocated and the status says why.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_buffer_free(manager, buffer, flags)
     check_status(unchecked_kmm_buffer_free(manager, buffer, flags))
+end
+
+"""
+Records that work on `stream` (a `CUstream` of the manager's device, 0 the legacy default
+stream; on the host backend another manager's stream, 0 the manager's own) may use the
+buffer's memory, as PyTorch's `record_stream`: the buffer's free, a compaction move of it, a
+trim and the reuse of its memory all wait for the work queued on `stream` up to the free
+(stream-ordered: nothing blocks). Record each stream that uses a mapped address; the
+manager's own stream needs no record. The stream must stay alive until the buffer is freed.
+
+Returns the status; `kmm_buffer_record_stream` is the checked form.
+"""
+@inline function unchecked_kmm_buffer_record_stream(manager, buffer, stream)
+    fp = _fp_kmm_buffer_record_stream[]
+    fp == C_NULL && throw_missing(:kmm_buffer_record_stream)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64), manager, buffer, stream)
+end
+"""
+Records that work on `stream` (a `CUstream` of the manager's device, 0 the legacy default
+stream; on the host backend another manager's stream, 0 the manager's own) may use the
+buffer's memory, as PyTorch's `record_stream`: the buffer's free, a compaction move of it, a
+trim and the reuse of its memory all wait for the work queued on `stream` up to the free
+(stream-ordered: nothing blocks). Record each stream that uses a mapped address; the
+manager's own stream needs no record. The stream must stay alive until the buffer is freed.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_buffer_record_stream(manager, buffer, stream)
+    check_status(unchecked_kmm_buffer_record_stream(manager, buffer, stream))
 end
 
 """
@@ -804,6 +839,125 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_fill(manager, buffer, offset, bytes, pattern, pattern_size)
     check_status(unchecked_kmm_fill(manager, buffer, offset, bytes, pattern, pattern_size))
+end
+
+"""
+Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+alive while CuPy may allocate). Thread-safe.
+
+Returns the status; `kmm_cupy_set_manager` is the checked form.
+"""
+@inline function unchecked_kmm_cupy_set_manager(device, manager)
+    fp = _fp_kmm_cupy_set_manager[]
+    fp == C_NULL && throw_missing(:kmm_cupy_set_manager)
+    ccall(fp, KmmStatus, (Int32, KmmManager), device, manager)
+end
+"""
+Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
+alive while CuPy may allocate). Thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_cupy_set_manager(device, manager)
+    check_status(unchecked_kmm_cupy_set_manager(device, manager))
+end
+
+"""
+Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+`get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+a pending Python exception; may be NULL).
+
+Returns the status; `kmm_cupy_set_stream_source` is the checked form.
+"""
+@inline function unchecked_kmm_cupy_set_stream_source(source, on_error)
+    fp = _fp_kmm_cupy_set_stream_source[]
+    fp == C_NULL && throw_missing(:kmm_cupy_set_stream_source)
+    ccall(fp, KmmStatus, (KmmStreamSource, KmmErrorHook), source, on_error)
+end
+"""
+Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
+`get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
+that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
+a pending Python exception; may be NULL).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_cupy_set_stream_source(source, on_error)
+    check_status(unchecked_kmm_cupy_set_stream_source(source, on_error))
+end
+
+"""
+The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
+device memory from the manager registered for `device`, ready for work on CuPy's current
+stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
+check; `kmm.cupy` does and raises). Call it as CuPy does, with the GIL held: the stream
+source set by `kmm_cupy_set_stream_source` is Python code underneath (not through ctypes'
+`CDLL`, which releases the GIL).
+"""
+@inline function kmm_cupy_malloc(param, size, device)
+    fp = _fp_kmm_cupy_malloc[]
+    fp == C_NULL && throw_missing(:kmm_cupy_malloc)
+    ccall(fp, Ptr{Cvoid}, (Ptr{Cvoid}, Csize_t, Int32), param, size, device)
+end
+
+"""
+The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
+the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
+ignored (the error is readable with `kmm_last_error`).
+"""
+@inline function kmm_cupy_free(param, ptr, device)
+    fp = _fp_kmm_cupy_free[]
+    fp == C_NULL && throw_missing(:kmm_cupy_free)
+    ccall(fp, Cvoid, (Ptr{Cvoid}, Ptr{Cvoid}, Int32), param, ptr, device)
+end
+
+"""
+How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+
+Returns the status; `kmm_cupy_live_allocations` is the checked form.
+"""
+@inline function unchecked_kmm_cupy_live_allocations(out)
+    fp = _fp_kmm_cupy_live_allocations[]
+    fp == C_NULL && throw_missing(:kmm_cupy_live_allocations)
+    ccall(fp, KmmStatus, (Ptr{UInt64},), out)
+end
+"""
+How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_cupy_live_allocations(out)
+    check_status(unchecked_kmm_cupy_live_allocations(out))
+end
+
+"""
+Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
+backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+
+Returns the status; `kmm_buffer_ipc_handle` is the checked form.
+"""
+@inline function unchecked_kmm_buffer_ipc_handle(manager, buffer, out, offset)
+    fp = _fp_kmm_buffer_ipc_handle[]
+    fp == C_NULL && throw_missing(:kmm_buffer_ipc_handle)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, Ptr{UInt8}, Ptr{UInt64}), manager, buffer, out, offset)
+end
+"""
+Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
+allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
+to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
+The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
+it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
+backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_buffer_ipc_handle(manager, buffer, out, offset)
+    check_status(unchecked_kmm_buffer_ipc_handle(manager, buffer, out, offset))
 end
 
 """
@@ -1252,8 +1406,8 @@ end
 
 """
 For allocator plugins: frees a buffer from `kmm_plugin_alloc` (mapped or not) after the work
-queued so far on `stream` (the stream that last used it). Non-blocking; callable from any
-thread and from finalizers.
+queued so far on `stream` (the stream that last used it; it must still be alive).
+Non-blocking; callable from any thread and from finalizers.
 
 Returns the status; `kmm_plugin_free` is the checked form.
 """
@@ -1264,8 +1418,8 @@ Returns the status; `kmm_plugin_free` is the checked form.
 end
 """
 For allocator plugins: frees a buffer from `kmm_plugin_alloc` (mapped or not) after the work
-queued so far on `stream` (the stream that last used it). Non-blocking; callable from any
-thread and from finalizers.
+queued so far on `stream` (the stream that last used it; it must still be alive).
+Non-blocking; callable from any thread and from finalizers.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1274,10 +1428,10 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
-For allocator plugins that keep only the address (Numba's): allocates, as `kmm_plugin_alloc`
-does, `bytes` (at least 1) of device memory ready for work on `stream`, and returns its
-address. 0 on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the
-status). Free with `kmm_plugin_free_address`.
+For allocator plugins that keep only the address: allocates, as `kmm_plugin_alloc` does,
+`bytes` (at least 1) of device memory ready for work on `stream`, and returns its address. 0
+on failure, with the message in `kmm_last_error` (`kmm_plugin_alloc` returns the status).
+Free with `kmm_plugin_free_address`.
 """
 @inline function kmm_plugin_malloc(manager, bytes, stream)
     fp = _fp_kmm_plugin_malloc[]
@@ -1304,208 +1458,6 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_plugin_free_address(manager, address, stream)
     check_status(unchecked_kmm_plugin_free_address(manager, address, stream))
-end
-
-"""
-Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
-allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
-to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
-The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
-it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
-backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
-
-Returns the status; `kmm_buffer_ipc_handle` is the checked form.
-"""
-@inline function unchecked_kmm_buffer_ipc_handle(manager, buffer, out, offset)
-    fp = _fp_kmm_buffer_ipc_handle[]
-    fp == C_NULL && throw_missing(:kmm_buffer_ipc_handle)
-    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, Ptr{UInt8}, Ptr{UInt64}), manager, buffer, out, offset)
-end
-"""
-Writes the CUDA IPC handle (`cuIpcGetMemHandle`, `KMM_IPC_HANDLE_BYTES` bytes) of the device
-allocation that holds the buffer to `out`, and the buffer's offset from that allocation's base
-to `*offset`: another process opens the handle (`cuIpcOpenMemHandle`) and adds the offset.
-The buffer must be mapped (`kmm_buffer_map`), and stay mapped and allocated while others use
-it; an unmapped buffer is `KMM_ERROR_INVALID_ARGUMENT`. `KMM_ERROR_NOT_SUPPORTED` on the host
-backend; `KMM_ERROR_BACKEND` for memory the driver cannot share (`KMM_ALLOC_CUDA_ASYNC`).
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_buffer_ipc_handle(manager, buffer, out, offset)
-    check_status(unchecked_kmm_buffer_ipc_handle(manager, buffer, out, offset))
-end
-
-"""
-Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
-it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
-
-Returns the status; `kmm_torch_manager` is the checked form.
-"""
-@inline function unchecked_kmm_torch_manager(device, out)
-    fp = _fp_kmm_torch_manager[]
-    fp == C_NULL && throw_missing(:kmm_torch_manager)
-    ccall(fp, KmmStatus, (Int32, Ptr{KmmManager}), device, out)
-end
-"""
-Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
-it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_torch_manager(device, out)
-    check_status(unchecked_kmm_torch_manager(device, out))
-end
-
-"""
-Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
-or `KMM_TORCH_OOM_NULL`.
-
-Returns the status; `kmm_torch_set_oom_policy` is the checked form.
-"""
-@inline function unchecked_kmm_torch_set_oom_policy(policy)
-    fp = _fp_kmm_torch_set_oom_policy[]
-    fp == C_NULL && throw_missing(:kmm_torch_set_oom_policy)
-    ccall(fp, KmmStatus, (UInt32,), policy)
-end
-"""
-Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
-or `KMM_TORCH_OOM_NULL`.
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_torch_set_oom_policy(policy)
-    check_status(unchecked_kmm_torch_set_oom_policy(policy))
-end
-
-"""
-The allocation function of PyTorch's `CUDAPluggableAllocator`: `size` bytes of device memory
-of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero bytes. On failure
-the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
-"""
-@inline function kmm_torch_malloc(size, device, stream)
-    fp = _fp_kmm_torch_malloc[]
-    fp == C_NULL && throw_missing(:kmm_torch_malloc)
-    ccall(fp, Ptr{Cvoid}, (Csize_t, Int32, Ptr{Cvoid}), size, device, stream)
-end
-
-"""
-The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
-`kmm_torch_malloc` after the work queued so far on `stream`. Unknown pointers and NULL are
-ignored (the error is readable with `kmm_last_error`).
-"""
-@inline function kmm_torch_free(ptr, size, device, stream)
-    fp = _fp_kmm_torch_free[]
-    fp == C_NULL && throw_missing(:kmm_torch_free)
-    ccall(fp, Cvoid, (Ptr{Cvoid}, Csize_t, Int32, Ptr{Cvoid}), ptr, size, device, stream)
-end
-
-"""
-How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
-
-Returns the status; `kmm_torch_live_allocations` is the checked form.
-"""
-@inline function unchecked_kmm_torch_live_allocations(out)
-    fp = _fp_kmm_torch_live_allocations[]
-    fp == C_NULL && throw_missing(:kmm_torch_live_allocations)
-    ccall(fp, KmmStatus, (Ptr{UInt64},), out)
-end
-"""
-How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_torch_live_allocations(out)
-    check_status(unchecked_kmm_torch_live_allocations(out))
-end
-
-"""
-Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
-alive while CuPy may allocate). Thread-safe.
-
-Returns the status; `kmm_cupy_set_manager` is the checked form.
-"""
-@inline function unchecked_kmm_cupy_set_manager(device, manager)
-    fp = _fp_kmm_cupy_set_manager[]
-    fp == C_NULL && throw_missing(:kmm_cupy_set_manager)
-    ccall(fp, KmmStatus, (Int32, KmmManager), device, manager)
-end
-"""
-Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
-alive while CuPy may allocate). Thread-safe.
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_cupy_set_manager(device, manager)
-    check_status(unchecked_kmm_cupy_set_manager(device, manager))
-end
-
-"""
-Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
-`get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
-that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
-a pending Python exception; may be NULL).
-
-Returns the status; `kmm_cupy_set_stream_source` is the checked form.
-"""
-@inline function unchecked_kmm_cupy_set_stream_source(source, on_error)
-    fp = _fp_kmm_cupy_set_stream_source[]
-    fp == C_NULL && throw_missing(:kmm_cupy_set_stream_source)
-    ccall(fp, KmmStatus, (KmmStreamSource, KmmErrorHook), source, on_error)
-end
-"""
-Sets the function `kmm_cupy_malloc` calls for CuPy's current stream (CuPy's
-`get_current_stream_ptr`; NULL means the legacy default stream) and the one it calls when
-that fails (Python's `PyErr_Clear`, so the failure comes back as a NULL allocation instead of
-a pending Python exception; may be NULL).
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_cupy_set_stream_source(source, on_error)
-    check_status(unchecked_kmm_cupy_set_stream_source(source, on_error))
-end
-
-"""
-The allocation function of CuPy's `CFunctionAllocator` (`param` is unused): `size` bytes of
-device memory from the manager registered for `device`, ready for work on CuPy's current
-stream. NULL on failure, with the error readable through `kmm_last_error` (CuPy does not
-check; `kmm.cupy` does and raises). Call it as CuPy does, with the GIL held: the stream
-source set by `kmm_cupy_set_stream_source` is Python code underneath (not through ctypes'
-`CDLL`, which releases the GIL).
-"""
-@inline function kmm_cupy_malloc(param, size, device)
-    fp = _fp_kmm_cupy_malloc[]
-    fp == C_NULL && throw_missing(:kmm_cupy_malloc)
-    ccall(fp, Ptr{Cvoid}, (Ptr{Cvoid}, Csize_t, Int32), param, size, device)
-end
-
-"""
-The free function of CuPy's `CFunctionAllocator`: frees memory from `kmm_cupy_malloc` after
-the work queued so far on the stream it was allocated for. Unknown pointers and NULL are
-ignored (the error is readable with `kmm_last_error`).
-"""
-@inline function kmm_cupy_free(param, ptr, device)
-    fp = _fp_kmm_cupy_free[]
-    fp == C_NULL && throw_missing(:kmm_cupy_free)
-    ccall(fp, Cvoid, (Ptr{Cvoid}, Ptr{Cvoid}, Int32), param, ptr, device)
-end
-
-"""
-How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
-
-Returns the status; `kmm_cupy_live_allocations` is the checked form.
-"""
-@inline function unchecked_kmm_cupy_live_allocations(out)
-    fp = _fp_kmm_cupy_live_allocations[]
-    fp == C_NULL && throw_missing(:kmm_cupy_live_allocations)
-    ccall(fp, KmmStatus, (Ptr{UInt64},), out)
-end
-"""
-How many allocations of `kmm_cupy_malloc` are live (for tests and leak checks).
-
-Throws a `KmmError` unless the status is `KMM_OK`.
-"""
-@inline function kmm_cupy_live_allocations(out)
-    check_status(unchecked_kmm_cupy_live_allocations(out))
 end
 
 """
@@ -1605,6 +1557,89 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags)
     check_status(unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags))
+end
+
+"""
+Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
+it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
+
+Returns the status; `kmm_torch_manager` is the checked form.
+"""
+@inline function unchecked_kmm_torch_manager(device, out)
+    fp = _fp_kmm_torch_manager[]
+    fp == C_NULL && throw_missing(:kmm_torch_manager)
+    ccall(fp, KmmStatus, (Int32, Ptr{KmmManager}), device, out)
+end
+"""
+Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating
+it (default configuration, device `device`) if needed. Kmm owns it: do not destroy it.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_torch_manager(device, out)
+    check_status(unchecked_kmm_torch_manager(device, out))
+end
+
+"""
+Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
+or `KMM_TORCH_OOM_NULL`.
+
+Returns the status; `kmm_torch_set_oom_policy` is the checked form.
+"""
+@inline function unchecked_kmm_torch_set_oom_policy(policy)
+    fp = _fp_kmm_torch_set_oom_policy[]
+    fp == C_NULL && throw_missing(:kmm_torch_set_oom_policy)
+    ccall(fp, KmmStatus, (UInt32,), policy)
+end
+"""
+Chooses what `kmm_torch_malloc` does when memory runs out: `KMM_TORCH_OOM_ABORT` (default)
+or `KMM_TORCH_OOM_NULL`.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_torch_set_oom_policy(policy)
+    check_status(unchecked_kmm_torch_set_oom_policy(policy))
+end
+
+"""
+The allocation function of PyTorch's `CUDAPluggableAllocator`: `size` bytes of device memory
+of `device`'s default Kmm manager, ready for work on `stream`. NULL for zero bytes. On failure
+the policy of `kmm_torch_set_oom_policy` applies (default: message on stderr, then abort).
+"""
+@inline function kmm_torch_malloc(size, device, stream)
+    fp = _fp_kmm_torch_malloc[]
+    fp == C_NULL && throw_missing(:kmm_torch_malloc)
+    ccall(fp, Ptr{Cvoid}, (Csize_t, Int32, Ptr{Cvoid}), size, device, stream)
+end
+
+"""
+The free function of PyTorch's `CUDAPluggableAllocator`: frees memory from
+`kmm_torch_malloc` after the work queued so far on `stream`. Unknown pointers and NULL are
+ignored (the error is readable with `kmm_last_error`).
+"""
+@inline function kmm_torch_free(ptr, size, device, stream)
+    fp = _fp_kmm_torch_free[]
+    fp == C_NULL && throw_missing(:kmm_torch_free)
+    ccall(fp, Cvoid, (Ptr{Cvoid}, Csize_t, Int32, Ptr{Cvoid}), ptr, size, device, stream)
+end
+
+"""
+How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
+
+Returns the status; `kmm_torch_live_allocations` is the checked form.
+"""
+@inline function unchecked_kmm_torch_live_allocations(out)
+    fp = _fp_kmm_torch_live_allocations[]
+    fp == C_NULL && throw_missing(:kmm_torch_live_allocations)
+    ccall(fp, KmmStatus, (Ptr{UInt64},), out)
+end
+"""
+How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_torch_live_allocations(out)
+    check_status(unchecked_kmm_torch_live_allocations(out))
 end
 
 end # module LibKmm
