@@ -94,6 +94,14 @@ class Buffer:
             raise InvalidHandleError("the buffer is closed")
         return self._handle
 
+    def record_stream(self, stream):
+        """Records that work on the raw `stream` may use this buffer's memory (as PyTorch's
+        `Tensor.record_stream`): freeing, moving or trimming the memory waits for the work queued
+        on that stream up to the free. Record every stream a consumer of `ptr` (CAI, Numba, CuPy
+        kernels) uses other than the manager's; the stream must stay alive until the buffer is
+        freed. DLPack exports record the consumer's stream themselves."""
+        check(_lib_.kmm_buffer_record_stream(self._manager._live(), self._live(), int(stream)))
+
     def info(self):
         """{"bytes", "kind", "pins"} as libkmm reports them."""
         i = _lib.KmmBufferInfo()

@@ -155,6 +155,16 @@ def order_for_consumer(manager, device_type, stream):
         manager.signal_stream(stream)
 
 
+def consumer_stream(manager, device_type, stream):
+    """The raw stream a DLPack consumer works on, when it is not the manager's own (None: none
+    to record: CPU memory read at once, or -1, a consumer that asked for no ordering)."""
+    if device_type == kDLCPU or stream == -1:
+        return None
+    if stream is None:
+        stream = 1  # the legacy default stream
+    return None if stream == manager.stream else stream
+
+
 def export(array, stream=None, max_version=None, dl_device=None, copy=None):
     """A DLPack capsule for a DeviceArray (the DeviceArray stays alive until the consumer deletes it)."""
     buffer = array.buffer
@@ -165,6 +175,10 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
         raise BufferError("kmm exports without copying only (copy=True is not supported)")
     buffer._live()
     order_for_consumer(buffer.manager, dev_type, stream)
+    consumer = consumer_stream(buffer.manager, dev_type, stream)
+    if consumer is not None:
+        # The consumer's kernels may still read the memory after the array is freed here.
+        buffer.record_stream(consumer)
     ndim = len(array.shape)
     itemsize = array.dtype.itemsize
     shape = (c_int64 * max(ndim, 1))(*array.shape)

@@ -93,3 +93,29 @@ def test_ipc_handle_needs_cuda(manager):
     if manager.backend == "host":
         with pytest.raises(kmm.NotSupportedError, match="CUDA backend"):
             b.ipc_handle()
+
+
+def test_record_stream_checks_its_arguments(manager):
+    b = manager.alloc(1024)
+    b.record_stream(manager.stream)  # the manager's own: allowed, changes nothing
+    if manager.backend == "host":
+        with kmm.Manager(backend="host") as other:
+            b.record_stream(other.stream)
+            with pytest.raises(kmm.InvalidArgumentError, match="not a live host-backend stream"):
+                b.record_stream(0x1234)
+            b.close()  # the free is ordered after the other manager's stream, which is still alive
+    b.close()
+    with pytest.raises(kmm.InvalidHandleError):
+        b.record_stream(manager.stream)
+
+
+def test_dlpack_records_the_consumers_stream(manager):
+    from kmm import dlpack
+
+    cuda = dlpack.kDLCUDA
+    assert dlpack.consumer_stream(manager, cuda, None) == 1  # DLPack's default: the legacy stream
+    assert dlpack.consumer_stream(manager, cuda, 2) == 2
+    assert dlpack.consumer_stream(manager, cuda, 0xABC0) == 0xABC0
+    assert dlpack.consumer_stream(manager, cuda, -1) is None  # the consumer asked for no ordering
+    assert dlpack.consumer_stream(manager, cuda, manager.stream) is None
+    assert dlpack.consumer_stream(manager, dlpack.kDLCPU, None) is None
