@@ -41,6 +41,7 @@ function CUDA.CuArray(x::KmmArray{T,N}) where {T,N}
     # the closure holds x and s: x outlives the view; the pin is dropped when the view dies
     finalizer(_ -> (release_view(x, s); nothing), c)
     Kmm.signal_stream(m, s)                                # CUDA's stream waits for Kmm's work
+    Kmm.record_stream(x.storage, raw_stream(s))            # x's free waits for CUDA's work too
     c
 end
 

@@ -125,6 +125,18 @@ function map_storage(s::KmmStorage)
     out[]
 end
 
+"""
+    record_stream(s::KmmStorage, stream::UInt64)
+
+Records that work on the raw `stream` may use the storage's memory (`kmm_buffer_record_stream`):
+its free, a move and a trim wait for the work queued on that stream up to the free.
+"""
+function record_stream(s::KmmStorage, stream::UInt64)
+    mh, h = handles(s)
+    GC.@preserve s LibKmm.kmm_buffer_record_stream(mh, h, stream)
+    nothing
+end
+
 "Drops one pin taken by `map_storage`; never throws (used by finalizers of views)."
 function unmap_storage(s::KmmStorage)
     h = s.handle
