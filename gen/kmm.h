@@ -1022,7 +1022,9 @@ KmmStatus kmm_module_destroy(KmmModule module);
  * handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
  * the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
  * the manager's own stream on the host backend); the memory is ready for work queued on it.
- * Free with `kmm_plugin_free` (the buffer stays mapped until then).
+ * The stream must stay alive until the buffer is freed (its free is ordered after it). Free
+ * with `kmm_plugin_free` (the buffer stays mapped until then). `CU_STREAM_PER_THREAD` (2) names
+ * the calling thread's stream: free from the thread that allocated.
  */
 KmmStatus kmm_plugin_alloc(KmmManager manager,
                            uint64_t bytes,

@@ -1382,7 +1382,9 @@ For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes t
 handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
 the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
 the manager's own stream on the host backend); the memory is ready for work queued on it.
-Free with `kmm_plugin_free` (the buffer stays mapped until then).
+The stream must stay alive until the buffer is freed (its free is ordered after it). Free
+with `kmm_plugin_free` (the buffer stays mapped until then). `CU_STREAM_PER_THREAD` (2) names
+the calling thread's stream: free from the thread that allocated.
 
 Returns the status; `kmm_plugin_alloc` is the checked form.
 """
@@ -1396,7 +1398,9 @@ For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes t
 handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
 the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
 the manager's own stream on the host backend); the memory is ready for work queued on it.
-Free with `kmm_plugin_free` (the buffer stays mapped until then).
+The stream must stay alive until the buffer is freed (its free is ordered after it). Free
+with `kmm_plugin_free` (the buffer stays mapped until then). `CU_STREAM_PER_THREAD` (2) names
+the calling thread's stream: free from the thread that allocated.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

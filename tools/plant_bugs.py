@@ -2,22 +2,31 @@
 """Plants one known bug at a time in a scratch git worktree and runs the trust suite against it,
 to show each test family catches the bug it targets. Never touches the main checkout.
 
-    python3 tools/plant_bugs.py [--worktree /tmp/kmm-plant] [--only NAME]
+    python3 tools/plant_bugs.py [--worktree /tmp/kmm-plant] [--only NAME[,NAME...]] [--check] [--gpu]
 
-Each plant: (name, file, old text, new text, test commands that must FAIL). Prints a table.
+Each plant: (name, file, old text, new text, tests that must FAIL), or (name, [(file, old text,
+new text), ...], tests) for a bug that takes edits in several places (each old text must occur).
+A test is a cargo test binary of kmm (`--test NAME`), "lib" for the crate's unit tests (`--lib`),
+"valgrind" for tools/valgrind_c_abi.sh, or "gpu:NAME" for a test binary whose checks need a GPU
+(KMM_TEST_GPU=1): those run only with --gpu; without it the plant is applied and built, and its
+row says "needs GPU, not run here". --check only says whether each plant's old text is in HEAD.
+Prints a table.
 """
 import argparse, os, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PLANTS = [
-    ("double-free-accepted", "rust/kmm/src/manager/mod.rs",
-     "    pub fn free(&mut self, handle: u64, mode: FreeMode) -> Result<()> {\n",
-     "    pub fn free(&mut self, handle: u64, mode: FreeMode) -> Result<()> {\n        if self.buffers.get(handle).is_err() {\n            return Ok(());\n        }\n",
+    # State::free (manager/lane.rs since the stream-ordering split) accepts a dead handle.
+    ("double-free-accepted", "rust/kmm/src/manager/lane.rs",
+     "    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {\n",
+     "    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {\n        if self.buffers.get(handle).is_err() {\n            return Ok(());\n        }\n",
      ["trust_model", "trust_stress"]),
-    ("stats-not-decremented", "rust/kmm/src/pool/stats.rs",
-     "        self.in_use -= bytes;\n        self.frees += 1;",
-     "        self.frees += 1;",
+    # The manager's bytes in use are a Gauge the lanes share (the lane's UsageCounters::in_use is
+    # no longer what stats report): the free forgets to take its bytes off.
+    ("stats-not-decremented", "rust/kmm/src/manager/lane.rs",
+     "        self.in_use[k].sub(record.bytes);\n",
+     "",
      ["trust_model", "trust_faults", "trust_stress"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
      "        order(src_manager.backend.as_ref(), &src_manager.stream, &dst_manager.stream)?;",
@@ -27,42 +36,162 @@ PLANTS = [
      "let waited = event.synchronize();",
      "let waited: Result<()> = Ok(());",
      ["trust_model", "trust_stress"]),
+    # Deferred no longer returns an error when no event can be recorded: the blocks wait as
+    # orphans for the next event (defer). The bug drops them instead.
     ("deferred-free-loses-block-on-fault", "rust/kmm/src/pool/deferred.rs",
-     "            Err(_) if self.stream.synchronize().is_ok() => self.inner.deallocate(block),\n            Err(_) => {\n                self.orphans.push(block);\n                Ok(())\n            }",
-     "            Err(e) => Err(e),",
+     "            Err(_) => self.orphans.extend(blocks),\n",
+     "            Err(_) => drop(blocks),\n",
      ["trust_faults"]),
     ("sync-copy-returns-with-work-queued", "rust/kmm/src/manager/copy.rs",
      "                    for _ in 0..3 {\n                        if self.stream.synchronize().is_ok() {\n                            break;\n                        }\n                    }\n",
      "",
      ["trust_faults"]),
-    ("compaction-moves-at-once-not-queued", "rust/kmm/src/manager/mod.rs",
+    # Compaction's moves live in LaneCaller::relocate (manager/lane.rs).
+    ("compaction-moves-at-once-not-queued", "rust/kmm/src/manager/lane.rs",
      "unsafe { self.stream.copy_d2d(r.to.addr, r.from.addr, record.bytes.min(r.from.size))? };",
      "unsafe { std::ptr::copy_nonoverlapping(r.from.addr as *const u8, r.to.addr as *mut u8, record.bytes.min(r.from.size) as usize) };",
      ["abi_compaction"]),
-    ("compaction-moves-mapped-buffers", "rust/kmm/src/manager/mod.rs",
+    ("compaction-moves-mapped-buffers", "rust/kmm/src/manager/lane.rs",
      "self.buffers.at(owner).is_some_and(|r| r.pins == 0)",
      "self.buffers.at(owner).is_some()",
      ["abi_compaction"]),
-    ("map-skips-the-move-fence", "rust/kmm/src/manager/mod.rs",
+    ("map-skips-the-move-fence", "rust/kmm/src/manager/lane.rs",
      "let wait = if r.settling { fence.clone() } else { None };",
-     "let wait: Option<Arc<dyn Event>> = { let _ = fence; None };",
+     "let wait: Option<MovesFence> = { let _ = fence; None };",
      ["abi_compaction"]),
     ("lanes-no-cross-lane-rung", "rust/kmm/src/manager/mod.rs",
      "(0..=last).filter(move |&lane| lane != own)",
      "(0..=last).filter(move |&lane| lane != own && false)",
      ["abi_lanes"]),
+    # trim_lanes became detach_lanes (chunks detached under the lock, freed after the fence).
     ("lanes-trim-budget-per-lane", "rust/kmm/src/manager/mod.rs",
-     "            budget = budget.saturating_sub(resource.counters().reserved);\n",
+     "            budget = budget.saturating_sub(st.resources[k].counters().reserved);\n",
      "",
      ["abi_lanes"]),
+    # release_cached is gone: the out-of-memory rung calls release(kind, 0) over all lanes. The
+    # closest equivalent: that rung gives back only the allocating lane's free chunks (fenced as
+    # release does, by a wait for the stream after the lane's ordering stream).
     ("lanes-release-own-lane-only", "rust/kmm/src/manager/mod.rs",
-     "        self.stream.synchronize()?;\n        self.trim_lanes(kind, 0)",
-     "        self.stream.synchronize()?;\n        self.lane(registry::alloc_lane(kind, self.lane_mask())).resources[kind as usize].trim(0)",
+     "            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self\n"
+     "                .release(kind, 0)\n"
+     "                .and_then(|_| self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream)),\n",
+     "            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {\n"
+     "                let (k, detached) = (kind as usize, {\n"
+     "                    let mut st = self.lane(own);\n"
+     "                    let (from, home) = (st.reuse[kind as usize].free_stream(st.home), st.home);\n"
+     "                    let chunks = st.resources[kind as usize].detach_free(0);\n"
+     "                    chunks.and_then(|c| self.backend.order_streams(from, home).map(|_| c))\n"
+     "                });\n"
+     "                detached\n"
+     "                    .and_then(|chunks| {\n"
+     "                        self.stream.synchronize()?;\n"
+     "                        chunks.iter().try_for_each(|&(base, size)| unsafe { self.upstreams[k].deallocate(base, size) })\n"
+     "                    })\n"
+     "                    .and_then(|_| self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream))\n"
+     "            }\n",
      ["abi_lanes"]),
     ("summary-writes-past-buffer", "rust/kmm/src/ffi/manager.rs",
      "*buf.add(n) = 0;",
      "*buf.add(n + 1) = 0;",
      ["valgrind"]),
+
+    # --- The stream-ordering fixes (d2f72ec, 5c89d27), each reversed. ---
+    # A trim frees the chunks it detached without waiting for their fence.
+    ("trim-frees-chunks-before-fence", "rust/kmm/src/manager/mod.rs",
+     "            match event.synchronize() {\n",
+     "            match { let _ = &event; Result::<()>::Ok(()) } {\n",
+     ["abi_stream_order", "stream_model"]),
+    # A handle slot is reused after its generation came round: a freed handle lives again.
+    ("handle-slot-never-retired", "rust/kmm/src/manager/handles.rs",
+     "        if slot.generation != self.seed {\n            self.free.push(i as u32);\n        }\n",
+     "        self.free.push(i as u32);\n",
+     ["abi_stream_order", "lib"]),
+    # A lane grows instead of taking another lane's free chunk.
+    ("lanes-take-no-spare-chunks", "rust/kmm/src/manager/lane.rs",
+     "        let Some(place) = self.place else {\n            return Vec::new();\n        };\n",
+     "        let Some(place) = self.place.filter(|_| false) else {\n            return Vec::new();\n        };\n",
+     ["abi_stream_order", "abi_lanes"]),
+    # The peak in use is the sum of the lanes' peaks (as before the shared Gauge): each lane
+    # counts its own peak again, merge adds them, and stats no longer takes the gauge's.
+    ("peaks-summed-per-lane", [
+        ("rust/kmm/src/pool/stats.rs",
+         "        self.in_use += bytes;\n        self.allocs += 1;\n",
+         "        self.in_use += bytes;\n        self.peak_in_use = self.peak_in_use.max(self.in_use);\n        self.allocs += 1;\n"),
+        ("rust/kmm/src/pool/stats.rs",
+         "        self.in_use += other.in_use;\n        self.allocs += other.allocs;\n",
+         "        self.in_use += other.in_use;\n        self.peak_in_use += other.peak_in_use;\n        self.allocs += other.allocs;\n"),
+        ("rust/kmm/src/manager/mod.rs",
+         "        usage.peak_in_use = self.in_use[k].peak();\n",
+         ""),
+     ], ["abi_stream_order", "abi_lanes"]),
+    # Two managers are locked in argument order (destination, then source): copies A->B and B->A
+    # take the two slot locks in opposite orders.
+    ("two-managers-locked-destination-first", "rust/kmm/src/manager/registry.rs",
+     "    if (a & 0xFFF) < (b & 0xFFF) {\n",
+     "    if true {\n",
+     ["abi_stream_order"]),
+    # A free through a Deferred (adopted memory) no longer reclaims what the stream has passed:
+    # only synchronize and trim do.
+    ("adopted-memory-not-reclaimed-on-free", "rust/kmm/src/pool/deferred.rs",
+     "    fn deallocate(&mut self, block: Block) -> Result<()> {\n        self.reclaim()?;\n",
+     "    fn deallocate(&mut self, block: Block) -> Result<()> {\n",
+     ["abi_stream_order"]),
+    ("wrap-accepts-wrapping-range", "rust/kmm/src/manager/mod.rs",
+     "        if ptr.checked_add(bytes).is_none() {\n            fail!(KMM_ERROR_INVALID_ARGUMENT, \"ptr = {ptr:#x} + bytes = {bytes} wraps around the address space\");\n        }\n",
+     "",
+     ["abi_stream_order"]),
+    # Only a registration at the very same start is refused (on CUDA too: overlaps() is the same
+    # check). trust_model registers the same
+    # pointer twice only, which this still refuses: abi_stream_order alone sees the overlaps.
+    ("host-register-overlap-accepted", "rust/kmm/src/backend/pinned_ranges.rs",
+     "        let end = start.saturating_add(len.max(1));\n        ranges.range(..end).next_back().is_some_and(|(&base, &size)| base.saturating_add(size.max(1)) > start)\n",
+     "        let _ = len;\n        ranges.contains_key(&start)\n",
+     ["abi_stream_order"]),
+    ("host-unregister-by-non-owner", "rust/kmm/src/manager/mod.rs",
+     "        if !registered.contains_key(&(ptr as u64)) {\n            fail!(KMM_ERROR_INVALID_ARGUMENT, \"ptr = {ptr:?} was not registered through this manager\");\n        }\n",
+     "",
+     ["abi_stream_order", "trust_model"]),
+    # kmm_cupy_malloc(0) makes an empty buffer, as before the fix. The fix refuses size 0 twice:
+    # cupy.rs returns NULL at once, and alloc_by_address refuses 0 bytes (NULL with an error).
+    # Either guard alone keeps the test passing, so the bug takes both out.
+    ("cupy-malloc-zero-allocates", [
+        ("rust/kmm/src/ffi/cupy.rs",
+         "    if size == 0 {\n        return std::ptr::null_mut();\n    }\n",
+         ""),
+        ("rust/kmm/src/ffi/by_address.rs",
+         "    if bytes == 0 {\n        fail!(KMM_ERROR_INVALID_ARGUMENT, \"bytes = 0: an empty allocation has no address to be freed by\");\n    }\n",
+         ""),
+     ], ["abi_stream_order"]),
+    # A free hands the block back without ordering it after the buffer's recorded streams.
+    ("free-ignores-recorded-streams", "rust/kmm/src/manager/lane.rs",
+     "            order::order_free(backend, on, &record.users)\n        })?;\n",
+     "            let _ = (backend, on);\n            Ok(())\n        })?;\n",
+     ["stream_model"]),
+    # A compaction's move copies a buffer while foreign work recorded on it may still run.
+    ("compaction-move-ignores-recorded-streams", "rust/kmm/src/manager/lane.rs",
+     "        order::order_free(self.backend, self.home, &record.users)?;\n",
+     "",
+     ["stream_model"]),
+    # A block is handed out for work on another stream than its pool's without that stream
+    # waiting for the pool's ordering stream.
+    ("alloc-for-other-stream-unordered", "rust/kmm/src/manager/order.rs",
+     "    let Reuse::Ordered { stream: order, follows } = *reuse else {\n",
+     "    if stream != u64::MAX {\n        return Ok(());\n    }\n    let Reuse::Ordered { stream: order, follows } = *reuse else {\n",
+     ["stream_model"]),
+    # kmm_plugin_free frees after the stream the buffer was allocated for only, not after the
+    # stream it is freed on. MISSED so far: stream_model frees a plugin buffer on the stream it
+    # was allocated for, which the allocation already recorded; it takes a free on another stream
+    # than the allocation's (with work queued there) to see it.
+    ("plugin-free-ignores-its-stream", "rust/kmm/src/ffi/plugin.rs",
+     "    m.record_stream(buffer, stream)?;\n    m.free(buffer, FreeMode::Force)\n",
+     "    let _ = stream;\n    m.free(buffer, FreeMode::Force)\n",
+     ["stream_model"]),
+    # A Kmm CUDA call leaves its context current on the caller's thread. The host backend has no
+    # contexts: only the GPU test sees it.
+    ("cuda-context-not-restored", "rust/kmm/src/backend/cuda.rs",
+     "        if let Some(previous) = self.previous {\n",
+     "        if let Some(previous) = self.previous.filter(|_| false) {\n",
+     ["gpu:gpu_streams"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
@@ -70,47 +199,99 @@ def sh(cmd, cwd, env=None, timeout=900):
     p = subprocess.run(cmd, cwd=cwd, shell=True, env=env, capture_output=True, text=True, timeout=timeout)
     return p.returncode, (p.stdout + p.stderr), time.time() - t
 
+def edits_of(plant):
+    """(name, [(file, old, new), ...], tests) of either form of a plant."""
+    if len(plant) == 5:
+        name, path, old, new, tests = plant
+        return name, [(path, old, new)], tests
+    return plant
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--worktree", default="/tmp/kmm-plant")
-    ap.add_argument("--only")
+    ap.add_argument("--only", help="plant names, comma-separated")
+    ap.add_argument("--check", action="store_true", help="only check that each plant's old text is in HEAD")
+    ap.add_argument("--gpu", action="store_true", help="also run the gpu: tests (KMM_TEST_GPU=1; needs a GPU)")
     a = ap.parse_args()
-    wt = a.worktree
+    only = set(a.only.split(",")) if a.only else None
+    plants = [edits_of(p) for p in PLANTS]
+    if only:
+        unknown = only - {p[0] for p in plants}
+        if unknown:
+            sys.exit(f"no plant named {', '.join(sorted(unknown))}")
+        plants = [p for p in plants if p[0] in only]
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    if a.check:
+        bad = 0
+        for name, edits, tests in plants:
+            missing = []
+            for path, old, _ in edits:
+                shown = subprocess.run(["git", "show", f"{head}:{path}"], cwd=ROOT, capture_output=True, text=True)
+                if shown.returncode != 0 or old not in shown.stdout:
+                    missing.append(path)
+            bad += bool(missing)
+            print(f"{name}: {'pattern not found in ' + ', '.join(missing) if missing else 'applies'} -> {', '.join(tests)}")
+        sys.exit(1 if bad else 0)
+    wt = a.worktree
     if not os.path.isdir(wt):
         subprocess.run(["git", "worktree", "add", "--detach", wt, head], cwd=ROOT, check=True)
-    # A worktree left by an earlier run is moved to this HEAD: plants are judged on today's code.
-    subprocess.run(["git", "checkout", "-q", "--detach", head], cwd=wt, check=True)
+    # A worktree left by an earlier run is moved to this HEAD (dropping whatever an interrupted
+    # run left planted): plants are judged on today's code.
+    subprocess.run(["git", "checkout", "-q", "--force", "--detach", head], cwd=wt, check=True)
     env = dict(os.environ, CARGO_TARGET_DIR=os.environ.get("KMM_PLANT_TARGET", "/tmp/kmm-plant-target"),
                CARGO_PROFILE_RELEASE_LTO="false", CARGO_PROFILE_RELEASE_CODEGEN_UNITS="16",
                KMM_TRUST_CASES="12", KMM_TRUST_STEPS="1500", KMM_TRUST_STRESS_SECS="4",
                KMM_TRUST_FAULT_ROUNDS="200", RUST_BACKTRACE="0")
     rows = []
-    for name, path, old, new, tests in PLANTS:
-        if a.only and a.only != name:
-            continue
-        f = os.path.join(wt, path)
-        src = open(f).read()
-        if old not in src:
-            rows.append((name, "PLANT FAILED: pattern not found", "")); continue
-        open(f, "w").write(src.replace(old, new, 1))
+    for name, edits, tests in plants:
+        originals = {}
+        planted = {}
+        for path, old, new in edits:
+            f = os.path.join(wt, path)
+            if f not in originals:
+                originals[f] = planted[f] = open(f).read()
+            if old not in planted[f]:
+                break
+            planted[f] = planted[f].replace(old, new, 1)
+        else:
+            path = None
+        if path is not None:
+            rows.append((name, f"PLANT FAILED: pattern not found in {path}", "")); continue
+        for f, text in planted.items():
+            open(f, "w").write(text)
         try:
             for t in tests:
+                gpu_only = t.startswith("gpu:")
+                binary = t[len("gpu:"):] if gpu_only else t
                 if t == "valgrind":
                     rc, out, dt = sh("tools/valgrind_c_abi.sh", wt, env)
+                elif gpu_only and not a.gpu:
+                    # Not run here; the plant must still build.
+                    rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
+                elif binary == "lib":
+                    rc, out, dt = sh("cargo test -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
                 else:
-                    rc, out, dt = sh(f"cargo test -q --release -p kmm --test {t}", os.path.join(wt, "rust"), env)
+                    run_env = dict(env, KMM_TEST_GPU="1") if gpu_only else env
+                    rc, out, dt = sh(f"cargo test -q --release -p kmm --test {binary}", os.path.join(wt, "rust"), run_env)
                 lines = [l for l in out.splitlines() if "panicked" in l or "seed" in l or "Invalid" in l
-                         or "ERROR SUMMARY" in l or "leak" in l or "SIGSEGV" in l or "assertion" in l or "expects" in l]
+                         or "ERROR SUMMARY" in l or "leak" in l or "SIGSEGV" in l or "assertion" in l or "expects" in l
+                         or "failures" in l]
+                if not lines and rc != 0:  # e.g. an abort or a signal: the end of the output says which
+                    lines = [l.strip() for l in out.splitlines() if l.strip()][-2:]
                 why = " | ".join(lines[:3])[:300]
                 if "could not compile" in out:
                     verdict = "PLANT DID NOT BUILD"
+                elif "no test target named" in out:
+                    verdict = f"NO TEST BINARY {binary} at HEAD"
+                elif gpu_only and not a.gpu:
+                    verdict = "needs GPU, not run here (plant builds)" if rc == 0 else "BUILD FAILED"
                 else:
                     verdict = "CAUGHT (failed)" if rc != 0 else "MISSED (passed)"
                 rows.append((name, t, f"{verdict} in {dt:.0f}s: {why}"))
                 print(rows[-1], flush=True)
         finally:
-            open(f, "w").write(src)
+            for f, text in originals.items():
+                open(f, "w").write(text)
     print("\n| planted bug | test | result |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")

@@ -308,3 +308,66 @@ fn moves_of_a_failed_compaction_are_fenced() {
     let _ = allocating.join().expect("allocating thread");
     assert!(stalled, "a map of a buffer moved by a failed compaction did not wait");
 }
+
+/// A stream recorded on a buffer stays recorded when a compaction moves the buffer: work that
+/// stream queues at the new place after a map still holds the memory back at the free.
+#[test]
+fn a_move_keeps_the_buffers_recorded_streams() {
+    if gpu() {
+        return; // the foreign work below is a host closure: host backend only
+    }
+    use kmm::backend::{host::HostBackend, Backend};
+    let m = manager(100);
+    let foreign = HostBackend::get(0).expect("host device").create_stream().expect("stream");
+    let live = checkerboard(&m);
+    let at = |b: KmmBuffer| {
+        let a = map(&m, b);
+        ok(kmm_buffer_unmap(m.0, b));
+        a
+    };
+    let before: Vec<u64> = live.iter().map(|&(b, _)| at(b)).collect();
+    for (b, _) in &live {
+        ok(kmm_buffer_record_stream(m.0, *b, foreign.raw()));
+    }
+    let big = m.alloc(3 * PIECE, DEVICE);
+    assert_eq!(m.stats(DEVICE).compactions, 1);
+    // Only the moved buffers are freed below: a buffer that kept its place and its record
+    // would hold the manager's stream back for all of them.
+    let (moved, stayed): (Vec<_>, Vec<_>) = live.iter().zip(&before).partition(|((b, _), &was)| at(*b) != was);
+    assert!(!moved.is_empty(), "the compaction moved a buffer");
+    // The foreign stream reads each moved buffer at its new place once released; the buffers
+    // are freed at once, and their memory asked for again and overwritten on the manager's stream.
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let addrs: Vec<u64> = moved.iter().map(|((b, _), _)| map(&m, *b)).collect();
+    let (reads, size) = (seen.clone(), PIECE as usize);
+    foreign
+        .launch_host_fn(Box::new(move || {
+            let _ = released.recv();
+            for a in addrs {
+                // SAFETY: the buffers' frees wait for this stream, so the memory is still theirs.
+                reads.lock().unwrap().push(unsafe { std::slice::from_raw_parts(a as *const u8, size) }.to_vec());
+            }
+        }))
+        .expect("queued");
+    for ((b, _), _) in &moved {
+        ok(kmm_buffer_unmap(m.0, *b));
+        m.free(*b);
+    }
+    let again: Vec<KmmBuffer> = (0..4).map(|_| m.alloc(PIECE, DEVICE)).collect();
+    for &b in &again {
+        ok(kmm_fill(m.0, b, 0, PIECE, [0xEEu8].as_ptr().cast(), 1));
+    }
+    std::thread::sleep(Duration::from_millis(30));
+    release.send(()).expect("foreign stream waits");
+    m.sync();
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), moved.len());
+    for (i, (((_, data), _), got)) in moved.iter().zip(seen.iter()).enumerate() {
+        assert_eq!(got, data, "moved buffer {i}: its memory was reused before the recorded stream read it");
+    }
+    for b in again.into_iter().chain(stayed.iter().map(|((b, _), _)| *b)) {
+        m.free(b);
+    }
+    m.free(big);
+}

@@ -139,9 +139,11 @@ fn run_variant(variant: &'static Variant) {
 /// it stays mapped (and is soon handed out again) instead of crashing the stream's thread.
 fn keep_freed_memory_mapped() {
     static ONCE: Once = Once::new();
+    // Best effort: an allocator that ignores mallopt (AddressSanitizer's) catches such reads
+    // itself, as use after free.
     ONCE.call_once(|| unsafe {
-        assert_eq!(libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20), 1);
-        assert_eq!(libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX), 1);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
     });
 }
 

@@ -15,7 +15,12 @@ use std::sync::{Mutex, OnceLock};
 
 /// Allocates and maps `bytes` of `kind` memory ready for work on the raw `stream`.
 pub(super) fn plugin_alloc(m: &Manager, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
-    let buffer = m.alloc_for(bytes, kind, m.stream_arg(stream))?;
+    let stream = m.stream_arg(stream);
+    if stream != m.raw_stream() {
+        // Whatever the memory's kind: its free will be ordered after this stream.
+        m.backend().check_stream(stream)?;
+    }
+    let buffer = m.alloc_for(bytes, kind, stream)?;
     match m.map(buffer) {
         Ok(p) => Ok((buffer, p)),
         Err(e) => {
@@ -35,7 +40,9 @@ pub(super) fn plugin_free(m: &Manager, buffer: u64, stream: u64) -> Result<()> {
 /// handle to `*buffer` and its address to `*ptr` (0 for zero bytes). `stream` is the raw stream
 /// the memory will be used on (a `CUstream`; 0 is the legacy default stream on CUDA and means
 /// the manager's own stream on the host backend); the memory is ready for work queued on it.
-/// Free with `kmm_plugin_free` (the buffer stays mapped until then).
+/// The stream must stay alive until the buffer is freed (its free is ordered after it). Free
+/// with `kmm_plugin_free` (the buffer stays mapped until then). `CU_STREAM_PER_THREAD` (2) names
+/// the calling thread's stream: free from the thread that allocated.
 #[no_mangle]
 pub extern "C" fn kmm_plugin_alloc(
     manager: KmmManager,

@@ -157,7 +157,8 @@ impl Relocator for LaneCaller<'_> {
         unsafe { self.stream.copy_d2d(r.to.addr, r.from.addr, record.bytes.min(r.from.size))? };
         record.addr = r.to.addr;
         record.origin = Origin::Resource(r.to);
-        record.users = StreamSet::of(self.home);
+        // Recorded streams stay recorded: they may use the new place too (after a map).
+        record.users.insert(self.home);
         record.settling = true;
         self.moved += 1;
         Ok(())

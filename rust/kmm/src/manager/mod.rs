@@ -290,8 +290,16 @@ impl Manager {
             let st = &mut *st;
             pending.extend(st.resources[k].pending_fence());
             pending.extend(st.adopted[k].pending_fence());
-            st.adopted[k].detach_free(u64::MAX)?;
-            let chunks = st.resources[k].detach_free(budget)?;
+            if let Err(e) = st.adopted[k].detach_free(u64::MAX) {
+                failure.get_or_insert(e);
+            }
+            let chunks = match st.resources[k].detach_free(budget) {
+                Ok(chunks) => chunks,
+                Err(e) => {
+                    failure.get_or_insert(e);
+                    continue;
+                }
+            };
             budget = budget.saturating_sub(st.resources[k].counters().reserved);
             if chunks.is_empty() {
                 continue;
@@ -312,13 +320,17 @@ impl Manager {
             }
         }
         for (event, chunks) in detached {
-            match event.synchronize() {
-                // SAFETY: the chunks came from this upstream, no block of them is handed out any
-                // more, and the work queued before their blocks' frees has run.
-                Ok(()) => chunks.iter().try_for_each(|&(base, size)| unsafe { self.upstreams[k].deallocate(base, size) })?,
-                Err(e) => {
-                    // A failing device: the chunks are held back until teardown.
-                    lock(&self.unfenced).extend(chunks.iter().map(|&(base, size)| (k, base, size)));
+            if let Err(e) = event.synchronize() {
+                // A failing device: the chunks are held back until teardown.
+                lock(&self.unfenced).extend(chunks.iter().map(|&(base, size)| (k, base, size)));
+                failure.get_or_insert(e);
+                continue;
+            }
+            for (base, size) in chunks {
+                // SAFETY: the chunk came from this upstream, no block of it is handed out any
+                // more, and the work queued before its blocks' frees has run.
+                if let Err(e) = unsafe { self.upstreams[k].deallocate(base, size) } {
+                    lock(&self.unfenced).push((k, base, size));
                     failure.get_or_insert(e);
                 }
             }

@@ -83,10 +83,12 @@ impl Reuse {
     }
 }
 
-/// Whether `stream` lives as long as the manager: its own, or one of CUDA's default streams
-/// (0: legacy, 1: `CU_STREAM_LEGACY`, 2: `CU_STREAM_PER_THREAD`), which are never destroyed.
+/// Whether `stream` is one stream that lives as long as the manager: its own, or CUDA's legacy
+/// default stream (0, or `CU_STREAM_LEGACY` = 1), which is never destroyed. Not
+/// `CU_STREAM_PER_THREAD` (2): that handle names another stream on every host thread, so work
+/// "on 2" from two threads is not ordered by either.
 pub fn long_lived(stream: u64, home: u64, cuda: bool) -> bool {
-    stream == home || (cuda && stream <= 2)
+    stream == home || (cuda && stream <= 1)
 }
 
 /// Before a block goes back to a resource whose frees are ordered on `on`: `on` waits for every
@@ -153,7 +155,8 @@ mod tests {
         assert!(long_lived(0x5000_0001, 0x5000_0001, false));
         assert!(!long_lived(0, 0x5000_0001, false));
         assert!(long_lived(0, 0xdead, true));
-        assert!(long_lived(2, 0xdead, true));
+        assert!(long_lived(1, 0xdead, true));
+        assert!(!long_lived(2, 0xdead, true), "the per-thread stream differs per thread");
         assert!(!long_lived(0x7f00_1234, 0xdead, true));
     }
 }

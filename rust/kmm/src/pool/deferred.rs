@@ -31,19 +31,24 @@ impl<R: MemoryResource> Deferred<R> {
         &mut self.inner
     }
 
-    /// Hands back every block whose free the stream has passed (never waits).
+    /// Hands back every block whose free the stream has passed (never waits). A block the inner
+    /// resource refuses stays queued, with the rest of its batch, for a later try.
     fn reclaim(&mut self) -> Result<()> {
         while let Some((event, _)) = self.pending.front() {
             if !event.query()? {
                 break;
             }
-            let (event, blocks) = self.pending.pop_front().expect("front exists");
+            let (event, mut blocks) = self.pending.pop_front().expect("front exists");
+            while let Some(block) = blocks.pop() {
+                if let Err(e) = self.inner.deallocate(block) {
+                    blocks.push(block);
+                    self.pending.push_front((event, blocks));
+                    return Err(e);
+                }
+            }
             // Recycled only when no waiter of `pending_fence` still holds it.
             if Arc::strong_count(&event) == 1 {
                 self.spare_events.push(event);
-            }
-            for block in blocks {
-                self.inner.deallocate(block)?;
             }
         }
         Ok(())
@@ -74,8 +79,9 @@ impl<R: MemoryResource> MemoryResource for Deferred<R> {
     /// already passed are reclaimed first, so memory given back by a loop of frees alone (adopted
     /// memory) does not pile up.
     fn deallocate(&mut self, block: Block) -> Result<()> {
-        self.reclaim()?;
         self.defer(vec![block]);
+        // Housekeeping for earlier frees: their trouble is not this free's.
+        let _ = self.reclaim();
         Ok(())
     }
 
