@@ -369,3 +369,44 @@ fn cupy_malloc_zero_does_not_leak() {
     let s = m.stats(DEVICE);
     assert_eq!((live, s.live_buffers, s.in_use), (0, 0, 0), "(CuPy allocations, live buffers, bytes) after 1000 zero-byte mallocs");
 }
+
+/// A plugin buffer freed on another stream than it was allocated for: the free waits for the
+/// work queued on the freeing stream, not only on the allocation's.
+#[test]
+fn plugin_free_waits_for_its_own_stream() {
+    if gpu() {
+        return; // the foreign work is a host closure: host backend only
+    }
+    use kmm::backend::{host::HostBackend, Backend};
+    use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
+    const LEN: usize = 1 << 16;
+    let m = Mgr::new();
+    let host = HostBackend::get(0).expect("host device");
+    let (alloc_stream, free_stream) = (host.create_stream().expect("stream"), host.create_stream().expect("stream"));
+    let (mut buf, mut ptr) = (0, 0);
+    ok(kmm_plugin_alloc(m.0, LEN as u64, DEVICE, alloc_stream.raw(), &mut buf, &mut ptr));
+    let data = pattern(LEN, 9);
+    // SAFETY: mapped plugin memory of LEN bytes, nothing queued on it yet.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, LEN) };
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let (tx, seen) = std::sync::mpsc::channel::<Vec<u8>>();
+    free_stream
+        .launch_host_fn(Box::new(move || {
+            let _ = released.recv();
+            // SAFETY: the free below waits for this stream, so the memory is still the buffer's.
+            let _ = tx.send(unsafe { std::slice::from_raw_parts(ptr as *const u8, LEN) }.to_vec());
+        }))
+        .expect("queued");
+    ok(kmm_plugin_free(m.0, buf, free_stream.raw()));
+    let next: Vec<KmmBuffer> = (0..4).map(|_| m.alloc(LEN as u64, DEVICE)).collect();
+    for &b in &next {
+        ok(kmm_fill(m.0, b, 0, LEN as u64, [0xEEu8].as_ptr().cast(), 1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    release.send(()).expect("the freeing stream waits");
+    assert!(seen.recv().expect("read") == data, "the block was reused before the freeing stream's work read it");
+    m.sync();
+    for b in next {
+        m.free(b);
+    }
+}
