@@ -316,7 +316,7 @@ fn a_move_keeps_the_buffers_recorded_streams() {
     if gpu() {
         return; // the foreign work below is a host closure: host backend only
     }
-    use kmm::backend::{host::HostBackend, Backend};
+    use kmm::backend::host::HostBackend;
     let m = manager(100);
     let foreign = HostBackend::get(0).expect("host device").create_stream().expect("stream");
     let live = checkerboard(&m);

@@ -377,7 +377,7 @@ fn plugin_free_waits_for_its_own_stream() {
     if gpu() {
         return; // the foreign work is a host closure: host backend only
     }
-    use kmm::backend::{host::HostBackend, Backend};
+    use kmm::backend::host::HostBackend;
     use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
     const LEN: usize = 1 << 16;
     let m = Mgr::new();
