@@ -29,7 +29,7 @@ PLANTS = [
      "",
      ["trust_model", "trust_faults", "trust_stress"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
-     "        order(src_manager.backend.as_ref(), &src_manager.stream, &dst_manager.stream)?;",
+     "        src_manager.backend.order_streams(src_manager.raw_stream(), dst_manager.raw_stream())?;",
      "",
      ["trust_model", "trust_stress"]),
     ("staging-slot-reused-before-dma", "rust/kmm/src/manager/staging.rs",

@@ -4,10 +4,8 @@
 
 use super::staging::parallel_copy;
 use super::{Manager, MemoryKind};
-use crate::backend::Stream;
 use crate::error::{lock, Result};
 use crate::fail;
-use std::sync::Arc;
 
 /// Up to this size, pageable memory goes to the driver directly: staging would cost more than
 /// it saves.
@@ -262,12 +260,12 @@ pub fn copy_buffer(
         return Ok(());
     }
     if !same {
-        order(src_manager.backend.as_ref(), &src_manager.stream, &dst_manager.stream)?;
+        src_manager.backend.order_streams(src_manager.raw_stream(), dst_manager.raw_stream())?;
     }
     // SAFETY: both leased ranges are live and in bounds.
     unsafe { dst_manager.stream.copy_d2d(dst_addr, src_addr, bytes)? };
     if !same {
-        order(dst_manager.backend.as_ref(), &dst_manager.stream, &src_manager.stream)?;
+        dst_manager.backend.order_streams(dst_manager.raw_stream(), src_manager.raw_stream())?;
     }
     Ok(())
 }
@@ -300,9 +298,3 @@ fn copy_across_backends(
     Ok(())
 }
 
-/// `later` waits for the work queued so far on `earlier`.
-fn order(backend: &dyn crate::backend::Backend, earlier: &Arc<dyn Stream>, later: &Arc<dyn Stream>) -> Result<()> {
-    let event = backend.create_event()?;
-    earlier.record(event.as_ref())?;
-    later.wait_event(event.as_ref())
-}
