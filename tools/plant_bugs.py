@@ -108,9 +108,14 @@ PLANTS = [
      ["abi_stream_order", "lib"]),
     # A lane grows instead of taking another lane's free chunk.
     ("lanes-take-no-spare-chunks", "rust/kmm/src/manager/lane.rs",
-     "        let Some(place) = self.place else {\n            return Vec::new();\n        };\n",
-     "        let Some(place) = self.place.filter(|_| false) else {\n            return Vec::new();\n        };\n",
+     "        let Some(place) = self.place.filter(|_| self.growth != Growth::Never) else {\n",
+     "        let Some(place) = self.place.filter(|_| false) else {\n",
      ["abi_stream_order", "abi_lanes"]),
+    # A lane grows while other lanes hold enough free blocks: it never defers to them.
+    ("lanes-never-borrow-free-blocks", "rust/kmm/src/manager/lane.rs",
+     "                self.place.is_some() && reserved_elsewhere.saturating_sub(used_elsewhere) >= size\n",
+     "                self.place.is_some() && reserved_elsewhere.saturating_sub(used_elsewhere) >= size && false\n",
+     ["abi_stream_order"]),
     # The peak in use is the sum of the lanes' peaks (as before the shared Gauge): each lane
     # counts its own peak again, merge adds them, and stats no longer takes the gauge's.
     ("peaks-summed-per-lane", [

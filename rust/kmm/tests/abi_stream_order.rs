@@ -176,6 +176,51 @@ fn lanes_do_not_strand_memory() {
     assert_eq!(s.peak_in_use, BIG, "peak in use of one {} MiB buffer at a time", BIG / MIB);
 }
 
+/// Threads whose needs peak at different times share one set of chunks: a lane that would grow
+/// first takes the free blocks another lane holds. One thread leaves every other 4 MiB block of
+/// its 256 MiB free (so no chunk of its lane is entirely free); another thread's 128 MiB then fit
+/// in those blocks instead of reserving 128 MiB more.
+#[test]
+fn lanes_share_free_blocks() {
+    const BLOCK: u64 = 4 * MIB;
+    let m = Mgr::new();
+    let kept: Vec<KmmBuffer> = std::thread::scope(|s| {
+        s.spawn(|| {
+            let all: Vec<KmmBuffer> = (0..64).map(|_| m.alloc(BLOCK, DEVICE)).collect();
+            let (freed, kept): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+            freed.into_iter().for_each(|(_, b)| m.free(b));
+            kept.into_iter().map(|(_, b)| b).collect()
+        })
+        .join()
+        .expect("first thread")
+    });
+    let before = m.stats(DEVICE).reserved;
+    assert!(before >= 256 * MIB);
+    let second: Vec<KmmBuffer> = std::thread::scope(|s| {
+        s.spawn(|| {
+            let bufs: Vec<KmmBuffer> = (0..32).map(|_| m.alloc(BLOCK, DEVICE)).collect();
+            for (i, &b) in bufs.iter().enumerate() {
+                m.upload(b, 0, &pattern(4096, i as u64));
+            }
+            bufs
+        })
+        .join()
+        .expect("second thread")
+    });
+    let s = m.stats(DEVICE);
+    assert!(
+        s.reserved <= before + 8 * MIB,
+        "128 MiB while 128 MiB of free blocks sat in another lane took the reserve from {} to {} MiB",
+        before / MIB,
+        s.reserved / MIB
+    );
+    for (i, &b) in second.iter().enumerate() {
+        assert_eq!(m.download(b, 0, 4096), pattern(4096, i as u64), "buffer {i} placed in another lane's free block");
+    }
+    kept.into_iter().chain(second).for_each(|b| m.free(b));
+    assert_eq!(m.stats(DEVICE).in_use, 0);
+}
+
 /// Copies both ways between two managers must move the right bytes while both are alive.
 fn copies_move_correct_data(a: &Mgr, b: &Mgr) {
     const N: usize = 64 << 10;

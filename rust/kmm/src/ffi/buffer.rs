@@ -15,13 +15,12 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
     boundary(|| {
         check_out(out, "out")?;
         let kind = memory_kind(kind, "kind")?;
-        // The pool as it stands, under the state's lock alone; out of memory takes the manager's
-        // path, which waits for the stream and gives cached memory back before trying again.
+        // The lane's free blocks, under the lane's lock alone; the rest (other lanes' free
+        // blocks, growing, and on out of memory waiting for the stream and giving cached memory
+        // back before trying again) takes the manager's path.
         let b = match with_alloc_state(manager, kind, |st| st.try_alloc_own(bytes, kind)) {
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
-                with_manager(manager, |m| m.alloc_after_release(bytes, kind, m.raw_stream()))?
-            }
-            b => b?,
+            Ok(Some(b)) => b,
+            first => with_manager(manager, |m| m.alloc_rest(first, bytes, kind, m.raw_stream()))?,
         };
         write_out(out, "out", b)
     })

@@ -11,6 +11,7 @@ use crate::backend::{Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
 use crate::pool::direct::DirectResource;
+use crate::pool::limit::Limit;
 use crate::pool::stats::{Gauge, UsageCounters};
 use crate::pool::{Block, MemoryResource, Owner, Relocation, Relocator, NO_OWNER};
 use crate::{err, fail};
@@ -54,6 +55,20 @@ impl MovesFence {
     }
 }
 
+/// How far an allocation in a lane may go when the lane's free blocks do not serve it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Growth {
+    /// Take the other lanes' spare chunks, then compact or grow.
+    Allow,
+    /// As `Allow`, unless the other lanes together hold enough free bytes to serve the request:
+    /// then decline (`try_alloc_in` gives `None`), for the manager to try their free blocks first.
+    /// Lanes whose threads' needs peak at different times then share one set of chunks instead
+    /// of each keeping its own peak's.
+    Defer,
+    /// Free blocks only: another lane's allocation is borrowing this lane's free space.
+    Never,
+}
+
 /// Where a lane is in its manager, for taking spare chunks from the other lanes.
 #[derive(Clone, Copy)]
 pub(super) struct Place {
@@ -75,6 +90,8 @@ pub struct State {
     pub(super) usage: [UsageCounters; 2],
     /// The manager's bytes in use per kind, shared by its lanes.
     pub(super) in_use: Arc<[Gauge; 2]>,
+    /// What the manager's lanes together reserve of device memory (its device upstream's count).
+    pub(super) reserved: Arc<Limit>,
     pub(super) backend: Arc<dyn Backend>,
     pub(super) stream: Arc<dyn Stream>,
     /// The manager's own raw stream.
@@ -103,6 +120,14 @@ struct LaneCaller<'a> {
     home: u64,
     /// For spare chunks: device memory of a pool-mode manager.
     place: Option<Place>,
+    growth: Growth,
+    /// For `Growth::Defer`: the manager's device bytes in use and reserved.
+    in_use: &'a Gauge,
+    reserved: &'a Limit,
+    /// This lane's bytes in use.
+    in_use_here: u64,
+    /// The pool asked `may_grow` and was told no.
+    declined: bool,
     moved: usize,
 }
 
@@ -110,7 +135,7 @@ impl Relocator for LaneCaller<'_> {
     /// Free chunks of the other lanes (those not busy now, and with no compaction's copies in
     /// flight, whose chunks may still be read), ordered for this lane's stream.
     fn spare_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
-        let Some(place) = self.place else {
+        let Some(place) = self.place.filter(|_| self.growth != Growth::Never) else {
             return Vec::new();
         };
         let mut taken = Vec::new();
@@ -139,6 +164,23 @@ impl Relocator for LaneCaller<'_> {
             taken.extend(chunks);
         }
         taken
+    }
+
+    fn may_grow(&mut self, size: u64, reserved: u64) -> bool {
+        let elsewhere = match self.growth {
+            Growth::Allow => false,
+            Growth::Never => true,
+            // What the other lanes reserve and do not use. Bytes in use are the requests, not
+            // their rounded blocks, so this may promise a little more than there is: a wasted
+            // search at worst.
+            Growth::Defer => {
+                let reserved_elsewhere = self.reserved.used().current().saturating_sub(reserved);
+                let used_elsewhere = self.in_use.current().saturating_sub(self.in_use_here);
+                self.place.is_some() && reserved_elsewhere.saturating_sub(used_elsewhere) >= size
+            }
+        };
+        self.declined |= elsewhere;
+        !elsewhere
     }
 
     fn movable(&mut self, owner: Owner) -> bool {
@@ -170,6 +212,13 @@ impl State {
     /// memory is returned without counting a failure, for `Manager::alloc` to release cached
     /// memory and retry; other errors count.
     pub fn try_alloc(&mut self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
+        let served = self.try_alloc_in(bytes, kind, stream, Growth::Allow)?;
+        served.ok_or_else(|| err!(KMM_ERROR_INTERNAL, "an allocation that may grow declined to"))
+    }
+
+    /// `try_alloc` that compacts and grows only as far as `growth` lets it: `None` when the lane
+    /// declined to (see `Growth`).
+    pub fn try_alloc_in(&mut self, bytes: u64, kind: MemoryKind, stream: u64, growth: Growth) -> Result<Option<u64>> {
         let k = kind as usize;
         if bytes > MAX_BUFFER_BYTES {
             self.usage[k].on_failure();
@@ -177,7 +226,7 @@ impl State {
         }
         if bytes == 0 {
             let record = BufferRecord::new(kind, 0, 0, Origin::Empty, StreamSet::empty());
-            return self.insert_buffer(record);
+            return self.insert_buffer(record).map(Some);
         }
         // Device buffers may be moved while unmapped; they are known to the pool by their slot.
         // Pinned blocks have no owner, and the pinned pool never compacts.
@@ -190,15 +239,22 @@ impl State {
             stream: self.stream.as_ref(),
             home: self.home,
             place: (device && self.place.lane_mask > 0).then_some(self.place),
+            growth,
+            in_use: &self.in_use[k],
+            reserved: &self.reserved,
+            in_use_here: self.usage[k].in_use,
+            declined: false,
             moved: 0,
         };
         let allocated = self.resources[k].allocate(bytes, owner, &mut caller);
+        let declined = caller.declined;
         // Moves stay made even when the allocation then fails: fence them either way.
         if caller.moved > 0 {
             self.fence_moves();
         }
         let block = match allocated {
             Ok(block) => block,
+            Err(_) if declined => return Ok(None),
             Err(e) => {
                 if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
                     self.usage[k].on_failure();
@@ -216,12 +272,14 @@ impl State {
         // was (the request's own room, or what a window left over or gave back).
         let mut record = BufferRecord::new(kind, block.addr, bytes, Origin::Resource(block), StreamSet::of(stream));
         record.settling = device && self.moves_in_flight();
-        self.insert_buffer(record)
+        self.insert_buffer(record).map(Some)
     }
 
-    /// `try_alloc` for work on the manager's own stream.
-    pub fn try_alloc_own(&mut self, bytes: u64, kind: MemoryKind) -> Result<u64> {
-        self.try_alloc(bytes, kind, self.home)
+    /// The first try of an allocation for work on the manager's own stream, in the caller's
+    /// lane: `None` when the other lanes' free blocks should be tried before this lane grows
+    /// (`Manager::alloc_rest` goes on from there).
+    pub fn try_alloc_own(&mut self, bytes: u64, kind: MemoryKind) -> Result<Option<u64>> {
+        self.try_alloc_in(bytes, kind, self.home, Growth::Defer)
     }
 
     /// Whether the copies of the latest compaction may still be queued.

@@ -13,7 +13,7 @@ mod report;
 mod staging;
 
 pub use config::{AllocMode, Config, MemoryKind, MAX_BUFFER_BYTES};
-pub use lane::State;
+pub use lane::{Growth, State};
 pub use report::{human_bytes, KindStats};
 
 use crate::backend::{self, Backend, BackendKind, Event, Stream};
@@ -118,6 +118,7 @@ impl Manager {
                 ],
                 usage: [UsageCounters::default(); 2],
                 in_use: in_use.clone(),
+                reserved: limits[0].clone(),
                 backend: backend.clone(),
                 stream: stream.clone(),
                 home,
@@ -213,14 +214,42 @@ impl Manager {
         self.alloc_for(bytes, kind, self.raw_stream())
     }
 
-    /// Allocates a buffer in the calling thread's lane, ready for work on the raw `stream`. When
-    /// that is out of memory, see `alloc_after_release`.
+    /// Allocates a buffer in the calling thread's lane, ready for work on the raw `stream`; see
+    /// `alloc_rest` for what happens when that lane's free blocks do not serve it.
     pub fn alloc_for(&self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
-        let first = self.lane(registry::alloc_lane(kind, self.lane_mask())).try_alloc(bytes, kind, stream);
-        match first {
+        let own = registry::alloc_lane(kind, self.lane_mask());
+        let first = self.lane(own).try_alloc_in(bytes, kind, stream, Growth::Defer);
+        self.alloc_rest(first, bytes, kind, stream)
+    }
+
+    /// Goes on from the first try of an allocation in the calling thread's lane (`first`, with
+    /// `Growth::Defer`). When the lane declined to grow because the other lanes hold enough free
+    /// bytes: their free blocks (lanes busy now are passed over), then the own lane, compacting
+    /// or growing. Out of memory: see `alloc_after_release`.
+    pub fn alloc_rest(&self, first: Result<Option<u64>>, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
+        let own = registry::alloc_lane(kind, self.lane_mask());
+        let grown = match first {
+            Ok(Some(buffer)) => return Ok(buffer),
+            Ok(None) => match self.borrow(own, bytes, kind, stream) {
+                Some(buffer) => return Ok(buffer),
+                None => self.lane(own).try_alloc(bytes, kind, stream),
+            },
+            Err(e) => Err(e),
+        };
+        match grown {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.alloc_after_release(bytes, kind, stream),
             done => done,
         }
+    }
+
+    /// A buffer from the free blocks of a lane other than `own` that is not busy now, starting
+    /// with the next one (so that borrowers spread), or `None`.
+    fn borrow(&self, own: usize, bytes: u64, kind: MemoryKind, stream: u64) -> Option<u64> {
+        let mask = registry::kind_lane_mask(kind, self.lane_mask());
+        (1..=mask).map(|i| (own + i) & mask).find_map(|lane| {
+            let mut cell = registry::state_cell(self.slot, lane).try_lock()?;
+            cell.as_mut()?.try_alloc_in(bytes, kind, stream, Growth::Never).ok().flatten()
+        })
     }
 
     /// The out-of-memory rungs of `alloc`, for a caller whose `try_alloc` in its own lane ran

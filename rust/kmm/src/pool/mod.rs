@@ -143,6 +143,14 @@ pub trait Relocator {
         let _ = bytes;
         Vec::new()
     }
+    /// Whether the pool may compact or grow for a request of `size` bytes that its free blocks
+    /// and the spare chunks did not serve; the pool reserves `reserved` bytes. A caller that
+    /// would rather serve the request elsewhere (another lane's free blocks) says no, and the
+    /// pool returns out of memory without moving or reserving anything.
+    fn may_grow(&mut self, size: u64, reserved: u64) -> bool {
+        let _ = (size, reserved);
+        true
+    }
 }
 
 /// A source of blocks, as the manager sees one. Blocks go back stream-ordered: the manager

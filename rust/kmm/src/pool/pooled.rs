@@ -1,5 +1,6 @@
 //! A pool: chunks from an upstream, blocks from a suballocator. On a miss it first takes spare
-//! chunks from its caller (another lane's free ones), then grows by whole chunks. Free chunks
+//! chunks from its caller (another lane's free ones), then, if the caller agrees (it may rather
+//! serve the request from another lane's free blocks), compacts or grows by whole chunks. Free chunks
 //! leave only through `detach_free` (the manager gives them upstream once their fence passed)
 //! and `give_chunks` (to another lane).
 //!
@@ -111,6 +112,9 @@ impl Relocator for Counted<'_> {
     fn spare_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
         self.inner.spare_chunks(bytes)
     }
+    fn may_grow(&mut self, size: u64, reserved: u64) -> bool {
+        self.inner.may_grow(size, reserved)
+    }
     fn movable(&mut self, owner: Owner) -> bool {
         self.inner.movable(owner)
     }
@@ -138,6 +142,9 @@ impl MemoryResource for PoolResource {
             if let Some(block) = self.sub.alloc_movable(size, owner) {
                 return Ok(block);
             }
+        }
+        if !relocator.may_grow(size, self.counters.reserved) {
+            fail!(KMM_ERROR_OUT_OF_MEMORY, "{size} bytes: no free block, and the caller declined compaction and growth");
         }
         let chunk = self.sub.chunk_for(size, self.chunk_size);
         let past_ratio = self.growth_passes_ratio(size, chunk);
