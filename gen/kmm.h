@@ -1139,6 +1139,17 @@ void *kmm_torch_malloc(size_t size, int32_t device, void *stream);
 void kmm_torch_free(void *ptr, size_t size, int32_t device, void *stream);
 
 /**
+ * `Tensor.record_stream` for memory from `kmm_torch_malloc`: work on `stream` may use the
+ * allocation at `ptr` (the storage's base address), so its free, and any move or trim of its
+ * memory, waits for the work queued on `stream` by then. PyTorch's Python
+ * `CUDAPluggableAllocator` registers no record-stream function, so there `record_stream` does
+ * nothing; call this (Python: `kmm.torch.record_stream`), or register it from C++ with
+ * `allocator->set_record_stream_fn([](void *p, cudaStream_t s) { kmm_torch_record_stream(p, s); })`.
+ */
+KmmStatus kmm_torch_record_stream(void *ptr,
+                                  void *stream);
+
+/**
  * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
  */
 KmmStatus kmm_torch_live_allocations(uint64_t *out);

@@ -339,10 +339,11 @@ const _fp_kmm_torch_manager = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_free = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_torch_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_live_allocations)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
 
 """
     load!(path) -> handle
@@ -408,6 +409,7 @@ function load!(path::AbstractString)
     _fp_kmm_torch_set_oom_policy[] = something(Libdl.dlsym(lib, :kmm_torch_set_oom_policy; throw_error = false), C_NULL)
     _fp_kmm_torch_malloc[] = something(Libdl.dlsym(lib, :kmm_torch_malloc; throw_error = false), C_NULL)
     _fp_kmm_torch_free[] = something(Libdl.dlsym(lib, :kmm_torch_free; throw_error = false), C_NULL)
+    _fp_kmm_torch_record_stream[] = something(Libdl.dlsym(lib, :kmm_torch_record_stream; throw_error = false), C_NULL)
     _fp_kmm_torch_live_allocations[] = something(Libdl.dlsym(lib, :kmm_torch_live_allocations; throw_error = false), C_NULL)
     libkmm[] = path
     return lib
@@ -1625,6 +1627,35 @@ ignored (the error is readable with `kmm_last_error`).
     fp = _fp_kmm_torch_free[]
     fp == C_NULL && throw_missing(:kmm_torch_free)
     ccall(fp, Cvoid, (Ptr{Cvoid}, Csize_t, Int32, Ptr{Cvoid}), ptr, size, device, stream)
+end
+
+"""
+`Tensor.record_stream` for memory from `kmm_torch_malloc`: work on `stream` may use the
+allocation at `ptr` (the storage's base address), so its free, and any move or trim of its
+memory, waits for the work queued on `stream` by then. PyTorch's Python
+`CUDAPluggableAllocator` registers no record-stream function, so there `record_stream` does
+nothing; call this (Python: `kmm.torch.record_stream`), or register it from C++ with
+`allocator->set_record_stream_fn([](void *p, cudaStream_t s) { kmm_torch_record_stream(p, s); })`.
+
+Returns the status; `kmm_torch_record_stream` is the checked form.
+"""
+@inline function unchecked_kmm_torch_record_stream(ptr, stream)
+    fp = _fp_kmm_torch_record_stream[]
+    fp == C_NULL && throw_missing(:kmm_torch_record_stream)
+    ccall(fp, KmmStatus, (Ptr{Cvoid}, Ptr{Cvoid}), ptr, stream)
+end
+"""
+`Tensor.record_stream` for memory from `kmm_torch_malloc`: work on `stream` may use the
+allocation at `ptr` (the storage's base address), so its free, and any move or trim of its
+memory, waits for the work queued on `stream` by then. PyTorch's Python
+`CUDAPluggableAllocator` registers no record-stream function, so there `record_stream` does
+nothing; call this (Python: `kmm.torch.record_stream`), or register it from C++ with
+`allocator->set_record_stream_fn([](void *p, cudaStream_t s) { kmm_torch_record_stream(p, s); })`.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_torch_record_stream(ptr, stream)
+    check_status(unchecked_kmm_torch_record_stream(ptr, stream))
 end
 
 """

@@ -194,6 +194,7 @@ FUNCTIONS = {
     "kmm_torch_set_oom_policy": (S, [c_uint32]),
     "kmm_torch_malloc": (c_void_p, [c_size_t, c_int32, c_void_p]),
     "kmm_torch_free": (None, [c_void_p, c_size_t, c_int32, c_void_p]),
+    "kmm_torch_record_stream": (S, [c_void_p, c_void_p]),
     "kmm_torch_live_allocations": (S, [_u64p]),
     "kmm_cupy_set_manager": (S, [c_int32, c_uint64]),
     "kmm_cupy_set_stream_source": (S, [c_void_p, c_void_p]),

@@ -58,6 +58,19 @@ def manager(device=0):
     return Manager._borrow(out.value)
 
 
+def record_stream(tensor, stream):
+    """`tensor.record_stream(stream)` for a tensor whose memory came from Kmm's allocator: its
+    free, and any move or trim of its memory, then waits for the work queued on `stream`
+    (a `torch.cuda.Stream` or a raw `cudaStream_t` as an int). PyTorch's Python
+    `CUDAPluggableAllocator` registers no record-stream function, so `Tensor.record_stream`
+    itself does nothing with a pluggable allocator: call this instead."""
+    raw = getattr(stream, "cuda_stream", stream)
+    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
+        raise TypeError("stream = %r must be a torch.cuda.Stream or a raw stream (a non-negative int)" % (stream,))
+    storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+    check(_lib.lib.kmm_torch_record_stream(ctypes.c_void_p(storage.data_ptr()), ctypes.c_void_p(raw)))
+
+
 def live_allocations():
     """How many PyTorch allocations through Kmm are live."""
     out = ctypes.c_uint64()

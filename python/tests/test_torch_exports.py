@@ -70,3 +70,45 @@ def test_allocator_object_needs_torch_cuda():
     if not hasattr(torch._C, "_cuda_customAllocator"):
         pytest.skip("this torch build has no CUDA (CUDAPluggableAllocator needs one)")
     assert kt.allocator() is kt.allocator()
+
+
+class _Storage:
+    def __init__(self, ptr):
+        self._ptr = ptr
+
+    def data_ptr(self):
+        return self._ptr
+
+
+class _Tensor:
+    """What `record_stream` reads of a torch tensor: its storage's base address."""
+
+    def __init__(self, ptr):
+        self._storage = _Storage(ptr)
+
+    def untyped_storage(self):
+        return self._storage
+
+
+class _Stream:
+    def __init__(self, raw):
+        self.cuda_stream = raw
+
+
+def test_record_stream_records_on_the_buffer():
+    m = kt.manager(0)
+    other = kmm.Manager()  # on the host backend another manager's stream is a valid foreign stream
+    try:
+        p = lib.kmm_torch_malloc(1 << 16, 0, None)
+        kt.record_stream(_Tensor(p), _Stream(other.stream))
+        kt.record_stream(_Tensor(p), other.stream)
+        with pytest.raises(TypeError, match="stream = "):
+            kt.record_stream(_Tensor(p), "s")
+        with pytest.raises(TypeError, match="stream = "):
+            kt.record_stream(_Tensor(p), -1)
+        lib.kmm_torch_free(p, 1 << 16, 0, None)
+        with pytest.raises(kmm.KmmError, match="not allocated by kmm_torch_malloc"):
+            kt.record_stream(_Tensor(p), other.stream)
+        m.synchronize()
+    finally:
+        other.close()

@@ -455,3 +455,57 @@ fn plugin_free_waits_for_its_own_stream() {
         m.free(b);
     }
 }
+
+/// PyTorch's `record_stream` for memory from `kmm_torch_malloc`: freed on the stream it was
+/// allocated for, its memory still waits for a side stream recorded with
+/// `kmm_torch_record_stream`; unknown addresses are refused by name.
+#[test]
+fn torch_record_stream_orders_the_free() {
+    if gpu() {
+        return; // the side stream's work is a host closure: host backend only
+    }
+    use kmm::backend::host::HostBackend;
+    use kmm::ffi::torch::{kmm_torch_free, kmm_torch_malloc, kmm_torch_manager, kmm_torch_record_stream};
+    const LEN: usize = 1 << 16;
+    let mut manager = 0;
+    ok(kmm_torch_manager(0, &mut manager));
+    let host = HostBackend::get(0).expect("host device");
+    let (alloc_stream, side_stream) = (host.create_stream().expect("stream"), host.create_stream().expect("stream"));
+    let as_ptr = |raw: u64| raw as *mut c_void;
+    let ptr = kmm_torch_malloc(LEN, 0, as_ptr(alloc_stream.raw()));
+    assert!(!ptr.is_null());
+    let data = pattern(LEN, 21);
+    // SAFETY: LEN bytes of live host-backend memory, nothing queued on them yet.
+    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), ptr as *mut u8, LEN) };
+    ok(kmm_torch_record_stream(ptr, as_ptr(side_stream.raw())));
+    let (release, released) = mpsc::channel::<()>();
+    let (tx, seen) = mpsc::channel::<Vec<u8>>();
+    let addr = ptr as u64;
+    side_stream
+        .launch_host_fn(Box::new(move || {
+            let _ = released.recv();
+            // SAFETY: the free below waits for this stream, so the memory is still the tensor's.
+            let _ = tx.send(unsafe { std::slice::from_raw_parts(addr as *const u8, LEN) }.to_vec());
+        }))
+        .expect("queued");
+    kmm_torch_free(ptr, LEN, 0, as_ptr(alloc_stream.raw()));
+    let next: Vec<KmmBuffer> = (0..4)
+        .map(|_| {
+            let mut b = 0;
+            ok(kmm_buffer_alloc(manager, LEN as u64, DEVICE, &mut b));
+            ok(kmm_fill(manager, b, 0, LEN as u64, [0xEEu8].as_ptr().cast(), 1));
+            b
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(30));
+    release.send(()).expect("the side stream waits");
+    assert!(seen.recv().expect("read") == data, "the tensor's block was reused before the recorded side stream read it");
+    ok(kmm_manager_synchronize(manager));
+    for b in next {
+        ok(kmm_buffer_free(manager, b, 0));
+    }
+    let status = kmm_torch_record_stream(ptr, as_ptr(side_stream.raw()));
+    let message = last_error();
+    assert_eq!(status, KmmStatus::KMM_ERROR_INVALID_ARGUMENT);
+    assert!(message.contains("ptr = ") && message.contains("kmm_torch_malloc"), "{message}");
+}

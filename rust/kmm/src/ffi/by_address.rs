@@ -83,3 +83,12 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
     }
     freed
 }
+
+/// Records that work on `stream` may use the allocation at `ptr` (see `kmm_buffer_record_stream`).
+pub(super) fn record_by_address(table: &Mutex<ByAddress>, ptr: u64, stream: u64, owner: &str) -> Result<()> {
+    let found = lock(table).live.get(&ptr).copied();
+    let Some((mgr, b, _)) = found else {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
+    };
+    with_manager(mgr, |m| m.record_stream(b, stream))
+}

@@ -1,7 +1,7 @@
 //! PyTorch's `CUDAPluggableAllocator`: the allocation and free functions it loads, on a default
 //! Kmm manager per device.
 
-use super::by_address::{alloc_by_address, free_by_address, ByAddress};
+use super::by_address::{alloc_by_address, free_by_address, record_by_address, ByAddress};
 use super::types::*;
 use super::{boundary, check_out, write_out};
 use crate::error::{lock, KmmStatus, Result};
@@ -102,6 +102,17 @@ pub extern "C" fn kmm_torch_free(ptr: *mut c_void, size: usize, device: i32, str
         return;
     }
     let _ = boundary(|| free_by_address(torch_state(), ptr as u64, None, Some(stream as u64), "kmm_torch_malloc"));
+}
+
+/// `Tensor.record_stream` for memory from `kmm_torch_malloc`: work on `stream` may use the
+/// allocation at `ptr` (the storage's base address), so its free, and any move or trim of its
+/// memory, waits for the work queued on `stream` by then. PyTorch's Python
+/// `CUDAPluggableAllocator` registers no record-stream function, so there `record_stream` does
+/// nothing; call this (Python: `kmm.torch.record_stream`), or register it from C++ with
+/// `allocator->set_record_stream_fn([](void *p, cudaStream_t s) { kmm_torch_record_stream(p, s); })`.
+#[no_mangle]
+pub extern "C" fn kmm_torch_record_stream(ptr: *mut c_void, stream: *mut c_void) -> KmmStatus {
+    boundary(|| record_by_address(torch_state(), ptr as u64, stream as u64, "kmm_torch_malloc"))
 }
 
 /// How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
