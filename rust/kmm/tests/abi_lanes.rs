@@ -138,3 +138,19 @@ fn pinned_memory_and_other_modes_stay_in_lane_zero() {
         }
     }
 }
+
+/// An entirely free chunk of another lane moves to the lane that needs room (so that thread then
+/// allocates under its own lock), rather than being borrowed from or left idle while the lane
+/// grows.
+#[test]
+fn a_free_chunk_moves_to_the_lane_that_needs_it() {
+    let m = manager(|_| {});
+    let first = m.alloc(CHUNK, DEVICE);
+    m.free(first);
+    let (served, lane) = on_another_lane(|| (m.alloc(CHUNK / 2, DEVICE), thread_lane()));
+    assert_ne!(lane_of(served), lane_of(first), "served from the first lane's chunk in place, not moved");
+    assert_eq!(lane_of(served), lane, "served in the allocating thread's lane");
+    let s = m.stats(DEVICE);
+    assert_eq!((s.reserved, s.upstream_allocs), (CHUNK, 1), "the free chunk was reused, not a new one reserved");
+    m.free(served);
+}
