@@ -282,7 +282,7 @@ fn main() {
         ok(kmm_manager_destroy(m, 0));
         1e9 / ns
     };
-    let parallel_once = |shared: bool, threads: usize| -> (f64, (u64, u64), KmmMemoryStats) {
+    let parallel_once = |shared: bool, threads: usize| -> (f64, (u64, u64), KmmMemoryStats, KmmMemoryStats) {
         let common = if shared { manager(backend, |_| {}) } else { 0 };
         let managers: Vec<KmmManager> = (0..threads).map(|_| if shared { common } else { manager(backend, |_| {}) }).collect();
         let traces = &traces[..threads];
@@ -326,18 +326,18 @@ fn main() {
         for m in destroyed {
             ok(kmm_manager_destroy(m, 0));
         }
-        ((threads * ops_per_thread) as f64 / secs, growth, after)
+        ((threads * ops_per_thread) as f64 / secs, growth, after, before)
     };
     // Median of three runs: one run of a few tens of milliseconds moves by a third on a shared
     // machine.
     let parallel = |shared: bool, threads: usize| {
-        let mut runs: Vec<(f64, (u64, u64), KmmMemoryStats)> = (0..3).map(|_| parallel_once(shared, threads)).collect();
+        let mut runs: Vec<(f64, (u64, u64), KmmMemoryStats, KmmMemoryStats)> = (0..3).map(|_| parallel_once(shared, threads)).collect();
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
         runs[1]
     };
-    let (separate, _, _) = parallel(false, threads);
-    let (separate8, _, _) = parallel(false, threads / 2);
-    let (shared, (shared_grown, shared_compacted), shared_stats) = parallel(true, threads);
+    let (separate, _, _, _) = parallel(false, threads);
+    let (separate8, _, _, _) = parallel(false, threads / 2);
+    let (shared, (shared_grown, shared_compacted), shared_stats, warmed_stats) = parallel(true, threads);
     let machine = machine_scaling(threads);
     r.row("1 thread, trace R", format!("{:.2} Mops/s", one / 1e6), "");
     let half = threads / 2;
@@ -355,10 +355,12 @@ fn main() {
     r.row(
         &format!("{threads} threads, one shared manager: peak reserved / peak in use (timed run)"),
         format!(
-            "{:.3} ({} / {} bytes)",
+            "{:.3} ({} / {} bytes; the warm-up before it peaked at {} bytes in use, {:.3} of the timed run's peak)",
             shared_stats.peak_reserved as f64 / shared_stats.peak_in_use as f64,
             shared_stats.peak_reserved,
-            shared_stats.peak_in_use
+            shared_stats.peak_in_use,
+            warmed_stats.peak_in_use,
+            warmed_stats.peak_in_use as f64 / shared_stats.peak_in_use as f64
         ),
         "<= 1.10",
     );
