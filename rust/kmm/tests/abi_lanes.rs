@@ -11,6 +11,8 @@ const CHUNK: u64 = 2 << 20;
 
 fn manager(f: impl FnOnce(&mut KmmConfig)) -> Mgr {
     Mgr::with(|c| {
+        // Lanes are the pool mode's (other modes use one), whatever KMM_TEST_ALLOC_MODE says.
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
         c.chunk_size = CHUNK;
         c.compaction_ratio_pct = 0;
         f(c);

@@ -183,7 +183,7 @@ fn lanes_do_not_strand_memory() {
 #[test]
 fn lanes_share_free_blocks() {
     const BLOCK: u64 = 4 * MIB;
-    let m = Mgr::new();
+    let m = Mgr::with(|c| c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32); // lanes are the pool's
     let kept: Vec<KmmBuffer> = std::thread::scope(|s| {
         s.spawn(|| {
             let all: Vec<KmmBuffer> = (0..64).map(|_| m.alloc(BLOCK, DEVICE)).collect();
