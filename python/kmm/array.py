@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import _lib, dlpack
+from . import _args, _lib, dlpack
 from .buffer import Buffer, _Imported
 from .manager import default_manager, kind_code
 
@@ -44,11 +44,14 @@ class DeviceArray:
     __slots__ = ("buffer", "shape", "dtype", "strides", "offset", "__weakref__")
 
     def __init__(self, buffer, shape, dtype, strides=None, offset=0):
-        dtype = np.dtype(dtype)
-        shape = tuple(int(n) for n in shape)
-        if any(n < 0 for n in shape):
-            raise ValueError("negative dimension in shape %s" % (shape,))
-        strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(int(s) for s in strides)
+        dtype = _args.plain_dtype(dtype)
+        shape = _args.shape(shape)
+        if strides is None:
+            strides = c_strides(shape, dtype.itemsize)
+        else:
+            strides = tuple(_args.integer(s, "strides[%d]" % i, -(1 << 63), (1 << 63) - 1)
+                            for i, s in enumerate(_args.shape_like(strides, "strides")))
+        offset = _args.integer(offset, "offset", -(1 << 63), (1 << 63) - 1)
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
         lo, hi = extent(shape, strides, dtype.itemsize)
@@ -60,16 +63,15 @@ class DeviceArray:
         self.shape = shape
         self.dtype = dtype
         self.strides = strides
-        self.offset = int(offset)
+        self.offset = offset
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
     def empty(cls, shape, dtype="float32", manager=None, kind="device"):
-        if isinstance(shape, int):
-            shape = (shape,)
-        dtype = np.dtype(dtype)
+        shape = _args.shape(shape)
+        dtype = _args.plain_dtype(dtype)
+        nbytes = _args.array_bytes(shape, dtype)
         manager = manager or default_manager()
-        nbytes = math.prod(shape) * dtype.itemsize
         return cls(Buffer._alloc(manager, nbytes, kind_code(kind)), shape, dtype)
 
     @classmethod
@@ -81,8 +83,9 @@ class DeviceArray:
 
     @classmethod
     def from_host(cls, host, manager=None, kind="device"):
-        """A copy of a host array (anything `numpy.asarray` accepts)."""
-        host = np.ascontiguousarray(host)
+        """A copy of a host array (anything `numpy.asarray` accepts; 0-d arrays stay 0-d)."""
+        host = np.require(host, requirements="C")
+        _args.plain_dtype(host.dtype, "the host array's dtype")
         a = cls.empty(host.shape, host.dtype, manager, kind)
         a.buffer.copy_from_host(host)
         return a
@@ -96,11 +99,14 @@ class DeviceArray:
         manager = manager or default_manager()
         if cai.get("mask") is not None:
             raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
-        dtype = np.dtype(cai["typestr"])
-        shape = tuple(cai["shape"])
+        dtype = _args.plain_dtype(cai["typestr"], "typestr")
+        shape = _args.shape(cai["shape"], "shape")
         strides = cai.get("strides")
-        strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(strides)
-        ptr = int(cai["data"][0] or 0)
+        strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(
+            _args.integer(s, "strides[%d]" % i, -(1 << 63), (1 << 63) - 1) for i, s in enumerate(strides))
+        ptr = _args.integer(cai["data"][0] or 0, "data[0]")
+        if len(strides) != len(shape):
+            raise ValueError("strides %s do not match shape %s" % (strides, shape))
         lo, hi = extent(shape, strides, dtype.itemsize)
         _foreign_stream_wait(manager, cai.get("stream"))
         base = ptr + lo if hi > lo else 0
@@ -188,6 +194,11 @@ class DeviceArray:
             raise TypeError("len() of a 0-d array")
         return self.shape[0]
 
+    def __array__(self, dtype=None, copy=None):
+        # As CuPy: device memory is never copied to the host behind the caller's back (NumPy
+        # would otherwise make a 0-d object array holding this object).
+        raise TypeError("a kmm.DeviceArray is not converted implicitly: use .get() for a NumPy copy")
+
     # -- copies ---------------------------------------------------------------------------
     def get(self):
         """A NumPy copy of the content."""
@@ -210,7 +221,7 @@ class DeviceArray:
         """Copies a host array of the same shape (C-contiguous arrays only)."""
         if not self.is_c_contiguous:
             raise ValueError("set() needs a C-contiguous DeviceArray")
-        host = np.ascontiguousarray(host, dtype=self.dtype)
+        host = np.require(host, dtype=self.dtype, requirements="C")
         if host.shape != self.shape:
             raise ValueError("shape %s does not match %s" % (host.shape, self.shape))
         self.buffer.copy_from_host(host, offset=self.offset)
@@ -220,14 +231,15 @@ class DeviceArray:
 
     def view(self, dtype):
         """The same memory read as another dtype of the same item size."""
-        dtype = np.dtype(dtype)
+        dtype = _args.plain_dtype(dtype)
         if dtype.itemsize != self.itemsize:
             raise ValueError("view() needs a dtype of the same item size")
         return DeviceArray(self.buffer, self.shape, dtype, self.strides, self.offset)
 
     def reshape(self, *shape):
-        if len(shape) == 1 and not isinstance(shape[0], int):
-            shape = tuple(shape[0])
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = shape[0]
+        shape = _args.shape(shape)
         if not self.is_c_contiguous or math.prod(shape) != self.size:
             raise ValueError("cannot reshape %s to %s" % (self.shape, shape))
         return DeviceArray(self.buffer, shape, self.dtype, None, self.offset)

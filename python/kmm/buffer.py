@@ -1,10 +1,11 @@
 """`kmm.Buffer`: one handle-backed allocation of device or pinned memory."""
 
 import ctypes
+import threading
 
 import numpy as np
 
-from . import _lib
+from . import _args, _lib
 from ._errors import InvalidHandleError, check
 
 _lib_ = _lib.lib
@@ -13,6 +14,21 @@ KIND_NAMES = {v: k for k, v in KINDS.items()}
 _plugin_alloc = _lib_.kmm_plugin_alloc
 _buffer_free = _lib_.kmm_buffer_free
 FORCE = _lib.KMM_FREE_FORCE
+#: Guards the export counts of buffers and managers (exports are rare; allocation never takes it).
+_export_lock = threading.Lock()
+
+
+class _ExportToken:
+    """Held by an exported object (the ctypes array under a `host_view` memoryview): ends the
+    export when that object dies."""
+
+    __slots__ = ("_release",)
+
+    def __init__(self, release):
+        self._release = release
+
+    def __del__(self):
+        self._release()
 
 
 def _scratch(manager):
@@ -43,9 +59,16 @@ class Buffer:
 
     The buffer stays mapped (its address valid) for its whole life. It is freed, stream-ordered
     and without blocking, by `close()` or on garbage collection. It exports
-    `__cuda_array_interface__` and DLPack as a 1-D uint8 array; `DeviceArray` adds shape and dtype."""
+    `__cuda_array_interface__` and DLPack as a 1-D uint8 array; `DeviceArray` adds shape and dtype.
 
-    __slots__ = ("_manager", "_handle", "_ptr", "nbytes", "_kind", "__weakref__")
+    Exports and `close()`: memoryviews from `host_view()` and DLPack capsules (and the arrays
+    consumers make from them) hold the memory. `close()` (of the buffer or of its manager) while
+    such exports live closes the Python object at once (its methods, `ptr` and
+    `__cuda_array_interface__` raise) and frees the memory when the last export lets go. A
+    `__cuda_array_interface__` consumer holds the exporting object, which garbage collection then
+    never frees; an explicit `close()` is the caller's word that no consumer still uses `ptr`."""
+
+    __slots__ = ("_manager", "_handle", "_ptr", "nbytes", "_kind", "_exports", "_pending", "__weakref__")
 
     @classmethod
     def _alloc(cls, manager, nbytes, kind):
@@ -59,6 +82,8 @@ class Buffer:
         self._ptr = scratch[1]
         self.nbytes = nbytes
         self._kind = kind
+        self._exports = 0
+        self._pending = 0
         return self
 
     # -- properties -----------------------------------------------------------------------
@@ -84,7 +109,8 @@ class Buffer:
 
     @property
     def closed(self):
-        return self._handle == 0
+        """True once the buffer or its manager is closed."""
+        return self._handle == 0 or self._manager.closed
 
     def __len__(self):
         return self.nbytes
@@ -92,7 +118,35 @@ class Buffer:
     def _live(self):
         if not self._handle:
             raise InvalidHandleError("the buffer is closed")
+        if self._manager.closed:
+            raise InvalidHandleError("the buffer's manager is closed")
         return self._handle
+
+    def _export(self):
+        """Counts an export of the memory and returns the function (idempotent) that ends it; a
+        `close()` meanwhile defers the free until the last export ends."""
+        self._live()
+        manager = self._manager
+        with _export_lock:
+            self._exports += 1
+            manager._exports += 1
+        ended = []
+
+        def release():
+            with _export_lock:
+                if ended:
+                    return
+                ended.append(True)
+                self._exports -= 1
+                manager._exports -= 1
+                handle = self._pending if self._exports == 0 else 0
+                if handle:
+                    self._pending = 0
+            if handle and manager._handle:
+                _buffer_free(manager._handle, handle, FORCE)
+            manager._end_deferred_close()
+
+        return release
 
     def record_stream(self, stream):
         """Records that work on the raw `stream` may use this buffer's memory (as PyTorch's
@@ -100,7 +154,7 @@ class Buffer:
         on that stream up to the free. Record every stream a consumer of `ptr` (CAI, Numba, CuPy
         kernels) uses other than the manager's; the stream must stay alive until the buffer is
         freed. DLPack exports record the consumer's stream themselves."""
-        check(_lib_.kmm_buffer_record_stream(self._manager._live(), self._live(), int(stream)))
+        check(_lib_.kmm_buffer_record_stream(self._manager._live(), self._live(), _args.stream(stream)))
 
     def info(self):
         """{"bytes", "kind", "pins"} as libkmm reports them."""
@@ -109,15 +163,20 @@ class Buffer:
         return {"bytes": i.bytes, "kind": KIND_NAMES[i.kind], "pins": i.pins}
 
     # -- copies ---------------------------------------------------------------------------
-    def _range(self, offset, nbytes):
-        if offset < 0 or nbytes < 0 or offset + nbytes > self.nbytes:
-            raise IndexError("bytes %d..%d are outside the buffer of %d bytes" % (offset, offset + nbytes, self.nbytes))
+    def _range(self, offset, nbytes, offset_name="offset", nbytes_name="nbytes"):
+        """Checked (offset, nbytes) of a byte range inside the buffer."""
+        offset = _args.nbytes(offset, offset_name)
+        nbytes = _args.nbytes(nbytes, nbytes_name)
+        if offset + nbytes > self.nbytes:
+            raise IndexError("bytes %d..%d (%s, %s) are outside the buffer of %d bytes"
+                             % (offset, offset + nbytes, offset_name, nbytes_name, self.nbytes))
+        return offset, nbytes
 
     def copy_from_host(self, src, offset=0):
         """Copies a host object with the buffer protocol (NumPy array, bytes, ...) into the
         buffer at byte `offset`; returns when done."""
         addr, n, keep = host_address(src, writable=False)
-        self._range(offset, n)
+        offset, n = self._range(offset, n)
         check(_lib_.kmm_copy_to_device(self._manager._live(), self._live(), offset, addr, n))
         del keep
         return self
@@ -125,38 +184,55 @@ class Buffer:
     def copy_to_host(self, dst=None, offset=0, nbytes=None):
         """Copies the buffer (from byte `offset`) into a writable host object `dst` (its size
         decides how much), or into a new bytearray of `nbytes` (default: the rest); returns it."""
+        offset = _args.nbytes(offset, "offset")
         if dst is None:
-            dst = bytearray(self.nbytes - offset if nbytes is None else nbytes)
+            nbytes = max(self.nbytes - offset, 0) if nbytes is None else nbytes
+            self._range(offset, nbytes)
+            dst = bytearray(nbytes)
         addr, n, keep = host_address(dst, writable=True)
-        self._range(offset, n)
+        offset, n = self._range(offset, n)
         check(_lib_.kmm_copy_to_host(self._manager._live(), addr, self._live(), offset, n))
         del keep
         return dst
 
     def copy_from(self, src, dst_offset=0, src_offset=0, nbytes=None):
         """Stream-ordered copy from another Buffer (of this or another manager of the same backend)."""
+        if not isinstance(src, Buffer):
+            raise TypeError("src = %r must be a kmm.Buffer" % (src,))
+        dst_offset = _args.nbytes(dst_offset, "dst_offset")
+        src_offset = _args.nbytes(src_offset, "src_offset")
         if nbytes is None:
-            nbytes = min(self.nbytes - dst_offset, src.nbytes - src_offset)
+            nbytes = max(min(self.nbytes - dst_offset, src.nbytes - src_offset), 0)
+        dst_offset, nbytes = self._range(dst_offset, nbytes, "dst_offset")
+        src_offset, nbytes = src._range(src_offset, nbytes, "src_offset")
         check(_lib_.kmm_copy_buffer(self._manager._live(), self._live(), dst_offset,
                                     src._manager._live(), src._live(), src_offset, nbytes))
         return self
 
     def fill(self, pattern, offset=0, nbytes=None):
         """Fills bytes with repeats of `pattern` (bytes, 1 to 4096 long). Stream-ordered."""
+        if not isinstance(pattern, (bytes, bytearray, memoryview)):
+            raise TypeError("pattern = %r must be bytes (1 to 4096 of them)" % (pattern,))
         pattern = bytes(pattern)
+        offset = _args.nbytes(offset, "offset")
         if nbytes is None:
-            nbytes = self.nbytes - offset
+            nbytes = max(self.nbytes - offset, 0)
+        offset, nbytes = self._range(offset, nbytes)
         check(_lib_.kmm_fill(self._manager._live(), self._live(), offset, nbytes, pattern, len(pattern)))
         return self
 
     def host_view(self):
-        """A writable memoryview of pinned memory (or of any memory on the host backend)."""
+        """A writable memoryview of pinned memory (or of any memory on the host backend). It holds
+        the memory: a `close()` meanwhile frees it once the view (and every array made from it)
+        is released or collected."""
         if self._kind != _lib.KMM_MEMORY_PINNED and self._manager.backend != "host":
             raise TypeError("only pinned buffers (or buffers of the host backend) are host-addressable")
         self._live()
         if self.nbytes == 0:
             return memoryview(bytearray())
-        return memoryview((ctypes.c_ubyte * self.nbytes).from_address(self._ptr)).cast("B")
+        memory = (ctypes.c_ubyte * self.nbytes).from_address(self._ptr)
+        memory._kmm_export = _ExportToken(self._export())
+        return memoryview(memory).cast("B")
 
     def ipc_handle(self):
         """(handle, offset): the 64-byte CUDA IPC handle of the device allocation holding this
@@ -173,9 +249,11 @@ class Buffer:
         """A `DeviceArray` view of this buffer."""
         from .array import DeviceArray
 
-        dtype = np.dtype(dtype)
+        self._live()
+        dtype = _args.plain_dtype(dtype)
+        offset = _args.nbytes(offset, "offset")
         if shape is None:
-            shape = ((self.nbytes - offset) // dtype.itemsize,)
+            shape = (max(self.nbytes - offset, 0) // dtype.itemsize,)
         return DeviceArray(self, shape, dtype, strides=strides, offset=offset)
 
     @property
@@ -192,9 +270,14 @@ class Buffer:
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self):
-        """Frees the buffer (stream-ordered, non-blocking). Idempotent. Arrays and exports that
-        still point at it must not be used afterwards."""
-        h, self._handle = self._handle, 0
+        """Frees the buffer (stream-ordered, non-blocking), or, while `host_view` memoryviews or
+        DLPack exports of it live, once the last of them lets go. Idempotent. Its arrays and
+        `ptr` must not be used afterwards."""
+        with _export_lock:
+            h, self._handle = self._handle, 0
+            if h and self._exports:
+                self._pending = h
+                return
         if h and self._manager._handle:
             check(_buffer_free(self._manager._handle, h, FORCE))
 
@@ -236,5 +319,7 @@ class _Imported(Buffer):
         self._ptr = ptr
         self.nbytes = nbytes
         self._kind = kind
+        self._exports = 0
+        self._pending = 0
         self._owner = owner
         return self

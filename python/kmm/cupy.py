@@ -21,7 +21,7 @@ import threading
 
 import cupy
 
-from . import _lib
+from . import _args, _lib
 from ._errors import OutOfMemoryError, check, error
 from .manager import Manager
 
@@ -53,8 +53,7 @@ def configure(**config):
 
 def manager(device=None):
     """The Kmm manager serving CuPy on `device` (default: CuPy's current device)."""
-    if device is None:
-        device = _get_device_id()
+    device = _get_device_id() if device is None else _args.device(device)
     m = _managers.get(device)
     if m is None:
         with _lock:

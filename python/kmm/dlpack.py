@@ -72,15 +72,22 @@ NAME_VERSIONED = b"dltensor_versioned"
 NAME_USED_LEGACY = b"used_dltensor"
 NAME_USED_VERSIONED = b"used_dltensor_versioned"
 
-# Exported tensors alive in C: struct address -> (struct, shape, strides, owner).
+# Exported tensors alive in C: struct address -> (struct, shape, strides, owner, release), where
+# release ends the buffer's export count (a close() meanwhile frees the memory then).
 _exports = {}
 _exports_lock = threading.Lock()
 
 
+def _end_export(address):
+    with _exports_lock:
+        entry = _exports.pop(address, None)
+    if entry is not None:
+        entry[-1]()
+
+
 @DELETER
 def _deleter(address):
-    with _exports_lock:
-        _exports.pop(address, None)
+    _end_export(address)
 
 
 _capsule_destructor_raw = ctypes.CFUNCTYPE(None, c_void_p)
@@ -96,8 +103,7 @@ def _capsule_destructor(capsule):
     # Runs when a capsule dies; a consumer that took the tensor renamed it to "used_*".
     for name in (NAME_LEGACY, NAME_VERSIONED):
         if _raw_is_valid(capsule, name):
-            with _exports_lock:
-                _exports.pop(_raw_get_pointer(capsule, name), None)
+            _end_export(_raw_get_pointer(capsule, name))
             return
 
 
@@ -201,8 +207,9 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
         t.version = DLPackVersion(*VERSION)
         t.flags = 0
     address = ctypes.addressof(t)
+    release = buffer._export()
     with _exports_lock:
-        _exports[address] = (t, shape, strides, array)
+        _exports[address] = (t, shape, strides, array, release)
     return _api.PyCapsule_New(address, NAME_VERSIONED if versioned else NAME_LEGACY, _DESTRUCTOR_ADDR)
 
 

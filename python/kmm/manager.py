@@ -3,9 +3,9 @@
 import ctypes
 import threading
 
-from . import _lib
+from . import _args, _lib
 from ._errors import InvalidHandleError, check
-from .buffer import KIND_NAMES, KINDS, Buffer
+from .buffer import KIND_NAMES, KINDS, Buffer, _export_lock
 
 _lib_ = _lib.lib
 
@@ -26,7 +26,7 @@ def _name(table, value):
 
 def kind_code(kind):
     """"device" | "pinned" (or the KmmMemoryKind integer) -> the integer."""
-    if isinstance(kind, int) and kind in KIND_NAMES:
+    if isinstance(kind, int) and not isinstance(kind, bool) and kind in KIND_NAMES:
         return kind
     try:
         return KINDS[kind]
@@ -34,11 +34,21 @@ def kind_code(kind):
         raise ValueError("kind = %r must be \"device\" or \"pinned\"" % (kind,)) from None
 
 
+#: The range of each C integer type of KmmConfig's fields.
+_RANGES = {
+    ctypes.c_uint64: (0, _args.U64_MAX),
+    ctypes.c_uint32: (0, (1 << 32) - 1),
+    ctypes.c_int32: (_args.I32_MIN, _args.I32_MAX),
+}
+
+
 def make_config(**config):
-    """A KmmConfig from keyword arguments named like its fields; enums as strings or integers."""
+    """A KmmConfig from keyword arguments named like its fields; enums as strings or integers.
+    Every value must be an integer in its C field's range (no wrap or truncation); libkmm then
+    checks the bounds of each option."""
     c = _lib.KmmConfig()
     check(_lib_.kmm_config_default(ctypes.byref(c)))
-    fields = {name for name, _ in _lib.KmmConfig._fields_}
+    fields = dict(_lib.KmmConfig._fields_)
     for key, value in config.items():
         if key not in fields:
             raise TypeError("unknown Kmm config option %r (options: %s)" % (key, ", ".join(sorted(fields))))
@@ -48,8 +58,9 @@ def make_config(**config):
             except KeyError:
                 raise ValueError("%s = %r must be one of %s" % (key, value, ", ".join(_ENUMS[key]))) from None
         if value is None and key == "release_threshold":
-            value = (1 << 64) - 1
-        setattr(c, key, int(value))
+            value = _args.U64_MAX
+        lo, hi = _RANGES[fields[key]]
+        setattr(c, key, _args.integer(value, key, lo, hi))
     return c
 
 
@@ -67,6 +78,8 @@ class Manager:
     def __init__(self, **config):
         self._handle = 0
         self._owned = True
+        self._exports = 0
+        self._pending = 0
         cfg = make_config(**config)
         out = ctypes.c_uint64()
         check(_lib_.kmm_manager_create(ctypes.byref(cfg), ctypes.byref(out)))
@@ -79,6 +92,8 @@ class Manager:
         self = cls.__new__(cls)
         self._handle = handle
         self._owned = False
+        self._exports = 0
+        self._pending = 0
         self._init_info()
         return self
 
@@ -100,7 +115,9 @@ class Manager:
 
     @property
     def stream(self):
-        """The manager's raw stream: a CUstream (as an int) on CUDA, an opaque id on the host backend."""
+        """The manager's raw stream: a CUstream (as an int) on CUDA, an opaque id on the host
+        backend. Raises once the manager is closed (the stream is gone)."""
+        self._live()
         return self._stream
 
     @property
@@ -132,7 +149,7 @@ class Manager:
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes, kind="device"):
         """A new `Buffer` of `nbytes` bytes of "device" or "pinned" memory."""
-        return Buffer._alloc(self, int(nbytes), kind_code(kind))
+        return Buffer._alloc(self, _args.nbytes(nbytes), kind_code(kind))
 
     def empty(self, shape, dtype="float32", kind="device"):
         """A new uninitialized `DeviceArray`."""
@@ -173,7 +190,7 @@ class Manager:
 
     def trim(self, keep_bytes=0):
         """Waits for the stream, then gives cached memory back down to `keep_bytes` per pool."""
-        check(_lib_.kmm_manager_trim(self._live(), int(keep_bytes)))
+        check(_lib_.kmm_manager_trim(self._live(), _args.nbytes(keep_bytes, "keep_bytes")))
 
     def synchronize(self):
         """Waits for all work queued on the manager's stream."""
@@ -181,18 +198,32 @@ class Manager:
 
     def wait_stream(self, stream):
         """The manager's stream waits for the work queued so far on the raw `stream`."""
-        check(_lib_.kmm_manager_wait_stream(self._live(), int(stream)))
+        check(_lib_.kmm_manager_wait_stream(self._live(), _args.stream(stream)))
 
     def signal_stream(self, stream):
         """The raw `stream` waits for the work queued so far on the manager's stream."""
-        check(_lib_.kmm_manager_signal_stream(self._live(), int(stream)))
+        check(_lib_.kmm_manager_signal_stream(self._live(), _args.stream(stream)))
 
     # -- lifetime -------------------------------------------------------------------------
     def close(self):
-        """Destroys the manager (waits for its stream, frees what is left). Idempotent."""
-        h, self._handle = self._handle, 0
+        """Destroys the manager (waits for its stream, frees what is left). Idempotent. While
+        `host_view` memoryviews or DLPack exports of its buffers live, the manager closes at once
+        for Python (its methods raise) and is destroyed when the last export lets go."""
+        with _export_lock:
+            h, self._handle = self._handle, 0
+            if h and self._owned and self._exports:
+                self._pending = h
+                return
         if h and self._owned:
             check(_lib_.kmm_manager_destroy(h, 0))
+
+    def _end_deferred_close(self):
+        """After an export ended: destroys a closed manager once no export is left."""
+        with _export_lock:
+            h = self._pending if self._exports == 0 else 0
+            self._pending = 0 if h else self._pending
+        if h:
+            _lib_.kmm_manager_destroy(h, _lib.KMM_DESTROY_DEFERRED)
 
     def __enter__(self):
         return self
@@ -225,6 +256,7 @@ _default_lock = threading.Lock()
 
 def default_manager(device=0):
     """The process-wide manager of `device` (default configuration; created on first use)."""
+    device = _args.device(device)
     m = _default.get(device)
     if m is None or m.closed:
         with _default_lock:

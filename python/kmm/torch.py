@@ -16,7 +16,7 @@ instead, for PyTorch builds that check it.
 
 import ctypes
 
-from . import _lib
+from . import _args, _lib
 from ._errors import check
 from .manager import Manager
 
@@ -54,7 +54,7 @@ def allocator(on_oom="abort"):
 def manager(device=0):
     """The Kmm manager serving PyTorch on `device` (owned by libkmm; `close()` does nothing)."""
     out = ctypes.c_uint64()
-    check(_lib.lib.kmm_torch_manager(int(device), ctypes.byref(out)))
+    check(_lib.lib.kmm_torch_manager(_args.device(device), ctypes.byref(out)))
     return Manager._borrow(out.value)
 
 
@@ -64,9 +64,7 @@ def record_stream(tensor, stream):
     (a `torch.cuda.Stream` or a raw `cudaStream_t` as an int). PyTorch's Python
     `CUDAPluggableAllocator` registers no record-stream function, so `Tensor.record_stream`
     itself does nothing with a pluggable allocator: call this instead."""
-    raw = getattr(stream, "cuda_stream", stream)
-    if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
-        raise TypeError("stream = %r must be a torch.cuda.Stream or a raw stream (a non-negative int)" % (stream,))
+    raw = _args.stream(getattr(stream, "cuda_stream", stream))
     storage = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
     check(_lib.lib.kmm_torch_record_stream(ctypes.c_void_p(storage.data_ptr()), ctypes.c_void_p(raw)))
 

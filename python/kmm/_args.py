@@ -1,0 +1,89 @@
+"""Argument checks shared by every public function: exact integers within the range of the C type
+they become (no silent truncation, wrap or coercion from floats, strings or bools), plain-data
+element types, and sizes libkmm can hold. Each error names the argument and the bound, as
+libkmm's own messages do."""
+
+import operator
+
+import numpy as np
+
+from ._errors import InvalidArgumentError, SizeOverflowError
+
+U64_MAX = (1 << 64) - 1
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+#: The largest buffer libkmm allocates (KMM_ERROR_SIZE_OVERFLOW beyond).
+MAX_BUFFER_BYTES = 1 << 48
+
+
+def integer(value, name, lo=0, hi=U64_MAX, error=InvalidArgumentError):
+    """`value` as an int if it is an integer (int, NumPy integer, anything with `__index__`;
+    not a bool) in `lo..hi`. TypeError for other types, `error` outside the range."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s = %r must be an integer, not a bool" % (name, value))
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError("%s = %r must be an integer (got %s)" % (name, value, type(value).__name__)) from None
+    if v < lo or v > hi:
+        raise error("%s = %d is outside %s..%s" % (name, v, _bound(lo), _bound(hi)))
+    return v
+
+
+def _bound(n):
+    for text, value in (("2^64 - 1", U64_MAX), ("2^48", MAX_BUFFER_BYTES), ("2^31 - 1", I32_MAX), ("-2^31", I32_MIN)):
+        if n == value:
+            return text
+    return str(n)
+
+
+def nbytes(value, name="nbytes"):
+    """A byte count: 0..2^64 - 1 (libkmm refuses more than 2^48 with its own message)."""
+    return integer(value, name, 0, U64_MAX, SizeOverflowError)
+
+
+def stream(value, name="stream"):
+    """A raw stream handle (a CUstream as an int, or a host-backend stream id)."""
+    return integer(value, name)
+
+
+def device(value, name="device"):
+    return integer(value, name, 0, I32_MAX)
+
+
+def plain_dtype(dtype, name="dtype"):
+    """A NumPy dtype whose items are plain bytes: Kmm memory cannot hold Python objects (their
+    references would not be counted) or zero-size items."""
+    d = np.dtype(dtype)
+    if d.hasobject:
+        raise TypeError("%s = %s holds Python objects; Kmm memory holds plain data only "
+                        "(numbers, bools, fixed-size strings and records of them)" % (name, d))
+    if d.itemsize == 0:
+        raise TypeError("%s = %s has items of 0 bytes" % (name, d))
+    return d
+
+
+def shape(value, name="shape"):
+    """A shape: an integer or a sequence of integers, each 0..2^64 - 1."""
+    if not isinstance(value, (tuple, list)) and hasattr(type(value), "__index__"):
+        value = (value,)
+    dims = shape_like(value, name)
+    return tuple(integer(n, "%s[%d]" % (name, i), 0, U64_MAX) for i, n in enumerate(dims))
+
+
+def shape_like(value, name):
+    """A sequence of integers as a tuple (TypeError naming `name` otherwise)."""
+    try:
+        return tuple(value)
+    except TypeError:
+        raise TypeError("%s = %r must be a sequence of integers" % (name, value)) from None
+
+
+def array_bytes(dims, dtype, name="shape"):
+    """Bytes of a C-contiguous array of `dims` and `dtype`, at most 2^48."""
+    n = dtype.itemsize
+    for d in dims:
+        n *= d
+    if n > MAX_BUFFER_BYTES:
+        raise SizeOverflowError("%s = %s of %s is %d bytes, more than the largest buffer (2^48 bytes)"
+                                % (name, dims, dtype, n))
+    return n
