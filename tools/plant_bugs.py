@@ -7,7 +7,8 @@ to show each test family catches the bug it targets. Never touches the main chec
 Each plant: (name, file, old text, new text, tests that must FAIL), or (name, [(file, old text,
 new text), ...], tests) for a bug that takes edits in several places (each old text must occur).
 A test is a cargo test binary of kmm (`--test NAME`), "lib" for the crate's unit tests (`--lib`),
-"valgrind" for tools/valgrind_c_abi.sh, or "gpu:NAME" for a test binary whose checks need a GPU
+"valgrind" for tools/valgrind_c_abi.sh, "py:FILE" for a pytest file of python/tests (against
+the worktree's libkmm), or "gpu:NAME" for a test binary whose checks need a GPU
 (KMM_TEST_GPU=1): those run only with --gpu; without it the plant is applied and built, and its
 row says "needs GPU, not run here". --check only says whether each plant's old text is in HEAD.
 Prints a table.
@@ -111,6 +112,21 @@ PLANTS = [
      "        let Some(place) = self.place.filter(|_| self.growth != Growth::Never) else {\n",
      "        let Some(place) = self.place.filter(|_| false) else {\n",
      ["abi_lanes"]),
+    # Python: a DLPack export no longer holds the memory, so close() frees it under the consumer.
+    ("py-dlpack-export-not-held", "python/kmm/dlpack.py",
+     "    release = buffer._export()\n",
+     "    release = lambda: None\n",
+     ["py:test_bindings_safety.py"]),
+    # Python: a host_view memoryview no longer holds the memory.
+    ("py-host-view-not-held", "python/kmm/buffer.py",
+     "        memory._kmm_export = _ExportToken(self._export())\n",
+     "",
+     ["py:test_bindings_safety.py"]),
+    # Python: integers are taken as they come (int()), so sizes wrap in ctypes and floats pass.
+    ("py-integers-unchecked", "python/kmm/_args.py",
+     "    if isinstance(value, (bool, np.bool_)):\n",
+     "    return int(value)\n    if isinstance(value, (bool, np.bool_)):\n",
+     ["py:test_bindings_safety.py"]),
     # PyTorch's record_stream hook finds the buffer but records nothing.
     ("torch-record-stream-ignored", "rust/kmm/src/ffi/by_address.rs",
      "    with_manager(mgr, |m| m.record_stream(b, stream))\n",
@@ -287,6 +303,12 @@ def main():
                 binary = t[len("gpu:"):] if gpu_only else t
                 if t == "valgrind":
                     rc, out, dt = sh("tools/valgrind_c_abi.sh", wt, env)
+                elif t.startswith("py:"):
+                    lib = os.path.join(env["CARGO_TARGET_DIR"], "release", "libkmm.so")
+                    rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
+                    if rc == 0:
+                        rc, out, dt = sh(f"python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/{t[3:]}",
+                                         os.path.join(wt, "python"), dict(env, KMM_LIBRARY=lib))
                 elif gpu_only and not a.gpu:
                     # Not run here; the plant must still build.
                     rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
@@ -295,7 +317,7 @@ def main():
                 else:
                     run_env = dict(env, KMM_TEST_GPU="1") if gpu_only else env
                     rc, out, dt = sh(f"cargo test -q --release -p kmm --test {binary}", os.path.join(wt, "rust"), run_env)
-                lines = [l for l in out.splitlines() if "panicked" in l or "seed" in l or "Invalid" in l
+                lines = [l for l in out.splitlines() if "panicked" in l or l.startswith("FAILED") or "seed" in l or "Invalid" in l
                          or "ERROR SUMMARY" in l or "leak" in l or "SIGSEGV" in l or "assertion" in l or "expects" in l
                          or "failures" in l]
                 if not lines and rc != 0:  # e.g. an abort or a signal: the end of the output says which
