@@ -133,7 +133,9 @@ byteoffset(x::KmmArray{T}, i::Integer) where {T} = x.offset + (Int(i) - 1) * siz
 @noinline function check_range(a, offs::Integer, n::Integer)
     n >= 0 || throw(ArgumentError("copyto!: negative number of elements $n"))
     n == 0 && return nothing
-    (offs >= 1 && offs + n - 1 <= length(a)) || throw(BoundsError(a, offs:offs+n-1))
+    # No sum that can wrap: offsets near typemax(Int) must fail here, not pass.
+    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||
+        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))
     nothing
 end
 

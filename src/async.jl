@@ -103,8 +103,7 @@ end
 
 function Base.wait(t::KmmCopyTask)
     t.event == 0 && return nothing
-    mh = t.manager.handle
-    mh != 0 && LibKmm.kmm_event_wait(mh, t.event)
+    poll_until(() -> isdone(t))   # yields to other tasks while the copy runs
     m = t.manager
     lock(m.lock) do
         filter!(x -> x !== t, m.pending)

@@ -47,6 +47,16 @@ function enum_value(table, name, what)
     throw(ArgumentError("$what must be one of $(sort!(collect(keys(table)))), got $(repr(name))"))
 end
 
+"A keyword's value as the C field's type `T`: an integer within `T`'s range, never wrapped,
+truncated or rounded (a `KmmError` naming the keyword and the bound otherwise)."
+function config_value(::Type{T}, name::Symbol, v) where {T<:Integer}
+    ok = v isa Integer && !(v isa Bool) && typemin(T) <= v <= typemax(T)
+    ok || throw_kmm_error(LibKmm.KMM_ERROR_INVALID_ARGUMENT,
+                          "KmmManager: $name = $(repr(v)) must be an integer in $(typemin(T))..$(typemax(T))")
+    return T(v)
+end
+config_value(::Type{T}, name::Symbol, v) where {T} = convert(T, v)
+
 "The default `KmmConfig` with the given fields replaced (`nothing` keeps the default)."
 function make_config(; kw...)
     ref = Ref{LibKmm.KmmConfig}()
@@ -58,8 +68,7 @@ function make_config(; kw...)
     end
     vals = map(names) do f
         v = get(kw, f, nothing)
-        T = fieldtype(LibKmm.KmmConfig, f)
-        v === nothing ? getfield(cfg, f) : convert(T, v)
+        v === nothing ? getfield(cfg, f) : config_value(fieldtype(LibKmm.KmmConfig, f), f, v)
     end
     LibKmm.KmmConfig(vals...)
 end
@@ -75,11 +84,38 @@ function KmmManager(; backend::Symbol = :auto, device::Integer = 0, alloc_mode::
 end
 
 function finalize_manager(m::KmmManager)
+    # Copies into (or from) host arrays may still be queued: their tasks, in `m.pending`, hold
+    # the host arrays. Until they have run the manager stays alive (the finalizer is registered
+    # again, to look at the next collection), so no collection frees a host array under a copy.
+    if !finished_pending(m)
+        finalizer(finalize_manager, m)
+        return nothing
+    end
     h = m.handle
     m.handle = 0
     # never blocks: the handle dies now, the teardown runs on a background thread
     h == 0 || LibKmm.unchecked_kmm_manager_destroy(h, LibKmm.KMM_DESTROY_DEFERRED)
     return nothing
+end
+
+"From a finalizer (no blocking, no task switch): drops the pending copies that have run; whether none is left."
+function finished_pending(m::KmmManager)
+    isempty(m.pending) && return true
+    # Held by anyone, this task included (a finalizer may run inside `complete_pending!`, and
+    # the lock is reentrant): look again at the next collection.
+    islocked(m.lock) && return false
+    trylock(m.lock) || return false
+    try
+        filter!(m.pending) do t
+            t.event == 0 && return false
+            isdone(t) || return true
+            finish!(t)
+            false
+        end
+        return isempty(m.pending)
+    finally
+        unlock(m.lock)
+    end
 end
 
 """
@@ -113,6 +149,19 @@ end
 
 Base.unsafe_convert(::Type{UInt64}, m::KmmManager) = handle(m)
 
+"""
+Waits until `done()` is true without blocking the thread: polls, yielding to other tasks, and
+after the first thousand polls sleeps a millisecond between them (a long wait costs no CPU).
+"""
+function poll_until(done)
+    polls = 0
+    while !done()
+        polls += 1
+        polls < 1000 ? yield() : sleep(0.001)
+    end
+    nothing
+end
+
 function info(m::KmmManager)
     out = Ref{LibKmm.KmmManagerInfo}()
     GC.@preserve m LibKmm.kmm_manager_info(handle(m), out)
@@ -141,6 +190,20 @@ Waits until all work queued on the manager's stream has run (then cached memory 
 release threshold is given back). Completes the manager's pending asynchronous copies.
 """
 function synchronize(m::KmmManager = default_manager())
+    # Wait for the stream by polling an event and yielding, as CUDA.jl does: a blocking ccall
+    # would hold up every other task of this thread, and every thread that needs a collection.
+    ev = Ref{UInt64}(0)
+    GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
+    try
+        poll_until() do
+            done = Ref{Bool}(false)
+            GC.@preserve m LibKmm.kmm_event_query(handle(m), ev[], done)
+            done[]
+        end
+    finally
+        m.handle == 0 || LibKmm.unchecked_kmm_event_destroy(m.handle, ev[])
+    end
+    # The stream has drained: this returns at once and gives cached memory back as configured.
     GC.@preserve m LibKmm.kmm_manager_synchronize(handle(m))
     complete_pending!(m, true)
     return nothing

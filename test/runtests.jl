@@ -19,6 +19,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "scalar indexing" begin include("scalar.jl") end
     @testset "pinned and async" begin include("pinned.jl") end
     @testset "errors" begin include("errors.jl") end
+    @testset "safety" begin include("safety.jl") end
     @testset "garbage collection" begin include("gc.jl") end
     @testset "out of memory" begin include("oom.jl") end
     @testset "threads" begin include("threads.jl") end
