@@ -19,7 +19,7 @@ using Kmm: LibKmm
     @test_throws ArgumentError KmmManager(suballocator = :buddy)
     @test_throws ArgumentError KmmManager(colour = :blue)
     @test_throws KmmError KmmManager(backend = :host, alignment = 3)   # not a power of two
-    @test_throws InexactError KmmManager(backend = :host, hard_limit = -1)
+    @test_throws Kmm.KmmError KmmManager(backend = :host, hard_limit = -1)   # names the keyword and the bound (safety.jl)
 end
 
 @testset "default manager" begin
