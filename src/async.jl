@@ -74,17 +74,18 @@ Completes the manager's pending copies that have run (all of them when `all`, af
 was synchronized).
 """
 function complete_pending!(m::KmmManager, all::Bool)
-    lock(m.lock) do
-        filter!(m.pending) do t
-            t.event == 0 && return false
-            if all || isdone(t)
-                finish!(t)
-                return false
-            end
-            true
-        end
-    end
+    lock(() -> drop_finished!(m.pending, all), m.lock)
     nothing
+end
+
+"Finishes and drops the tasks of `pending` whose copies have run (all when `all`); the caller holds the manager's lock."
+function drop_finished!(pending::Vector{Any}, all::Bool)
+    filter!(pending) do t
+        t.event == 0 && return false
+        (all || isdone(t)) || return true
+        finish!(t)
+        false
+    end
 end
 
 """

@@ -106,13 +106,7 @@ function finished_pending(m::KmmManager)
     islocked(m.lock) && return false
     trylock(m.lock) || return false
     try
-        filter!(m.pending) do t
-            t.event == 0 && return false
-            isdone(t) || return true
-            finish!(t)
-            false
-        end
-        return isempty(m.pending)
+        return isempty(drop_finished!(m.pending, false))
     finally
         unlock(m.lock)
     end

@@ -78,6 +78,12 @@ def shape_like(value, name):
         raise TypeError("%s = %r must be a sequence of integers" % (name, value)) from None
 
 
+def strides(value, name="strides"):
+    """Byte strides: a sequence of integers, each within int64."""
+    return tuple(integer(s, "%s[%d]" % (name, i), -(1 << 63), (1 << 63) - 1)
+                 for i, s in enumerate(shape_like(value, name)))
+
+
 def array_bytes(dims, dtype, name="shape"):
     """Bytes of a C-contiguous array of `dims` and `dtype`, at most 2^48."""
     n = dtype.itemsize

@@ -49,8 +49,7 @@ class DeviceArray:
         if strides is None:
             strides = c_strides(shape, dtype.itemsize)
         else:
-            strides = tuple(_args.integer(s, "strides[%d]" % i, -(1 << 63), (1 << 63) - 1)
-                            for i, s in enumerate(_args.shape_like(strides, "strides")))
+            strides = _args.strides(strides)
         offset = _args.integer(offset, "offset", -(1 << 63), (1 << 63) - 1)
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
@@ -102,8 +101,7 @@ class DeviceArray:
         dtype = _args.plain_dtype(cai["typestr"], "typestr")
         shape = _args.shape(cai["shape"], "shape")
         strides = cai.get("strides")
-        strides = c_strides(shape, dtype.itemsize) if strides is None else tuple(
-            _args.integer(s, "strides[%d]" % i, -(1 << 63), (1 << 63) - 1) for i, s in enumerate(strides))
+        strides = c_strides(shape, dtype.itemsize) if strides is None else _args.strides(strides)
         ptr = _args.integer(cai["data"][0] or 0, "data[0]")
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
