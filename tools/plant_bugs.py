@@ -224,6 +224,12 @@ PLANTS = [
      "    stream == home || (cuda && stream <= 1)\n",
      "    stream == home || (cuda && stream <= 2)\n",
      ["lib"]),
+    # A free of a whole allocation (direct mode, adopted memory) frees upstream at once, under the
+    # lane's lock and inside the free (cuMemFree waits for the whole device).
+    ("free-frees-upstream-under-lock", "rust/kmm/src/pool/upstream.rs",
+     "        let mut queued = lock(&self.queued);\n        queued.push((addr, bytes));\n        self.pending.store(true, Ordering::Release);\n        Ok(())",
+     "        self.inner.deallocate(addr, bytes)",
+     ["trust_faults"]),
     # A Kmm CUDA call leaves its context current on the caller's thread. The host backend has no
     # contexts: only the GPU test sees it.
     ("cuda-context-not-restored", "rust/kmm/src/backend/cuda.rs",

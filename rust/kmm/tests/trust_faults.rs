@@ -365,3 +365,62 @@ fn manager_creation_and_teardown_under_faults() {
     f.plan.clear();
     f.assert_no_leak("create/destroy under faults");
 }
+
+/// Waits for the work queued on `m`'s stream so far without `kmm_manager_synchronize` (which
+/// also gives memory back).
+fn wait_for_stream(m: &Mgr) {
+    let mut event = 0;
+    ok(kmm_manager_record_event(m.0, &mut event));
+    ok(kmm_event_wait(m.0, event));
+    ok(kmm_event_destroy(m.0, event));
+}
+
+const MIB: u64 = 1 << 20;
+
+/// Device memory from a backend of the installed plan (so its books count it), for adoption.
+fn raw_device(bytes: u64) -> u64 {
+    let backend = kmm::backend::open(kmm::backend::BackendChoice::Auto, 0).unwrap();
+    backend.alloc_device(bytes).unwrap()
+}
+
+/// A buffer's free never frees memory upstream: `cuMemFree` waits for the whole device, and the
+/// lane's lock, which every free of the lane needs, would be held across that wait. Memory of
+/// whole allocations (direct mode, adopted memory) whose free the stream has passed goes back
+/// at the next allocation or adoption, after the lane's lock is dropped.
+#[test]
+fn frees_never_free_upstream() {
+    let f = Faulty::new();
+    {
+        let m = Mgr::with(|c| c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32);
+        let a = m.alloc(MIB, DEVICE);
+        let b = m.alloc(MIB, DEVICE);
+        m.free(a);
+        wait_for_stream(&m); // a's free is passed: the next free may reclaim it
+        let live = f.plan.live().0;
+        m.free(b);
+        assert_eq!(f.plan.live().0, live, "a free gave memory back upstream (direct mode)");
+        let c = m.alloc(MIB, DEVICE);
+        assert!(f.plan.live().0 < live + 1, "the allocation after the frees did not give a's memory back: {:?}", f.plan.live());
+        m.free(c);
+
+        // Adopted memory: an adopt-and-free loop returns it without synchronize or trim.
+        let mut adopted = Vec::new();
+        for _ in 0..2 {
+            let raw = raw_device(MIB);
+            let mut buffer = 0;
+            ok(kmm_buffer_wrap(m.0, raw as *mut std::ffi::c_void, MIB, DEVICE, 1, &mut buffer));
+            adopted.push(buffer);
+        }
+        m.free(adopted[0]);
+        wait_for_stream(&m);
+        let live = f.plan.live().0;
+        m.free(adopted[1]);
+        assert_eq!(f.plan.live().0, live, "a free gave adopted memory back upstream");
+        let raw = raw_device(MIB);
+        let mut buffer = 0;
+        ok(kmm_buffer_wrap(m.0, raw as *mut std::ffi::c_void, MIB, DEVICE, 1, &mut buffer));
+        assert!(f.plan.live().0 <= live, "the adoption after the frees did not give memory back: {:?}", f.plan.live());
+        m.free(buffer);
+    }
+    f.assert_no_leak("direct and adopted memory");
+}

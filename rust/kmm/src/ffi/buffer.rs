@@ -18,7 +18,18 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
         // The lane's free blocks, under the lane's lock alone; the rest (other lanes' free
         // blocks, growing, and on out of memory waiting for the stream and giving cached memory
         // back before trying again) takes the manager's path.
-        let b = match with_alloc_state(manager, kind, |st| st.try_alloc_own(bytes, kind)) {
+        let mut queued_frees = None;
+        let first = with_alloc_state(manager, kind, |st| {
+            let first = st.try_alloc_own(bytes, kind);
+            queued_frees = st.queued_frees();
+            first
+        });
+        if let Some(frees) = queued_frees {
+            // Upstream frees queued by the lane (direct mode, adopted memory), now that its lock
+            // is dropped; what fails stays queued.
+            let _ = frees.flush();
+        }
+        let b = match first {
             Ok(Some(b)) => b,
             first => with_manager(manager, |m| m.alloc_rest(first, bytes, kind, m.raw_stream()))?,
         };

@@ -24,7 +24,7 @@ use crate::pool::limit::{Limit, LimitedUpstream};
 use crate::pool::pooled::PoolResource;
 use crate::pool::stats::{Gauge, UsageCounters};
 use crate::pool::stream_async::AsyncResource;
-use crate::pool::upstream::{DeviceUpstream, PinnedUpstream};
+use crate::pool::upstream::{DeviceUpstream, FreeQueues, PinnedUpstream};
 use crate::pool::{new_suballocator, Block, MemoryResource, ResourceCounters, SuballocatorKind, Upstream};
 use crate::{err, fail};
 use handles::{HandleTable, TAG_BUFFER, TAG_EVENT};
@@ -58,6 +58,8 @@ pub struct Manager {
     /// Chunks (kind, base, size) taken out of a pool whose fence could not be waited for: given
     /// back at teardown, after the stream.
     unfenced: Mutex<Vec<(usize, u64, u64)>>,
+    /// Frees of whole allocations waiting for a moment with no lock held.
+    free_queues: Arc<FreeQueues>,
 }
 
 impl Manager {
@@ -76,6 +78,15 @@ impl Manager {
         let in_use: Arc<[Gauge; 2]> = Arc::new([Gauge::default(), Gauge::default()]);
         let lane_mask = registry::lane_mask_for(config.alloc_mode);
         let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
+        // Frees of whole allocations (direct mode, adopted memory) wait in these queues for a
+        // moment with no lock held (see `QueuedFrees`).
+        let mut free_queues = FreeQueues::default();
+        let direct_upstream: Arc<dyn Upstream> = free_queues.add(upstreams[0].clone());
+        let adopted_upstreams: [Arc<dyn Upstream>; 2] = [
+            free_queues.add(Arc::new(DeviceUpstream(backend.clone()))),
+            free_queues.add(Arc::new(PinnedUpstream(backend.clone()))),
+        ];
+        let free_queues = Arc::new(free_queues);
         let mut lanes = Vec::with_capacity(lane_mask + 1);
         for lane in 0..=lane_mask {
             let (device, device_reuse): (Box<dyn MemoryResource>, Reuse) = match config.alloc_mode {
@@ -89,7 +100,7 @@ impl Manager {
                     (Box::new(pool), Reuse::Ordered { stream: home, follows: true })
                 }
                 AllocMode::Direct => {
-                    let direct = DirectResource::new(upstreams[0].clone(), config.alignment);
+                    let direct = DirectResource::new(direct_upstream.clone(), config.alignment);
                     (Box::new(Deferred::new(direct, backend.clone(), stream.clone())), Reuse::Completed)
                 }
                 AllocMode::CudaAsync => {
@@ -106,16 +117,14 @@ impl Manager {
                 config.alignment,
             );
             let pinned = Box::new(Deferred::new(pinned_pool, backend.clone(), stream.clone()));
-            let adopted = |up: Arc<dyn Upstream>| Deferred::new(DirectResource::new(up, 1), backend.clone(), stream.clone());
+            let adopted = |up: &Arc<dyn Upstream>| Deferred::new(DirectResource::new(up.clone(), 1), backend.clone(), stream.clone());
             lanes.push(State {
                 buffers: HandleTable::new(TAG_BUFFER, slot, lane, seed),
                 events: HandleTable::new(TAG_EVENT, slot, lane, seed),
                 resources: [device, pinned],
                 reuse: [device_reuse, Reuse::Completed],
-                adopted: [
-                    adopted(Arc::new(DeviceUpstream(backend.clone()))),
-                    adopted(Arc::new(PinnedUpstream(backend.clone()))),
-                ],
+                adopted: [adopted(&adopted_upstreams[0]), adopted(&adopted_upstreams[1])],
+                free_queues: free_queues.clone(),
                 usage: [UsageCounters::default(); 2],
                 in_use: in_use.clone(),
                 reserved: limits[0].clone(),
@@ -145,6 +154,7 @@ impl Manager {
             in_use,
             registered: Mutex::new(BTreeMap::new()),
             unfenced: Mutex::new(Vec::new()),
+            free_queues,
         })
     }
 
@@ -222,11 +232,18 @@ impl Manager {
         self.alloc_rest(first, bytes, kind, stream)
     }
 
+    /// Frees upstream what the lanes queued (see `QueuedFrees`), with no lock held. Housekeeping
+    /// of earlier frees: what fails stays queued for the next flush, and teardown.
+    fn flush_frees(&self) {
+        let _ = self.free_queues.flush();
+    }
+
     /// Goes on from the first try of an allocation in the calling thread's lane (`first`, with
     /// `Growth::Defer`). When the lane declined to grow because the other lanes hold enough free
     /// bytes: their free blocks (lanes busy now are passed over), then the own lane, compacting
     /// or growing. Out of memory: see `alloc_after_release`.
     pub fn alloc_rest(&self, first: Result<Option<u64>>, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
+        self.flush_frees();
         let own = registry::alloc_lane(kind, self.lane_mask());
         let grown = match first {
             Ok(Some(buffer)) => return Ok(buffer),
@@ -364,6 +381,9 @@ impl Manager {
                 }
             }
         }
+        if let Err(e) = self.free_queues.flush() {
+            failure.get_or_insert(e);
+        }
         failure.map_or(Ok(()), Err)
     }
 
@@ -386,7 +406,10 @@ impl Manager {
         } else {
             Origin::Borrowed
         };
-        st.insert_buffer(BufferRecord::new(kind, ptr, bytes, origin, StreamSet::of(self.raw_stream())))
+        let buffer = st.insert_buffer(BufferRecord::new(kind, ptr, bytes, origin, StreamSet::of(self.raw_stream())));
+        drop(st);
+        self.flush_frees();
+        buffer
     }
 
     pub fn free(&self, handle: u64, mode: FreeMode) -> Result<()> {
@@ -611,6 +634,7 @@ impl Drop for Manager {
             let state = registry::state_cell(self.slot, lane).lock().take();
             drop(state);
         }
+        self.flush_frees();
         registry::release_slot(self.slot);
     }
 }
