@@ -230,6 +230,12 @@ PLANTS = [
      "        let mut queued = lock(&self.queued);\n        queued.push((addr, bytes));\n        self.pending.store(true, Ordering::Release);\n        Ok(())",
      "        self.inner.deallocate(addr, bytes)",
      ["trust_faults"]),
+    # The host backend forgets a stream when its last reference drops, though its worker still
+    # runs the work queued on it: work ordered after that stream no longer waits.
+    ("host-dropped-stream-taken-for-done", "rust/kmm/src/backend/host.rs",
+     "        let retired = self.record(&last).is_ok();\n",
+     "        let retired = false && self.record(&last).is_ok();\n",
+     ["lib"]),
     # A Kmm CUDA call leaves its context current on the caller's thread. The host backend has no
     # contexts: only the GPU test sees it.
     ("cuda-context-not-restored", "rust/kmm/src/backend/cuda.rs",

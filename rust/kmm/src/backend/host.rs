@@ -131,14 +131,7 @@ impl Backend for HostBackend {
         if earlier == later {
             return Ok(());
         }
-        let later = HostStream::find(later)?;
-        // A stream that is gone ran all its work before its worker stopped: nothing to wait for.
-        let Ok(earlier) = HostStream::find(earlier) else {
-            return Ok(());
-        };
-        let ev = HostEvent::default();
-        earlier.record(&ev)?;
-        later.wait_event(&ev)
+        HostStream::find(later)?.wait_for_work_of(earlier)
     }
     fn check_stream(&self, raw: u64) -> Result<()> {
         HostStream::find(raw).map(drop)
@@ -161,8 +154,22 @@ pub struct HostStream {
     worker: Mutex<Option<JoinHandle<()>>>,
 }
 
-fn stream_registry() -> &'static Mutex<HashMap<u64, Weak<HostStream>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<u64, Weak<HostStream>>>> = OnceLock::new();
+/// What the registry knows of a stream id.
+enum Known {
+    Live(Weak<HostStream>),
+    /// The stream's last reference is gone, but its worker may still be running the work queued
+    /// on it: the event completes after that work. Kept until it has.
+    Retired(HostEvent),
+}
+
+/// A stream found by its raw id.
+enum Found {
+    Live(Arc<HostStream>),
+    Retired(HostEvent),
+}
+
+fn stream_registry() -> &'static Mutex<HashMap<u64, Known>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<u64, Known>>> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -182,7 +189,7 @@ impl HostStream {
             })
             .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start a host stream thread: {e}"))?;
         let stream = Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) });
-        lock(stream_registry()).insert(id, Arc::downgrade(&stream));
+        lock(stream_registry()).insert(id, Known::Live(Arc::downgrade(&stream)));
         Ok(stream)
     }
 
@@ -193,17 +200,61 @@ impl HostStream {
         }
     }
 
+    /// The stream `raw` names, live or retired; `None` for an id that never named a stream or
+    /// whose retired stream's work has all run.
+    fn lookup(raw: u64) -> Option<Found> {
+        loop {
+            let registry = lock(stream_registry());
+            match registry.get(&raw)? {
+                Known::Retired(last) => return Some(Found::Retired(last.clone())),
+                Known::Live(weak) => match weak.upgrade() {
+                    Some(s) => return Some(Found::Live(s)),
+                    // Its last reference is being dropped; `drop` retires it at once.
+                    None => drop(registry),
+                },
+            }
+            std::thread::yield_now();
+        }
+    }
+
     fn find(raw: u64) -> Result<Arc<HostStream>> {
-        match lock(stream_registry()).get(&raw).and_then(Weak::upgrade) {
-            Some(s) => Ok(s),
-            None => fail!(KMM_ERROR_INVALID_ARGUMENT, "stream {raw:#x} is not a live host-backend stream"),
+        match Self::lookup(raw) {
+            Some(Found::Live(s)) => Ok(s),
+            _ => fail!(KMM_ERROR_INVALID_ARGUMENT, "stream {raw:#x} is not a live host-backend stream"),
+        }
+    }
+
+    /// This stream waits for the work queued so far on the stream `earlier`, also when that
+    /// stream is retired and its worker still runs what was queued on it.
+    fn wait_for_work_of(&self, earlier: u64) -> Result<()> {
+        match Self::lookup(earlier) {
+            Some(Found::Live(s)) => {
+                let ev = HostEvent::default();
+                s.record(&ev)?;
+                self.wait_event(&ev)
+            }
+            Some(Found::Retired(last)) => self.wait_event(&last),
+            None => Ok(()),
         }
     }
 }
 
 impl Drop for HostStream {
     fn drop(&mut self) {
-        lock(stream_registry()).remove(&self.id);
+        // The worker may run queued work after this (it may even be the thread dropping the
+        // last reference): the stream stays known, retired, until that work has run, so work
+        // ordered after it still waits for it.
+        let last = HostEvent::default();
+        let retired = self.record(&last).is_ok();
+        {
+            let mut registry = lock(stream_registry());
+            registry.retain(|_, known| !matches!(known, Known::Retired(e) if e.query().unwrap_or(false)));
+            if retired {
+                registry.insert(self.id, Known::Retired(last));
+            } else {
+                registry.remove(&self.id);
+            }
+        }
         lock(&self.queue).take();
         if let Some(worker) = lock(&self.worker).take() {
             // The last reference can be dropped by the worker itself (inside queued work).
@@ -277,9 +328,8 @@ impl Stream for HostStream {
         if foreign == self.id {
             return Ok(());
         }
-        let ev = HostEvent::default();
-        HostStream::find(foreign)?.record(&ev)?;
-        self.wait_event(&ev)
+        HostStream::find(foreign)?;
+        self.wait_for_work_of(foreign)
     }
     fn signal_raw_stream(&self, foreign: u64) -> Result<()> {
         if foreign == self.id {
@@ -326,7 +376,8 @@ impl EventInner {
 }
 
 /// An event: complete once the work queued before its latest `record` has run.
-#[derive(Default)]
+/// Clones share one event.
+#[derive(Default, Clone)]
 pub struct HostEvent(Arc<EventInner>);
 
 fn host_event(event: &dyn Event) -> Result<&HostEvent> {
@@ -453,5 +504,39 @@ impl Drop for HostAsyncPool {
         for (p, size) in all {
             release_block(p, size);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    /// A stream whose last reference is dropped while its worker still runs queued work is not
+    /// done: work ordered after it (a free recorded on it) must still wait for that work.
+    #[test]
+    fn a_dropped_stream_with_queued_work_is_waited_for() {
+        let backend = HostBackend::get(0).unwrap();
+        let (earlier, later) = (backend.create_stream().unwrap(), backend.create_stream().unwrap());
+        let ran = Arc::new(AtomicBool::new(false));
+        let r = ran.clone();
+        earlier
+            .launch_host_fn(Box::new(move || {
+                std::thread::sleep(Duration::from_millis(300));
+                r.store(true, Ordering::SeqCst);
+            }))
+            .unwrap();
+        let raw = earlier.raw();
+        // The drop joins the worker, so it returns only after the sleep; order meanwhile.
+        let dropper = std::thread::spawn(move || drop(earlier));
+        std::thread::sleep(Duration::from_millis(100));
+        backend.order_streams(raw, later.raw()).unwrap();
+        later.synchronize().unwrap();
+        assert!(ran.load(Ordering::SeqCst), "work ordered after a dropped stream ran before that stream's queued work");
+        dropper.join().unwrap();
+        // Once its work has run, the retired stream is forgotten at the next retirement.
+        drop(backend.create_stream().unwrap());
+        assert!(!lock(stream_registry()).contains_key(&raw), "a retired stream whose work has run is still known");
     }
 }

@@ -38,7 +38,9 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
 }
 
 /// Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `KMM_ADOPT`
-/// Kmm frees the memory when the buffer is freed; with `KMM_BORROW` the caller keeps it and
+/// Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
+/// free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
+/// the free itself; with `KMM_BORROW` the caller keeps it and
 /// must keep it valid until the buffer is freed and the manager synchronized.
 #[no_mangle]
 pub extern "C" fn kmm_buffer_wrap(
