@@ -4,7 +4,10 @@ ratios, then all rounds pooled, with the share of rounds meeting a target and a 
 interval of the pooled median. For a target near the run-to-run noise, where one run's median
 alone says little.
 
-    python bench/pooled_ratio.py numba/rmm numba/kmm bench/results/python_alloc_*session5_run*.json [--target 2]
+    python bench/pooled_ratio.py numba/rmm numba/kmm OUT1/python_alloc.json OUT2/numba_interleaved.json ... [--target 2]
+
+The files are the JSON that bench/python_alloc.py wrote in each run (working files, e.g. the
+$OUT folders of tools/gpu/run_python.sh); the pooled figure goes into bench/results/python_alloc.md.
 """
 
 import argparse

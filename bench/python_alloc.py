@@ -12,7 +12,11 @@ Each measurement runs in a fresh process (allocators must be chosen before a lib
 allocation), in rounds: one sample of every variant per round, `--repeats` rounds, the median
 reported. Prints a table (ns/op and ratios) and writes JSON to the path given.
 
-    python bench/python_alloc.py bench/results/python_alloc.json [--iters 20000] [--repeats 5] [--pin CPU]
+    python bench/python_alloc.py /tmp/python_alloc.json [--iters 20000] [--repeats 5] [--pin CPU]
+
+The JSON is a working file (for bench/pooled_ratio.py), not kept in the repository: the figures
+go into bench/results/python_alloc.md, replacing that page (device, date, commit, each ratio
+against its target). The JSON records the commit from KMM_COMMIT or `git rev-parse`.
 
 --pin runs every sample on one CPU (sched_setaffinity): the samples then differ less from
 process to process, since each does not land on whatever core the scheduler picked.
@@ -296,6 +300,17 @@ def ratios(results):
     return out
 
 
+def commit():
+    """The commit being measured: KMM_COMMIT (the GPU machine has no git), else git's HEAD."""
+    if os.environ.get("KMM_COMMIT"):
+        return os.environ["KMM_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("json_out", nargs="?", help="where to write the JSON results")
@@ -316,6 +331,9 @@ def main():
         return
     if not args.json_out:
         p.error("give the path of the JSON output")
+    if os.path.abspath(args.json_out).startswith(os.path.join(HERE, "results") + os.sep):
+        p.error("bench/results/ holds one page per benchmark, no per-run files: write the JSON "
+                "elsewhere (e.g. /tmp) and put the figures in bench/results/python_alloc.md")
     only = set(filter(None, args.only.split(",")))
     chosen = [v for v in VARIANTS if not only or v[0] in only]
     # Rounds: every variant once per round, each in a fresh process, so a drift of the machine
@@ -360,6 +378,7 @@ def main():
         "benchmark": "python_alloc: allocate + free one 1 MiB array per operation",
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "device": device_name(),
+        "commit": commit(),
         "host": platform.node(),
         "versions": versions(),
         "iters": args.iters,
@@ -382,6 +401,7 @@ def main():
         met = "" if "met" not in r else ("  target %s: %s" % (r["target"], "met" if r["met"] else "NOT met"))
         print("%-40s %6.2f%s" % (name, r["value"], met))
     print("\ndevice: %s; kmm.numba calls: %s; pinned to CPU: %s" % (report["device"], report["numba_plugin_calls"], args.pin))
+    print("date: %s; commit: %s" % (report["date"], report["commit"]))
     os.makedirs(os.path.dirname(os.path.abspath(args.json_out)), exist_ok=True)
     with open(args.json_out, "w") as f:
         json.dump(report, f, indent=2)

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # On the GPU machine: the core's test suite on the CUDA backend, compute-sanitizer memcheck over
-# it, and the allocation/copy benchmark. Logs go to $OUT (the device tool's output folder).
+# it, and the allocation/copy benchmark. Logs go to $OUT (the device tool's output folder); the
+# figures replace bench/results/core.md.
 set -u
 out=${OUT:-/tmp/kmm-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+echo "date $(date -u +%FT%TZ), commit $(cat .gpu/COMMIT 2>/dev/null || echo unknown)" | tee -a "$out/device.txt"
 export KMM_TEST_GPU=1
 {
   for t in .gpu/tests/*; do

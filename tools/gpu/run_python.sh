@@ -2,10 +2,12 @@
 # On the GPU machine: the Python package's GPU tests and the allocator benchmark against RMM.
 # Needs .whl/ carried (kmm wheel built here, rmm-cu13 and friends for Python 3.12) and
 # python/kmm/_plugin_calls.abi3.so (`python setup.py build_ext --inplace` in python/): the tests
-# import kmm from the source tree, and require the compiled module.
+# import kmm from the source tree, and require the compiled module. Logs and JSON go to $OUT; the
+# figures replace bench/results/python_alloc.md.
 set -u
 out=${OUT:-/tmp/kmm-out}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[ -f .gpu/COMMIT ] && export KMM_COMMIT="$(cat .gpu/COMMIT)"
 export PYTHONPATH=/tmp/site KMM_LIBRARY=/tmp/site/kmm/libkmm.so KMM_TEST_GPU=1 KMM_REQUIRE_COMPILED=1
 timeout 300 python3 -m pytest python/tests -q -rs -x -p no:cacheprovider 2>&1 | tail -40 | tee "$out/python_gpu_tests.log"
 timeout 290 python3 bench/python_alloc.py "$out/python_alloc.json" 2>&1 | tail -30 | tee "$out/python_alloc.txt"

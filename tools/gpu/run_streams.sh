@@ -2,11 +2,12 @@
 # On the GPU machine: the stream-ordering checks of the core. The GPU suite in all three
 # allocation modes (pool: every binary; cuda_async and direct: the binaries whose checks hold in
 # any mode), compute-sanitizer memcheck and racecheck over the stream tests, and the allocation
-# benchmark. Logs go to $OUT.
+# benchmark. Logs go to $OUT; the figures replace bench/results/core.md.
 set -u
 out=${OUT:-/tmp/kmm-out}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+echo "date $(date -u +%FT%TZ), commit $(cat .gpu/COMMIT 2>/dev/null || echo unknown)" | tee -a "$out/device.txt"
 export KMM_TEST_GPU=1
 run_suite() {
   local mode=$1; shift
