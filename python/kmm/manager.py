@@ -213,6 +213,10 @@ class Manager:
             h, self._handle = self._handle, 0
             if h and self._owned and self._exports:
                 self._pending = h
+                # As a destroy would: the work queued so far has run when close returns, so what
+                # the exports show is what that work wrote. Under the lock: the last export's
+                # end cannot destroy the manager meanwhile.
+                check(_lib_.kmm_manager_synchronize(h))
                 return
         if h and self._owned:
             check(_lib_.kmm_manager_destroy(h, 0))
