@@ -151,3 +151,32 @@ fn gpu_matching_indices_equal_the_cpu_reference() {
     println!("GPU matching, rank 20: {same} of {} exact", picks.len());
     assert!(same + ties >= picks.len(), "rank-20 compression lost noiseless matches");
 }
+
+/// Matchings on several managers at once, from several threads, share the device's idle cuBLAS
+/// handles (and so their workspaces): each user's work with a handle must follow the previous
+/// user's on the device. Every run must give the answer one manager alone gives.
+#[test]
+fn concurrent_matchings_share_cublas_handles_in_order() {
+    if !gpu() {
+        return;
+    }
+    let ntr = 300;
+    let seq = FispSpec::mrf(ntr, 24);
+    let params: Vec<[f32; 4]> = wide_grid().into_iter().filter(|a| a[3] == 0.0).collect();
+    let solo = Mgr::new();
+    let dict = fisp(&solo, &seq, &params);
+    let signals = dict.clone();
+    let want = match_signals(&solo, &dict, ntr, &params, &signals, 0);
+    std::thread::scope(|s| {
+        for t in 0..4 {
+            let (dict, signals, params, want) = (&dict, &signals, &params, &want);
+            s.spawn(move || {
+                let m = Mgr::new();
+                for round in 0..6 {
+                    let got = match_signals(&m, dict, ntr, params, signals, 0);
+                    assert_eq!(got.index, want.index, "thread {t}, round {round}: matching differs from one manager alone");
+                }
+            });
+        }
+    });
+}

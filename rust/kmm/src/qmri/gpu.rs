@@ -6,6 +6,7 @@ use super::run::MatchAddrs;
 use super::{svd, Fisp, Pssfp};
 use crate::error::{lock, Result};
 use crate::manager::copy::Completion;
+use crate::backend::Event;
 use crate::manager::{Manager, MemoryKind};
 use crate::module::{self, Function};
 use crate::fail;
@@ -157,6 +158,14 @@ pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, atoms: u64, natoms: usize, out: 
 struct Handle(cb::cublasHandle_t);
 unsafe impl Send for Handle {}
 
+/// An idle handle, and the event after the last work queued with it (on its last user's stream).
+/// A handle's workspace is shared by all its work: the next user's stream waits for that event
+/// before its own work with the handle, so two streams never use one workspace at once.
+struct Idle {
+    handle: Handle,
+    after: Option<Box<dyn Event>>,
+}
+
 fn cublas_check(status: cb::cublasStatus_t, call: &str) -> Result<()> {
     if status == cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
         Ok(())
@@ -169,21 +178,30 @@ fn cublas_check(status: cb::cublasStatus_t, call: &str) -> Result<()> {
 /// so calls on different managers and devices run at once and no lock is held while the device
 /// works. Creating a handle costs milliseconds and a workspace of tens of MiB, so handles are
 /// kept for the process (as many per device as matchings ever ran on it at once).
-fn idle_handles() -> &'static Mutex<HashMap<i32, Vec<Handle>>> {
-    static HANDLES: OnceLock<Mutex<HashMap<i32, Vec<Handle>>>> = OnceLock::new();
+fn idle_handles() -> &'static Mutex<HashMap<i32, Vec<Idle>>> {
+    static HANDLES: OnceLock<Mutex<HashMap<i32, Vec<Idle>>>> = OnceLock::new();
     HANDLES.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// A device's cuBLAS handle taken for one call; back to the idle list on drop.
-struct TakenHandle {
-    device: i32,
+/// A device's cuBLAS handle taken for one call on `stream`; back to the idle list on drop, with
+/// an event after the work queued with it (a handle whose event cannot be recorded is not reused:
+/// a failing device, whose later users could otherwise share its workspace).
+struct TakenHandle<'m> {
+    m: &'m Manager,
     handle: Option<Handle>,
+    /// The previous user's event, recycled for this user's.
+    event: Option<Box<dyn Event>>,
 }
 
-impl Drop for TakenHandle {
+impl Drop for TakenHandle<'_> {
     fn drop(&mut self) {
-        if let Some(h) = self.handle.take() {
-            lock(idle_handles()).entry(self.device).or_default().push(h);
+        let Some(handle) = self.handle.take() else { return };
+        let event = match self.event.take() {
+            Some(e) => Ok(e),
+            None => self.m.backend().create_event(),
+        };
+        if let Ok(after) = event.and_then(|e| self.m.stream().record(e.as_ref()).map(|_| e)) {
+            lock(idle_handles()).entry(self.m.device()).or_default().push(Idle { handle, after: Some(after) });
         }
     }
 }
@@ -195,15 +213,21 @@ fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) 
     }
     let _current = module::device_info(m.device())?.enter()?;
     let idle = lock(idle_handles()).get_mut(&m.device()).and_then(Vec::pop);
-    let handle = match idle {
-        Some(h) => h,
+    let taken = match idle {
+        Some(Idle { handle, after }) => {
+            // Stream-ordered: this call's work with the handle follows the last user's.
+            if let Some(Err(e)) = after.as_ref().map(|a| m.stream().wait_event(a.as_ref())) {
+                lock(idle_handles()).entry(m.device()).or_default().push(Idle { handle, after });
+                return Err(e);
+            }
+            TakenHandle { m, handle: Some(handle), event: after }
+        }
         None => {
             let mut h = std::ptr::null_mut();
             cublas_check(unsafe { cb::cublasCreate_v2(&mut h) }, "cublasCreate")?;
-            Handle(h)
+            TakenHandle { m, handle: Some(Handle(h)), event: None }
         }
     };
-    let taken = TakenHandle { device: m.device(), handle: Some(handle) };
     let h = taken.handle.as_ref().expect("just taken").0;
     cublas_check(unsafe { cb::cublasSetStream_v2(h, m.raw_stream() as cb::cudaStream_t) }, "cublasSetStream")?;
     // KMM_MATCH_MATH=tf32 lets cuBLAS use TF32 tensor cores (about 10 mantissa bits in the
