@@ -1,8 +1,9 @@
 //! Kmm: a GPU memory manager for quantitative MRI.
 //!
 //! Layers, each with one job: [`backend`] talks to the device (CUDA through cudarc's driver
-//! API, or the host stand-in), [`pool`] composes allocators and suballocators, [`manager`]
-//! owns streams, buffers and statistics behind handles, and [`ffi`] is the C ABI.
+//! API, run-time compiled kernels included, or the host stand-in), [`pool`] composes allocators
+//! and suballocators, [`manager`] owns streams, buffers and statistics behind handles, [`qmri`]
+//! runs MRI kernels on a manager's buffers, and [`ffi`] is the C ABI (and its handle tables).
 
 #![allow(non_camel_case_types)]
 
@@ -10,7 +11,6 @@ pub mod backend;
 pub mod error;
 pub mod ffi;
 pub mod manager;
-pub mod module;
 pub mod pool;
 pub mod qmri;
 

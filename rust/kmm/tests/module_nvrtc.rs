@@ -2,7 +2,7 @@
 //! where libnvrtc is on the library path (e.g. `pip install nvidia-cuda-nvrtc` and
 //! LD_LIBRARY_PATH to its lib folder with a libnvrtc.so link), and is skipped elsewhere.
 
-use kmm::module::compile_image;
+use kmm::backend::cuda::module::compile_image;
 use kmm::qmri::gpu::{fisp_defines, options, KERNELS};
 use kmm::KmmStatus;
 

@@ -7,7 +7,12 @@ use super::{boundary, check_out, write_out};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
 use crate::manager::registry::with_manager;
-use crate::module::{self, Arg};
+use crate::backend::cuda::module::{self, Function, Module};
+use crate::backend::BackendKind;
+use crate::error::lock;
+use crate::manager::handles::{HandleTable, TAG_MODULE};
+use crate::manager::Manager;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::ffi::{c_char, CStr};
 
 /// A compiled, loaded CUDA module. Process-wide: usable with any manager on the device it was
@@ -89,10 +94,10 @@ pub extern "C" fn kmm_module_compile(
             opts.push(c_str(unsafe { *options.add(i) }, &format!("options[{i}]"))?.to_string());
         }
         let m = with_manager(manager, |m| {
-            module::require_cuda(m, "kmm_module_compile")?;
+            require_cuda(m, "kmm_module_compile")?;
             module::compile(m.device(), src, &opts)
         })?;
-        write_out(out, "out", module::insert_handle(m)?)
+        write_out(out, "out", insert_handle(m)?)
     })
 }
 
@@ -147,8 +152,8 @@ pub extern "C" fn kmm_module_launch(
             });
         }
         with_manager(manager, |m| {
-            module::require_cuda(m, "kmm_module_launch")?;
-            let module = module::get_handle(module)?;
+            require_cuda(m, "kmm_module_launch")?;
+            let module = get_handle(module)?;
             if module.device() != m.device() {
                 fail!(
                     KMM_ERROR_INVALID_ARGUMENT,
@@ -158,7 +163,7 @@ pub extern "C" fn kmm_module_launch(
                 );
             }
             let f = module.function(name)?;
-            module::launch(m, &f, grid, block, shmem, &list)
+            launch(m, &f, grid, block, shmem, &list)
         })
     })
 }
@@ -167,5 +172,72 @@ pub extern "C" fn kmm_module_launch(
 /// the same source is instant). A second destroy is `KMM_ERROR_INVALID_HANDLE`.
 #[no_mangle]
 pub extern "C" fn kmm_module_destroy(module: KmmModule) -> KmmStatus {
-    boundary(|| module::remove_handle(module))
+    boundary(|| remove_handle(module))
+}
+
+// ---- launches and the table of module handles (the C ABI's side of modules) ----------------
+
+/// The manager must run on CUDA; `what` names the call for the message.
+fn require_cuda(m: &Manager, what: &str) -> Result<()> {
+    if m.backend_kind() != BackendKind::Cuda {
+        fail!(KMM_ERROR_NOT_SUPPORTED, "{what} needs the CUDA backend; this manager runs on the host backend");
+    }
+    Ok(())
+}
+
+/// One argument of a user kernel launch.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Arg {
+    /// A buffer's device address plus a byte offset; the buffer is pinned while the launch is
+    /// queued.
+    Buffer { handle: u64, offset: u64 },
+    /// A scalar passed by value: its bits in the low bytes.
+    Scalar(u64),
+}
+
+/// Launches `function` on the manager's stream. Buffers are mapped for the launch and unmapped
+/// once it is queued (stream order keeps their memory alive for the kernel).
+fn launch(m: &Manager, function: &Function, grid: [u32; 3], block: [u32; 3], shmem: u32, args: &[Arg]) -> Result<()> {
+    let mut mapped: Vec<u64> = Vec::new();
+    let result = (|| {
+        let mut params = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            match *a {
+                Arg::Scalar(bits) => params.push(bits),
+                Arg::Buffer { handle, offset } => {
+                    let (_, bytes, _, _) = m.buffer_info(handle)?;
+                    if offset > bytes {
+                        fail!(KMM_ERROR_OUT_OF_RANGE, "args[{i}].offset = {offset} exceeds the buffer's size of {bytes} bytes");
+                    }
+                    let addr = m.map(handle)?;
+                    mapped.push(handle);
+                    params.push(addr + offset);
+                }
+            }
+        }
+        // SAFETY: the caller's kernel signature is its own contract (documented in the ABI).
+        unsafe { function.launch(m.raw_stream(), grid, block, shmem, &mut params) }
+    })();
+    for h in mapped {
+        let _ = m.unmap(h);
+    }
+    result
+}
+
+/// The process-wide table of module handles.
+fn table() -> &'static Mutex<HandleTable<Arc<Module>>> {
+    static TABLE: OnceLock<Mutex<HandleTable<Arc<Module>>>> = OnceLock::new();
+    TABLE.get_or_init(|| Mutex::new(HandleTable::new(TAG_MODULE, 0, 0, 0x5EED)))
+}
+
+fn insert_handle(module: Arc<Module>) -> Result<u64> {
+    lock(table()).insert(module)
+}
+
+fn get_handle(handle: u64) -> Result<Arc<Module>> {
+    lock(table()).get(handle).cloned()
+}
+
+fn remove_handle(handle: u64) -> Result<()> {
+    lock(table()).remove(handle).map(drop)
 }

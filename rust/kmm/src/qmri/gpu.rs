@@ -1,4 +1,4 @@
-//! The CUDA path: kernels from `kernels.cu`, compiled at run time through [`crate::module`] for
+//! The CUDA path: kernels from `kernels.cu`, compiled at run time through [`crate::backend::cuda::module`] for
 //! the manager's device and launched on its stream; matching runs cuBLAS CGEMM in voxel chunks
 //! sized to free memory, then a reduction kernel over |D^H x| / ||d||.
 
@@ -8,7 +8,7 @@ use crate::error::{lock, Result};
 use crate::manager::copy::Completion;
 use crate::backend::Event;
 use crate::manager::{Manager, MemoryKind};
-use crate::module::{self, Function};
+use crate::backend::cuda::module::{self, Function};
 use crate::fail;
 use cudarc::cublas::sys as cb;
 use std::collections::HashMap;

@@ -1,7 +1,7 @@
 //! Quantitative-MRI compute on a manager's buffers: EPG FISP and isochromat pSSFP dictionary
 //! simulation (the physics of BlochSimulators.jl's FISP2D and pSSFP2D) and dictionary matching.
 //! [`cpu`] is the reference (rayon, f64 inside); on the CUDA backend the kernels in [`gpu`] are
-//! compiled at run time through [`crate::module`] and launched on the manager's stream.
+//! compiled at run time through [`crate::backend::cuda::module`] and launched on the manager's stream.
 //!
 //! Units: times in seconds, angles in radians, B0 in Hz, slice positions in cm. Atom parameters
 //! are records of four f32 (T1, T2, B1, B0); signals are complex f32, TR index fastest.

@@ -1,6 +1,10 @@
 //! The CUDA backend: cudarc's driver bindings, loaded at run time, on each device's primary
 //! context (retained, never destroyed by us), so CUDA.jl, CuPy and PyTorch in the same process
-//! share the context and can use the memory and streams Kmm hands out.
+//! share the context and can use the memory and streams Kmm hands out. [`module`] compiles and
+//! launches run-time CUDA modules (NVRTC) on the same contexts.
+
+pub mod module;
+mod module_cache;
 
 use super::{AsyncPool, Backend, BackendKind, DevicePtr, Event, PinnedRanges, Stream};
 use crate::error::{lock, Error, KmmStatus, Result};

@@ -6,13 +6,9 @@
 //! Compiled modules stay loaded for the life of the process (they are small, and the qMRI
 //! kernels are reused across managers); a module handle only names one.
 
-mod cache;
-
-use crate::backend::cuda::{check, enter, Current};
-use crate::backend::BackendKind;
+use super::module_cache as cache;
+use super::{check, enter, Current};
 use crate::error::{lock, Error, KmmStatus, Result};
-use crate::manager::handles::{HandleTable, TAG_MODULE};
-use crate::manager::Manager;
 use crate::{err, fail};
 use cudarc::driver::sys;
 use cudarc::nvrtc::sys as nv;
@@ -158,14 +154,6 @@ pub fn device_info(device: i32) -> Result<DeviceInfo> {
     Ok(info)
 }
 
-/// The manager must run on CUDA; `what` names the call for the message.
-pub fn require_cuda(m: &Manager, what: &str) -> Result<()> {
-    if m.backend_kind() != BackendKind::Cuda {
-        fail!(KMM_ERROR_NOT_SUPPORTED, "{what} needs the CUDA backend; this manager runs on the host backend");
-    }
-    Ok(())
-}
-
 fn nvrtc_version() -> Result<(i32, i32)> {
     if !unsafe { nv::is_culib_present() } {
         fail!(
@@ -279,61 +267,4 @@ fn nvrtc_compile(src: &str, opts: &[String]) -> Result<(Vec<u8>, String)> {
         nv::nvrtcDestroyProgram(&mut prog);
         result
     }
-}
-
-/// One argument of a user kernel launch.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Arg {
-    /// A buffer's device address plus a byte offset; the buffer is pinned while the launch is
-    /// queued.
-    Buffer { handle: u64, offset: u64 },
-    /// A scalar passed by value: its bits in the low bytes.
-    Scalar(u64),
-}
-
-/// Launches `function` on the manager's stream. Buffers are mapped for the launch and unmapped
-/// once it is queued (stream order keeps their memory alive for the kernel).
-pub fn launch(m: &Manager, function: &Function, grid: [u32; 3], block: [u32; 3], shmem: u32, args: &[Arg]) -> Result<()> {
-    let mut mapped: Vec<u64> = Vec::new();
-    let result = (|| {
-        let mut params = Vec::with_capacity(args.len());
-        for (i, a) in args.iter().enumerate() {
-            match *a {
-                Arg::Scalar(bits) => params.push(bits),
-                Arg::Buffer { handle, offset } => {
-                    let (_, bytes, _, _) = m.buffer_info(handle)?;
-                    if offset > bytes {
-                        fail!(KMM_ERROR_OUT_OF_RANGE, "args[{i}].offset = {offset} exceeds the buffer's size of {bytes} bytes");
-                    }
-                    let addr = m.map(handle)?;
-                    mapped.push(handle);
-                    params.push(addr + offset);
-                }
-            }
-        }
-        // SAFETY: the caller's kernel signature is its own contract (documented in the ABI).
-        unsafe { function.launch(m.raw_stream(), grid, block, shmem, &mut params) }
-    })();
-    for h in mapped {
-        let _ = m.unmap(h);
-    }
-    result
-}
-
-/// The process-wide table of module handles.
-fn table() -> &'static Mutex<HandleTable<Arc<Module>>> {
-    static TABLE: OnceLock<Mutex<HandleTable<Arc<Module>>>> = OnceLock::new();
-    TABLE.get_or_init(|| Mutex::new(HandleTable::new(TAG_MODULE, 0, 0, 0x5EED)))
-}
-
-pub fn insert_handle(module: Arc<Module>) -> Result<u64> {
-    lock(table()).insert(module)
-}
-
-pub fn get_handle(handle: u64) -> Result<Arc<Module>> {
-    lock(table()).get(handle).cloned()
-}
-
-pub fn remove_handle(handle: u64) -> Result<()> {
-    lock(table()).remove(handle).map(drop)
 }
