@@ -10,7 +10,7 @@ md"""
 
 A numerical brain phantom is "scanned" with a 1000-TR FISP fingerprinting sequence, a
 dictionary over a log-spaced T1 x T2 grid is simulated and matched with `Kmm.QMRI`, and the
-estimated T1, T2 and PD maps are compared with the truth (error table, PNG images).
+estimated T1, T2 and PD maps are compared with the truth (error table, SVG figures).
 
 Runs in Pluto or as a script: `julia --project=. examples/mrf_pipeline.jl`. Sizes and the output
 folder come from environment variables: `KMM_MRF_N` (phantom N x N, default 64),
@@ -246,23 +246,48 @@ end
 md"""
 ## Maps
 
-Each PNG shows the true map (left) and the estimate (right) on one colour scale (viridis,
-low to high along the bar below; black outside the head).
+One SVG figure per quantity, drawn by `examples/figures.jl`: the true map (left) and the
+estimate (right) on one colour scale (viridis; light grey outside the head), a colour bar with
+ticks in ms for T1 and T2 (logarithmic, like the dictionary grid) and in arbitrary units for
+|PD| (linear), the true and estimated value of each tissue, and the settings of the run. Each
+scale holds every value of both maps, CSF included.
 """
 
 # ╔═╡ cd12063a-220d-4954-92c4-23454b244408
 begin
-	scale = max(1, 256 ÷ N)
-	pngs = [QMRI.save_png_pair(joinpath(OUTDIR, "T1_true_vs_estimated.png"), ref_T1, est_T1;
-	                           range = (0.0, 2.0), scale = scale),
-	        QMRI.save_png_pair(joinpath(OUTDIR, "T2_true_vs_estimated.png"), ref_T2, est_T2;
-	                           range = (0.0, 0.15), scale = scale),
-	        QMRI.save_png_pair(joinpath(OUTDIR, "PD_true_vs_estimated.png"), ref_PD, est_PD;
-	                           range = (0.0, 1.1), scale = scale)]
+	include(joinpath(@__DIR__, "figures.jl"))    # module MapFigures
+	ms(t) = round(1000 * t; digits = 1)
+	settings = ["Phantom $(N)×$(N) (background, CSF, grey matter, white matter, fat); FISP, $NTR TRs, " *
+	            "TR $(ms(seq.TR)) ms, TE $(ms(seq.TE)) ms, TI $(ms(seq.TI)) ms; noise σ = $NOISE × mean |signal|.",
+	            "Dictionary $NT1 T1 × $NT2 T2, log-spaced (T1 0.1–5 s, T2 0.01–3 s; $natoms atoms); match " *
+	            (RANK == 0 ? "exact (full rank)" : "SVD rank $RANK") * "; backend $(Kmm.backend(mgr)); " *
+	            "mean match score $(round(sum(Array(maps.score)) / length(voxels); digits = 4))."]
+	fmt3(x) = abs(x) >= 100 ? string(round(Int, x)) : string(round(x; sigdigits = 3))
+	# true value and mean ± sd of the estimate per tissue; `column` of TISSUES, times `factor`
+	function tissue_rows(est, column, factor, unit)
+		rows = [["tissue", "true ($unit)", "estimated ($unit), mean ± sd"]]
+		for k in 2:length(TISSUES)
+			m, s = stats(est, k)
+			push!(rows, [TISSUES[k][1], fmt3(factor * TISSUES[k][column]),
+			             fmt3(factor * m) * " ± " * fmt3(factor * s)])
+		end
+		rows
+	end
+	function map_figure(name, title, quantity, unit, factor, truth, est, column, scale)
+		MapFigures.write_map_figure(joinpath(OUTDIR, "$(name)_true_vs_estimated.svg"),
+		                            [("true", factor .* truth), ("estimated", factor .* est)];
+		                            title = title, quantity = quantity, unit = unit, scale = scale,
+		                            low = scale === :linear ? 0 : nothing, caption = settings,
+		                            no_value = "outside the head (not matched)",
+		                            table = tissue_rows(est, column, factor, unit))
+	end
+	figures = [map_figure("T1", "T1 map, true and estimated", "T1", "ms", 1000, ref_T1, est_T1, 2, :log),
+	           map_figure("T2", "T2 map, true and estimated", "T2", "ms", 1000, ref_T2, est_T2, 3, :log),
+	           map_figure("PD", "Proton density |PD|, true and estimated", "|PD|", "a.u.", 1, ref_PD,
+	                      est_PD, 4, :linear)]
 	write(joinpath(OUTDIR, "errors.txt"), table)
-	println("maps (true | estimated; colour bar: T1 0 to 2 s, T2 0 to 0.15 s (CSF saturates both), ",
-	        "|PD| 0 to 1.1):")
-	foreach(p -> println("  ", p), pngs)
+	println("maps (true | estimated; SVG with colour bars: T1 and T2 in ms on log scales, |PD| in a.u.):")
+	foreach(p -> println("  ", p, " (", round(filesize(p) / 1024; digits = 1), " KiB)"), figures)
 	println("error table: ", joinpath(OUTDIR, "errors.txt"))
 	println("timings: signals ", round(t_signals; digits = 2), " s, dictionary simulation ",
 	        round(maps.seconds[:simulate]; digits = 2), " s, matching ",

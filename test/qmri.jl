@@ -285,16 +285,72 @@ end
     @test Array(r.index) == [1, 2]
 end
 
-@testset "PNG writer" begin
-    @test Q.crc32(Vector{UInt8}(codeunits("IEND"))) == 0xae426082
-    @test Q.adler32(Vector{UInt8}(codeunits("Wikipedia"))) == 0x11e60398
-    path = joinpath(mktempdir(), "m.png")
-    Q.save_png_pair(path, [1.0 2.0; NaN 4.0], [1.0 2.0; 3.0 4.0]; scale = 3)
-    bytes = read(path)
-    @test bytes[1:8] == Q.PNG_SIGNATURE
-    @test bytes[13:16] == codeunits("IHDR")
-    @test Q.be32(3 * 2 + 2 * 3 + 3 * 2) == bytes[17:20]          # width: 2 maps + gap
-    @test bytes[end-7:end-4] == codeunits("IEND")
+# the notebook's figures (examples/figures.jl, module MapFigures)
+include(joinpath(ROOT, "examples", "figures.jl"))
+
+@testset "map figures: SVG with colour bar, embedded palette PNG" begin
+    F = MapFigures
+    @test F.base64(Vector{UInt8}("Man")) == "TWFu"
+    @test F.base64(Vector{UInt8}("Ma")) == "TWE="
+    @test F.base64(Vector{UInt8}("M")) == "TQ=="
+    @test F.crc32(Vector{UInt8}(codeunits("IEND"))) == 0xae426082
+    # ranges hold every value of the notebook's phantom, CSF included, on the notebook's scales
+    @test F.colour_range([350.0, 780, 1100, 4000, 3950, NaN], :log) == (300.0, 5000.0)
+    @test F.colour_range([65.0, 80, 100, 2000, 2106], :log) == (50.0, 3000.0)
+    @test F.colour_range([0.65, 0.8, 0.9, 1.0, 1.02], :linear; low = 0) == (0.0, 1.1)
+    for scale in (:log, :linear), trial in 1:20
+        v = exp.(4 .* rand(50)) .* rand()
+        lo, hi = F.colour_range(v, scale)
+        @test lo <= minimum(v) && maximum(v) <= hi
+        t = F.ticks(lo, hi, scale)
+        @test issorted(t) && all(x -> lo - 1e-9 * hi <= x <= hi * (1 + 1e-9), t) && length(t) >= 2
+    end
+    @test F.ticks(50.0, 3000.0, :log) == [50, 100, 200, 300, 500, 1000, 2000, 3000]
+    @test [F.tick_label(t, 0.2) for t in F.ticks(0.0, 1.1, :linear)] == ["0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]
+
+    # the PNG: palette indices, each voxel s x s, NaN the last entry; zlib's inflate gets them back
+    idx = F.map_indices([1.0 NaN; 10.0 100.0], 1.0, 100.0, :log, 2)
+    @test idx == UInt8[0 0 255 255; 0 0 255 255; 127 127 254 254; 127 127 254 254]
+    png = F.png_palette(idx, F.PALETTE)
+    @test png[1:8] == UInt8[0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]
+    @test png[13:16] == codeunits("IHDR") && png[17:24] == UInt8[0, 0, 0, 4, 0, 0, 0, 4]
+    @test png[25:26] == UInt8[8, 3]                      # 8 bits, palette
+    chunks = Dict{String,Vector{UInt8}}()
+    at = 9
+    while at < length(png)
+        len = Int(png[at]) << 24 | Int(png[at+1]) << 16 | Int(png[at+2]) << 8 | Int(png[at+3])
+        chunks[String(png[at+4:at+7])] = png[at+8:at+7+len]
+        at += 12 + len
+    end
+    @test sort(collect(keys(chunks))) == ["IDAT", "IEND", "IHDR", "PLTE"]
+    @test length(chunks["PLTE"]) == 3 * 256 && chunks["PLTE"][end-2:end] == [0xd9, 0xd9, 0xd9]
+    raw = Vector{UInt8}(undef, 4 * 5)
+    rawlen = Ref{Culong}(length(raw))
+    @test ccall(F.libz(:uncompress), Cint, (Ptr{UInt8}, Ref{Culong}, Ptr{UInt8}, Culong),
+                raw, rawlen, chunks["IDAT"], length(chunks["IDAT"])) == 0
+    @test raw == vec(vcat(zeros(UInt8, 1, 4), permutedims(idx)))
+
+    # the SVG: title, panels, colour bar label with the unit, ticks, table, caption, nothing clipped
+    path = joinpath(mktempdir(), "sub", "T1.svg")
+    truth = [NaN 4000.0; 350.0 1100.0]
+    F.write_map_figure(path, [("true", truth), ("estimated", truth .* 1.02)];
+                       title = "T1 map", quantity = "T1", unit = "ms", scale = :log,
+                       caption = ["phantom & settings"], table = [["tissue", "true"], ["CSF", "4000"]])
+    svg = read(path, String)
+    @test startswith(svg, "<?xml") && occursin("<svg", svg) && endswith(svg, "</svg>\n")
+    for s in (">T1 map<", ">true<", ">estimated<", ">T1 (ms)<", ">300<", ">5000<", ">CSF<",
+              "phantom &amp; settings", "logarithmic colour scale", "data:image/png;base64,")
+        @test occursin(s, svg) || (@warn "not in the SVG" s; false)
+    end
+    @test length(collect(eachmatch(r"<image ", svg))) == 2
+    @test !occursin("drawn at the ends", svg)
+    # a range given by hand that clips says so
+    F.write_map_figure(path, [("m", truth)]; title = "T1", unit = "ms", range = (0, 2000))
+    @test occursin("1 value(s) outside 0 to 2000 ms are drawn at the ends", read(path, String))
+    @test_throws DimensionMismatch F.write_map_figure(path, [("a", ones(2, 2)), ("b", ones(3, 2))];
+                                                     title = "x", unit = "u")
+    @test_throws ArgumentError F.write_map_figure(path, [("a", ones(2, 2))]; title = "x", unit = "u",
+                                                  scale = :sqrt)
 end
 
 @testset "MRF notebook: Pluto file format" begin
@@ -319,10 +375,13 @@ end
     cmd = setenv(`$(Base.julia_cmd()) --project=$ROOT $script`, env)
     text = read(pipeline(cmd; stderr = stdout), String)
     @test occursin("white matter", text)
-    for name in ("T1", "T2", "PD")
-        p = joinpath(out, "$(name)_true_vs_estimated.png")
+    for (name, unit) in (("T1", "ms"), ("T2", "ms"), ("PD", "a.u."))
+        p = joinpath(out, "$(name)_true_vs_estimated.svg")
         @test isfile(p)
-        @test isfile(p) && read(p)[1:8] == UInt8[0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]
+        svg = isfile(p) ? read(p, String) : ""
+        @test occursin("<svg", svg) && occursin(" ($unit)<", svg) && occursin("backend", svg)
+        @test !occursin("drawn at the ends", svg)         # no tissue outside the colour scale
+        @test filesize(p) < 100_000 || (@warn "figure too large" p filesize(p); false)
         @test occursin(p, text)
     end
 end

@@ -24,12 +24,11 @@ using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
              default_manager, handles
 
 export FISPSequence, PSSFPSequence, MatchResult, parameter_grid, tissue_parameters,
-       simulate_fisp, simulate_pssfp, log_grid, save_png, save_png_pair
+       simulate_fisp, simulate_pssfp, log_grid
 
 include("sequences.jl")
 include("parameters.jl")
 include("simulate.jl")
 include("match.jl")
-include("png.jl")
 
 end # module QMRI

@@ -17,5 +17,5 @@ timeout 300 $julia --project=. test/runtests.jl 2>&1 | grep -vE "^\s*$" | tail -
 timeout 120 $julia --project=. bench/julia_alloc.jl 100000 2>&1 | tail -15 | tee "$out/julia_alloc.txt"
 .gpu-julia/kmm-bench --quick 2>&1 | grep -E "kmm-bench|pair" | tee -a "$out/julia_alloc.txt"
 timeout 150 $julia --project=. examples/mrf_pipeline.jl 2>&1 | tail -30 | tee "$out/mrf_pipeline.txt"
-cp examples/output/*.png examples/output/errors.txt "$out/" 2>/dev/null
+cp examples/output/*.svg examples/output/errors.txt "$out/" 2>/dev/null
 ls examples/output
