@@ -116,7 +116,7 @@ end
 function load_libz()
     names = ["libz", "libz.so.1", "libz.1.dylib", "zlib1", "libz.dll"]
     # Julia's own copy (Zlib_jll) next to its libraries
-    libdir = joinpath(Sys.BINDIR, Base.LIBDIR)
+    libdir = joinpath(Sys.BINDIR, isdefined(Base, :LIBDIR) ? Base.LIBDIR : joinpath("..", "lib"))
     for dir in (joinpath(libdir, "julia"), libdir, Sys.BINDIR)
         append!(names, joinpath.(dir, ["libz.so.1", "libz.1.dylib", "libz.dll", "zlib1.dll"]))
     end
