@@ -700,7 +700,9 @@ KmmStatus kmm_buffer_alloc(KmmManager manager, uint64_t bytes, uint32_t kind, Km
 
 /**
  * Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `KMM_ADOPT`
- * Kmm frees the memory when the buffer is freed; with `KMM_BORROW` the caller keeps it and
+ * Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
+ * free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
+ * the free itself; with `KMM_BORROW` the caller keeps it and
  * must keep it valid until the buffer is freed and the manager synchronized.
  */
 KmmStatus kmm_buffer_wrap(KmmManager manager,

@@ -515,7 +515,9 @@ end
 
 """
 Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `KMM_ADOPT`
-Kmm frees the memory when the buffer is freed; with `KMM_BORROW` the caller keeps it and
+Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
+free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
+the free itself; with `KMM_BORROW` the caller keeps it and
 must keep it valid until the buffer is freed and the manager synchronized.
 
 Returns the status; `kmm_buffer_wrap` is the checked form.
@@ -527,7 +529,9 @@ Returns the status; `kmm_buffer_wrap` is the checked form.
 end
 """
 Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `KMM_ADOPT`
-Kmm frees the memory when the buffer is freed; with `KMM_BORROW` the caller keeps it and
+Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
+free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
+the free itself; with `KMM_BORROW` the caller keeps it and
 must keep it valid until the buffer is freed and the manager synchronized.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
