@@ -1,5 +1,7 @@
 # Docs: every exported name has a docstring, the API page names it, and the ```julia blocks of
-# docs/julia*.md run (a block whose first line is `# not run` is skipped: it needs CUDA.jl).
+# README.md and docs/*.md run. A block is skipped only when the line above its fence is a marker
+# `<!-- gpu: what it needs -->` or `<!-- no-run: why -->` (the markers tools/run_doc_blocks.py
+# reads too; it runs the python and sh blocks).
 
 # Base.Docs.hasdoc is newer than Julia 1.5
 has_docstring(m, name) = haskey(Base.Docs.meta(m), Base.Docs.Binding(m, name))
@@ -17,8 +19,8 @@ has_docstring(m, name) = haskey(Base.Docs.meta(m), Base.Docs.Binding(m, name))
 end
 
 docsdir = joinpath(ROOT, "docs")
-pages = filter(f -> startswith(f, "julia") && endswith(f, ".md"), readdir(docsdir))
-@test length(pages) >= 4
+pages = vcat("README.md", ["docs/" * f for f in readdir(docsdir) if endswith(f, ".md")])
+@test length(pages) >= 8
 
 @testset "the API page names every exported name" begin
     api = read(joinpath(docsdir, "julia-api.md"), String)
@@ -28,24 +30,46 @@ pages = filter(f -> startswith(f, "julia") && endswith(f, ".md"), readdir(docsdi
     end
 end
 
+const DOC_MARKER = r"^<!--\s*(gpu|no-run)\s*:\s*(.*?)\s*-->\s*$"
+
+"The ```julia blocks of a page: (line of the fence, code, marker or nothing, reason)."
 function julia_blocks(text)
-    blocks = String[]
-    for m in eachmatch(r"```julia\n(.*?)```"s, text)
-        code = m[1]
-        startswith(code, "# not run") || push!(blocks, code)
+    lines = split(text, '\n')
+    blocks = []
+    i = 1
+    while i <= length(lines)
+        if startswith(lines[i], "```")
+            j = findnext(l -> rstrip(l) == "```", lines, i + 1)
+            j === nothing && error("a block opened at line $i never closes")
+            if rstrip(lines[i]) == "```julia"
+                m = i > 1 ? match(DOC_MARKER, lines[i - 1]) : nothing
+                push!(blocks, (i, join(lines[i+1:j-1], '\n'), m === nothing ? nothing : m[1],
+                               m === nothing ? "" : m[2]))
+            end
+            i = j + 1
+        else
+            i += 1
+        end
     end
     blocks
 end
 
+doc_blocks = Dict(page => julia_blocks(read(joinpath(ROOT, page), String)) for page in pages)
+@test sum(length, values(doc_blocks)) >= 15
+
 @testset "examples in $page" for page in pages
-    for (i, code) in enumerate(julia_blocks(read(joinpath(docsdir, page), String)))
-        mod = Module(Symbol("DocExample", i))
+    for (line, code, marker, reason) in doc_blocks[page]
+        if marker !== nothing
+            @test !isempty(reason)              # a skipped block says why
+            continue
+        end
+        mod = Module(Symbol("DocExample", line))
         Core.eval(mod, :(using Kmm, Test))
         ok = try
-            include_string(mod, code, "$page block $i")
+            include_string(mod, code, "$page:$line")
             true
         catch err
-            @error "doc example failed" page i exception = (err, catch_backtrace())
+            @error "doc example failed" page line exception = (err, catch_backtrace())
             false
         end
         @test ok

@@ -14,9 +14,17 @@ function log_grid(lo::Real, hi::Real, n::Integer)
     [exp(a + (b - a) * (i - 1) / (n - 1)) for i in 1:n]
 end
 
-grid_values(v::Tuple{Real,Real,Integer}) = log_grid(v...)
-grid_values(v::AbstractVector{<:Real}) = Float64.(collect(v))
-grid_values(v::Real) = [Float64(v)]
+# The values of one `parameter_grid` keyword (`name`), whose errors name it.
+function grid_values(name::Symbol, v::Tuple{Real,Real,Integer})
+    lo, hi, n = v
+    lo > 0 && hi > 0 && n >= 1 || throw(ArgumentError("parameter_grid: $name = $v; a log grid " *
+        "(lo, hi, n) needs lo > 0, hi > 0 and n >= 1"))
+    log_grid(lo, hi, n)
+end
+grid_values(name::Symbol, v::AbstractVector{<:Real}) = Float64.(collect(v))
+grid_values(name::Symbol, v::Real) = [Float64(v)]
+grid_values(name::Symbol, v) = throw(ArgumentError("parameter_grid: $name = $(repr(v)); give " *
+    "a vector of values, one value, or (lo, hi, n)"))
 
 """
     parameter_grid(; T1, T2, B1 = 1.0, B0 = 0.0, drop_T2_above_T1 = true,
@@ -26,20 +34,38 @@ The atoms of a dictionary: every combination of the `T1`, `T2`, `B1` and `B0` va
 fastest, then T2, B1, B0), as `4 x natoms` parameters on `manager`. Each of `T1`, `T2`, `B1`,
 `B0` is a vector of values, a single value, or `(lo, hi, n)` for `n` log-spaced values
 (`log_grid`). Combinations with T2 > T1 are dropped unless `drop_T2_above_T1 = false`.
-T1 and T2 in seconds (> 0, `Inf` allowed), B1 relative, B0 in Hz.
+T1 and T2 in seconds (> 0, `Inf` allowed), B1 relative, B0 in Hz (both finite). A bad value
+is an `ArgumentError` naming the keyword and the bound, before anything is allocated.
 """
 function parameter_grid(; T1, T2, B1 = 1.0, B0 = 0.0, drop_T2_above_T1::Bool = true,
                         manager::KmmManager = default_manager())
-    t1s, t2s, b1s, b0s = grid_values(T1), grid_values(T2), grid_values(B1), grid_values(B0)
+    t1s, t2s = grid_values(:T1, T1), grid_values(:T2, T2)
+    b1s, b0s = grid_values(:B1, B1), grid_values(:B0, B0)
+    check_grid_values(:T1, t1s, v -> v > 0, "> 0 s (Inf allowed)")
+    check_grid_values(:T2, t2s, v -> v > 0, "> 0 s (Inf allowed)")
+    check_grid_values(:B1, b1s, isfinite, "finite")
+    check_grid_values(:B0, b0s, isfinite, "finite (Hz)")
     recs = Float32[]
     for b0 in b0s, b1 in b1s, t2 in t2s, t1 in t1s
         drop_T2_above_T1 && t2 > t1 && continue
         push!(recs, t1, t2, b1, b0)
     end
-    isempty(recs) && throw(ArgumentError("parameter_grid: no atoms (every T2 exceeds every T1?)"))
+    isempty(recs) && throw(ArgumentError("parameter_grid: no atoms: every T2 (smallest " *
+        "$(minimum(t2s)) s) exceeds every T1 (largest $(maximum(t1s)) s); pass " *
+        "drop_T2_above_T1 = false to keep them"))
     p = reshape(recs, 4, :)
     check_params(p)
     KmmArray(p; manager = manager)
+end
+
+"Throws an ArgumentError naming the `parameter_grid` keyword `name` and the bound its values break."
+function check_grid_values(name::Symbol, vals::Vector{Float64}, ok, bound::AbstractString)
+    isempty(vals) && throw(ArgumentError("parameter_grid: $name has no values"))
+    for (i, v) in enumerate(vals)
+        ok(v) || throw(ArgumentError("parameter_grid: $name = $v (value $i of $(length(vals))); " *
+                                     "$name must be $bound"))
+    end
+    nothing
 end
 
 """
