@@ -1,13 +1,14 @@
 # CUDA.jl interop (package extension, Julia >= 1.9, loaded when CUDA and Adapt are).
 #
 # Written against CUDA.jl's documented API (`unsafe_wrap(CuArray, ptr, dims; own = false)`,
-# `CUDA.stream()`, `Adapt.adapt_storage`, `CUDA.KernelAdaptor`). It cannot run on machines
-# without a GPU and Julia >= 1.9, so the test suite does not exercise it; see
+# `CUDA.stream()`, `Adapt.adapt_storage`, `CUDA.KernelAdaptor`, Base's broadcasting interface)
+# and one name CUDA.jl does not export, `CUDA.CuArrayStyle` (its broadcast style). It cannot run
+# on machines without a GPU and Julia >= 1.9; test/ext.jl runs it against stand-ins. See
 # docs/julia-cuda-interop.md.
 module KmmCUDAExt
 
 using Kmm
-using Kmm: LibKmm, KmmArray, KmmManager
+using Kmm: LibKmm, KmmArray, KmmManager, KmmStorage
 using CUDA
 using Adapt
 
@@ -16,62 +17,195 @@ raw_stream(s::CuStream) = UInt64(UInt(s.handle))
 Kmm.wait_stream(m::KmmManager, s::CuStream) = Kmm.wait_stream(m, raw_stream(s))
 Kmm.signal_stream(m::KmmManager, s::CuStream) = Kmm.signal_stream(m, raw_stream(s))
 
-check_cuda(x::KmmArray) = Kmm.backend(Kmm.manager(x)) == :cuda ||
-    throw(ArgumentError("CuArray(x) needs a KmmArray of a manager on the CUDA backend"))
+on_cuda(x::KmmArray) = Kmm.backend(Kmm.manager(x)) == :cuda
+"Whether CUDA.jl can work on `a` in place: a CuArray, or device memory of a CUDA-backend manager."
+usable(x::KmmArray) = Kmm.kind(x) == :device && on_cuda(x)
+usable(::CuArray) = true
+usable(_) = false
+
+function check_view(x::KmmArray)
+    Kmm.kind(x) == :device ||
+        throw(ArgumentError("CuArray(x) needs device memory, not kind $(Kmm.kind(x))"))
+    on_cuda(x) ||
+        throw(ArgumentError("CuArray(x) needs a KmmArray of a manager on the CUDA backend"))
+end
+
+# ---- the pin: a storage viewed by CuArray(x) stays mapped until it is freed -----------------
+#
+# Arrays CUDA.jl derives from a view (reshape, vec, contiguous views, the CuDeviceArray of an
+# @cuda argument) do not refer to the KmmArray, so no wrapper's death can tell when CUDA.jl is
+# done with the memory. The storage is therefore mapped once, on its first view, and stays mapped
+# (never moved by compaction) until it is freed: by its finalizer or `unsafe_free!`, whose FORCE
+# free drops the pin and is ordered after the work queued on every recorded task stream.
+
+"A recorded task stream, kept alive until every storage that recorded it has been freed (the free records an event on it)."
+mutable struct HeldStream
+    stream::CuStream
+    users::Threads.Atomic{Int}     # storages that recorded it, not yet freed
+end
+
+"A storage's pin: its device address (valid until the free) and the streams recorded on it."
+mutable struct Pin
+    addr::UInt64
+    streams::Vector{HeldStream}
+end
+
+const LOCK = ReentrantLock()                    # taken by normal code only, never by finalizers
+const PINS = WeakKeyDict{KmmStorage,Pin}()      # weak: a pin never keeps its storage alive
+const HELD = Dict{UInt64,HeldStream}()          # by raw stream handle
+
+# The storage's own finalizer and this one run in either order; whichever comes first frees the
+# buffer (one claim per storage), so the streams are let go only after the free has used them.
+struct UnpinAtFree
+    pin::Pin
+end
+function (u::UnpinAtFree)(s::KmmStorage)
+    Kmm.finalize_storage(s)
+    foreach(h -> Threads.atomic_sub!(h.users, 1), u.pin.streams)
+    nothing
+end
+
+"Maps `s` (once), records `stream` on it (once) and returns its address; throws once `s` is freed."
+function pin!(s::KmmStorage, stream::CuStream)
+    lock(LOCK) do
+        pin = get(PINS, s, nothing)
+        if pin === nothing
+            pin = Pin(Kmm.map_storage(s), HeldStream[])
+            finalizer(UnpinAtFree(pin), s)
+            PINS[s] = pin
+        end
+        raw = raw_stream(stream)
+        Kmm.record_stream(s, raw)                   # also the check that s is still allocated
+        if !any(h -> raw_stream(h.stream) == raw, pin.streams)
+            filter!(p -> p.second.users[] > 0, HELD)    # streams no live storage recorded may go
+            h = get!(() -> HeldStream(stream, Threads.Atomic{Int}(0)), HELD, raw)
+            Threads.atomic_add!(h.users, 1)
+            push!(pin.streams, h)
+        end
+        pin.addr
+    end
+end
+
+"A view's finalizer that only holds the storage: the view keeps it alive, but never unpins it."
+struct HoldStorage
+    storage::KmmStorage
+end
+(::HoldStorage)(_) = nothing
 
 """
     CuArray(x::KmmArray)
 
-A zero-copy `CuArray` over `x`'s device memory. While the view lives it keeps `x` alive and
-pinned (mapped), so Kmm never moves or frees the memory under it. CUDA.jl's task stream is made
-to wait for the manager's stream; after CUDA work on the view, call
-`Kmm.wait_stream(Kmm.manager(x), CUDA.stream())` before Kmm works on `x` again. When the view
-dies, the manager's stream waits for the work queued on that task stream so far before the pin
-is dropped, so a later move (compaction) or free of `x` is ordered after it.
+A zero-copy `CuArray` over `x`'s device memory. The first view of a storage maps (pins) it until
+the storage is freed, so Kmm never moves it while CUDA.jl may use it; every view records
+CUDA.jl's task stream on the storage, so its free waits for the work queued there. CUDA.jl's
+stream is made to wait for the manager's stream; after CUDA work writes the memory, call
+`Kmm.wait_stream(Kmm.manager(x), CUDA.stream())` before Kmm works on `x` again. The view keeps
+the storage alive; arrays derived from it (`reshape`, `vec`, views) do not: keep `x` referenced
+while you queue work on them.
 """
 function CUDA.CuArray(x::KmmArray{T,N}) where {T,N}
-    Kmm.kind(x) == :device ||
-        throw(ArgumentError("CuArray(x) needs device memory, not kind $(Kmm.kind(x))"))
-    check_cuda(x)
-    m = Kmm.manager(x)
-    base = Kmm.map_storage(x.storage)                       # pin: the address stays valid
-    ptr = CuPtr{T}(base + x.offset)
-    c = unsafe_wrap(CuArray, ptr, size(x); own = false)
+    check_view(x)
     s = CUDA.stream()
-    # the closure holds x and s: x outlives the view; the pin is dropped when the view dies
-    finalizer(_ -> (release_view(x, s); nothing), c)
-    Kmm.signal_stream(m, s)                                # CUDA's stream waits for Kmm's work
-    Kmm.record_stream(x.storage, raw_stream(s))            # x's free waits for CUDA's work too
+    base = pin!(x.storage, s)
+    Kmm.signal_stream(Kmm.manager(x), s)                   # CUDA's stream waits for Kmm's work
+    c = unsafe_wrap(CuArray, CuPtr{T}(base + x.offset), size(x); own = false)
+    finalizer(HoldStorage(x.storage), c)
     c
 end
 
-# A finalizer's work: never throws (a closed manager just has no stream to order).
-function release_view(x::KmmArray, s::CuStream)
-    mh = x.storage.manager.handle
-    mh == 0 || LibKmm.unchecked_kmm_manager_wait_stream(mh, raw_stream(s))
-    Kmm.unmap_storage(x.storage)
-end
+"""
+    Kmm.record_stream(x::KmmArray, s::CuStream)
+
+Pins `x`'s storage as a view does and records `s` on it: for work on `s` other than
+`CUDA.stream()` (`@cuda stream = s` converts its arguments on the task stream).
+"""
+Kmm.record_stream(x::KmmArray, s::CuStream) = (check_view(x); pin!(x.storage, s); nothing)
 
 """
     KmmArray(c::CuArray; manager = Kmm.default_manager(), kind = :device)
 
 A copy of `c` in Kmm's pool (device to device, ordered between CUDA.jl's stream and the
-manager's stream).
+manager's stream). The copy's view is temporary: the new array is not left pinned.
 """
 function Kmm.KmmArray(c::CuArray{T,N}; manager::KmmManager = Kmm.default_manager(),
                       kind::Symbol = :device) where {T,N}
     x = KmmArray{T,N}(undef, size(c); manager = manager, kind = kind)
-    if !isempty(c)
-        v = CuArray(x)                                     # CUDA's stream waits for the allocation
-        copyto!(v, c)                                      # queued on CUDA.stream()
-        Kmm.wait_stream(manager, CUDA.stream())            # Kmm's later work waits for the copy
-        finalize(v)                                        # drop the pin now
-    end
+    isempty(c) || on_views(v -> copyto!(v(x), c), x)
     x
 end
 
 # @cuda kernels take KmmArrays: they are converted through the zero-copy view.
 Adapt.adapt_storage(::CUDA.KernelAdaptor, x::KmmArray) =
     Adapt.adapt_storage(CUDA.KernelAdaptor(), CuArray(x))
+
+# ---- copies, broadcasts, map and reductions run on CUDA.jl through temporary views ----------
+#
+# These views never leave the operation: each storage is mapped while it runs, CUDA.jl's stream
+# waits for each manager's, and each manager's stream waits for CUDA.jl's before the unmap, so a
+# later move, free or Kmm operation is ordered after the CUDA.jl work. They leave no pin.
+
+kmm_arrays!(out, x::KmmArray) = push!(out, x)
+kmm_arrays!(out, bc::Broadcast.Broadcasted) = (foreach(a -> kmm_arrays!(out, a), bc.args); out)
+kmm_arrays!(out, _) = out
+kmm_arrays(xs...) = foldl(kmm_arrays!, xs; init = KmmArray[])
+
+"Calls `f(v)`, where `v(x)` is a temporary `CuArray` view of any `KmmArray` `x` among `arrays`."
+function on_views(f, arrays...)
+    bases = IdDict{KmmStorage,UInt64}()
+    s = CUDA.stream()
+    try
+        for x in kmm_arrays(arrays...)
+            haskey(bases, x.storage) && continue
+            check_view(x)
+            bases[x.storage] = Kmm.map_storage(x.storage)
+            Kmm.signal_stream(Kmm.manager(x), s)
+        end
+        v(x::KmmArray{T}) where {T} =
+            unsafe_wrap(CuArray, CuPtr{T}(bases[x.storage] + x.offset), size(x); own = false)
+        return f(v)
+    finally
+        for m in unique!([k.manager for k in keys(bases)])
+            m.handle == 0 || Kmm.wait_stream(m, s)     # (a manager closed meanwhile freed all)
+        end
+        foreach(Kmm.unmap_storage, keys(bases))
+    end
+end
+
+cu(v, x::KmmArray) = v(x)
+cu(v, bc::Broadcast.Broadcasted) = Broadcast.broadcasted(bc.f, map(a -> cu(v, a), bc.args)...)
+cu(v, x) = x
+
+Base.copyto!(d::CuArray{T}, s::KmmArray{T}) where {T} = (on_views(v -> copyto!(d, v(s)), s); d)
+Base.copyto!(d::KmmArray{T}, s::CuArray{T}) where {T} = (on_views(v -> copyto!(v(d), s), d); d)
+
+struct KmmStyle{N} <: Broadcast.AbstractArrayStyle{N} end
+KmmStyle{M}(::Val{N}) where {M,N} = KmmStyle{N}()
+Base.BroadcastStyle(::Type{<:KmmArray{T,N}}) where {T,N} = KmmStyle{N}()
+Base.BroadcastStyle(::KmmStyle{N}, ::CUDA.CuArrayStyle{M}) where {N,M} = KmmStyle{max(N, M)}()
+
+function Base.similar(bc::Broadcast.Broadcasted{KmmStyle{N}}, ::Type{T}) where {N,T}
+    KmmArray{T}(undef, length.(axes(bc)); manager = Kmm.manager(first(kmm_arrays(bc))))
+end
+
+function copyto_views!(dest::AbstractArray, bc::Broadcast.Broadcasted)
+    all(usable, kmm_arrays(dest, bc)) && usable(dest) ||    # else Base's element loop,
+        return copyto!(dest, convert(Broadcast.Broadcasted{Nothing}, bc))   # scalar rules apply
+    on_views(v -> Broadcast.materialize!(cu(v, dest), cu(v, bc)), dest, bc)
+    dest
+end
+Base.copyto!(dest::AbstractArray, bc::Broadcast.Broadcasted{<:KmmStyle}) = copyto_views!(dest, bc)
+Base.copyto!(dest::AbstractArray, bc::Broadcast.Broadcasted{KmmStyle{0}}) = copyto_views!(dest, bc)
+
+function Base.map(f, x::KmmArray, xs::AbstractArray...)
+    usable(x) && all(a -> usable(a) && size(a) == size(x), xs) && return broadcast(f, x, xs...)
+    isempty(xs) ? invoke(map, Tuple{Any,AbstractArray}, f, x) :
+                  invoke(map, Tuple{Any,Any,Vararg{Any}}, f, x, xs...)
+end
+
+function Base.mapreduce(f, op, x::KmmArray; kw...)
+    usable(x) || return invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, x; kw...)
+    r = on_views(v -> mapreduce(f, op, v(x); kw...), x)
+    r isa CuArray ? KmmArray(r; manager = Kmm.manager(x)) : r    # `dims` reductions stay in Kmm
+end
 
 end # module KmmCUDAExt
