@@ -8,10 +8,11 @@ Each plant: (name, file, old text, new text, tests that must FAIL), or (name, [(
 new text), ...], tests) for a bug that takes edits in several places (each old text must occur).
 A test is a cargo test binary of kmm (`--test NAME`), "lib" for the crate's unit tests (`--lib`),
 "valgrind" for tools/valgrind_c_abi.sh, "py:FILE" for a pytest file of python/tests (against
-the worktree's libkmm), or "gpu:NAME" for a test binary whose checks need a GPU
-(KMM_TEST_GPU=1): those run only with --gpu; without it the plant is applied and built, and its
-row says "needs GPU, not run here". --check only says whether each plant's old text is in HEAD.
-Prints a table.
+the worktree's libkmm), "jl:FILE" for a Julia test file of test/ (included in a testset as
+test/runtests.jl does, on 2 threads, against the worktree's libkmm), or "gpu:NAME" for a test
+binary whose checks need a GPU (KMM_TEST_GPU=1): those run only with --gpu; without it the plant
+is applied and built, and its row says "needs GPU, not run here". --check only says whether each
+plant's old text is in HEAD. Prints a table.
 """
 import argparse, os, subprocess, sys, time
 
@@ -238,10 +239,55 @@ PLANTS = [
      ["lib"]),
     # A Kmm CUDA call leaves its context current on the caller's thread. The host backend has no
     # contexts: only the GPU test sees it.
-    ("cuda-context-not-restored", "rust/kmm/src/backend/cuda.rs",
+    ("cuda-context-not-restored", "rust/kmm/src/backend/cuda/mod.rs",
      "        if let Some(previous) = self.previous {\n",
      "        if let Some(previous) = self.previous.filter(|_| false) {\n",
      ["gpu:gpu_streams"]),
+
+    # --- The Julia binding's fixes of issue 16 (5a1b3bb, 53ec015), each reversed. ---
+    # copyto!'s range check sums offset and count: an offset near typemax(Int) wraps and passes.
+    ("jl-copyto-range-wraps", "src/array.jl",
+     "    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||\n        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))\n",
+     "    (offs >= 1 && offs + n - 1 <= length(a)) || throw(BoundsError(a, offs:offs+n-1))\n",
+     ["jl:safety.jl"]),
+    # KmmManager keywords are converted as they come: wrapped, rounded or InexactError.
+    ("jl-config-keywords-unchecked", "src/manager.jl",
+     "    ok = v isa Integer && !(v isa Bool) && typemin(T) <= v <= typemax(T)\n",
+     "    return convert(T, v)\n    ok = v isa Integer && !(v isa Bool) && typemin(T) <= v <= typemax(T)\n",
+     ["jl:safety.jl"]),
+    # A storage's handle is claimed without the lock: two tasks on two threads both free it.
+    # The spin only widens the window between the read and the write (a preemption could), so
+    # that the test's 50 rounds of four tasks on 2 threads meet it.
+    ("jl-free-claim-unlocked", "src/storage.jl",
+     "    lock(_claim_lock)\n    h = s.handle\n    s.handle = 0\n    unlock(_claim_lock)\n",
+     "    h = s.handle\n    t = time_ns(); while time_ns() - t < 20_000 end\n    s.handle = 0\n",
+     ["jl:safety.jl"]),
+    # synchronize and wait(::KmmCopyTask) block in libkmm instead of polling and yielding.
+    # safety.jl sees synchronize; whether wait yields it does not check (timing).
+    ("jl-waits-block", [
+        ("src/manager.jl",
+         "        poll_until() do\n            done = Ref{Bool}(false)\n            GC.@preserve m LibKmm.kmm_event_query(handle(m), ev[], done)\n            done[]\n        end\n",
+         "        GC.@preserve m LibKmm.kmm_event_wait(handle(m), ev[])\n"),
+        ("src/async.jl",
+         "    poll_until(() -> isdone(t))   # yields to other tasks while the copy runs\n",
+         "    t.manager.handle != 0 && LibKmm.kmm_event_wait(t.manager.handle, t.event)\n"),
+     ], ["jl:safety.jl"]),
+    # A manager collected while a copy into a host array is queued is destroyed at once.
+    ("jl-manager-finalized-under-copy", "src/manager.jl",
+     "    if !finished_pending(m)\n        finalizer(finalize_manager, m)\n        return nothing\n    end\n",
+     "",
+     ["jl:safety.jl"]),
+    # The CUDA.jl extension: a view's collection drops the storage's pin again (as before issue
+    # 16), so an array CUDA.jl derived from the view sees its memory moved by compaction.
+    ("jl-ext-view-unpins-at-collection", "ext/KmmCUDAExt.jl",
+     "(::HoldStorage)(_) = nothing\n",
+     "(h::HoldStorage)(_) = (Kmm.unmap_storage(h.storage); nothing)\n",
+     ["jl:ext.jl"]),
+    # The extension pins but records no task stream: the storage's free does not wait for it.
+    ("jl-ext-task-stream-not-recorded", "ext/KmmCUDAExt.jl",
+     "        Kmm.record_stream(s, raw)                   # also the check that s is still allocated\n",
+     "        Kmm.handles(s)                              # also the check that s is still allocated\n",
+     ["jl:ext.jl"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
@@ -321,6 +367,13 @@ def main():
                     if rc == 0:
                         rc, out, dt = sh(f"python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/{t[3:]}",
                                          os.path.join(wt, "python"), dict(env, KMM_LIBRARY=lib))
+                elif t.startswith("jl:"):
+                    lib = os.path.join(env["CARGO_TARGET_DIR"], "release", "libkmm.so")
+                    rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
+                    if rc == 0:
+                        code = f'using Test, Kmm; const ROOT = pwd(); @testset "{t[3:]}" begin include("test/{t[3:]}") end'
+                        rc, out, dt = sh(f"julia --project=. --startup-file=no -e '{code}'", wt,
+                                         dict(env, KMM_LIBRARY=lib, JULIA_NUM_THREADS="2"))
                 elif gpu_only and not a.gpu:
                     # Not run here; the plant must still build.
                     rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
@@ -331,7 +384,7 @@ def main():
                     rc, out, dt = sh(f"cargo test -q --release -p kmm --test {binary}", os.path.join(wt, "rust"), run_env)
                 lines = [l for l in out.splitlines() if "panicked" in l or l.startswith("FAILED") or "seed" in l or "Invalid" in l
                          or "ERROR SUMMARY" in l or "leak" in l or "SIGSEGV" in l or "assertion" in l or "expects" in l
-                         or "failures" in l]
+                         or "failures" in l or "Test Failed" in l or "Error During Test" in l]
                 if not lines and rc != 0:  # e.g. an abort or a signal: the end of the output says which
                     lines = [l.strip() for l in out.splitlines() if l.strip()][-2:]
                 why = " | ".join(lines[:3])[:300]
