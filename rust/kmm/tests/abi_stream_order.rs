@@ -221,6 +221,50 @@ fn lanes_share_free_blocks() {
     assert_eq!(m.stats(DEVICE).in_use, 0);
 }
 
+/// Another lane's free space is fragmented (1 MiB holes between live buffers): no free block
+/// fits a 4 MiB request, and growing would take the manager past its compaction ratio. The lane
+/// holding the holes compacts to lend the room; the manager does not grow, and the moved
+/// buffers keep their bytes.
+#[test]
+fn a_lane_compacts_to_lend_before_the_manager_grows() {
+    const BLOCK: u64 = MIB;
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.compaction_ratio_pct = 125;
+    });
+    let kept: Vec<(KmmBuffer, u64)> = std::thread::scope(|s| {
+        s.spawn(|| {
+            let all: Vec<KmmBuffer> = (0..64).map(|_| m.alloc(BLOCK, DEVICE)).collect();
+            let (freed, kept): (Vec<_>, Vec<_>) = all.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+            freed.into_iter().for_each(|(_, b)| m.free(b));
+            kept.into_iter()
+                .map(|(i, b)| {
+                    m.upload(b, 0, &pattern(4096, i as u64));
+                    (b, i as u64)
+                })
+                .collect()
+        })
+        .join()
+        .expect("first thread")
+    });
+    let before = m.stats(DEVICE);
+    assert_eq!(before.in_use, 32 * BLOCK);
+    let big = std::thread::scope(|s| s.spawn(|| (0..4).map(|_| m.alloc(4 * BLOCK, DEVICE)).collect::<Vec<_>>()).join().expect("second thread"));
+    let after = m.stats(DEVICE);
+    assert_eq!(
+        after.reserved,
+        before.reserved,
+        "16 MiB with 32 MiB of 1 MiB holes in another lane grew the reserve from {} to {} MiB instead of compacting",
+        before.reserved / MIB,
+        after.reserved / MIB
+    );
+    assert!(after.compactions > before.compactions);
+    for &(b, i) in &kept {
+        assert_eq!(m.download(b, 0, 4096), pattern(4096, i), "a buffer moved to lend room lost its bytes");
+    }
+    kept.into_iter().map(|(b, _)| b).chain(big).for_each(|b| m.free(b));
+}
+
 /// Copies both ways between two managers must move the right bytes while both are alive.
 fn copies_move_correct_data(a: &Mgr, b: &Mgr) {
     const N: usize = 64 << 10;

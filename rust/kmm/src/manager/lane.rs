@@ -68,6 +68,9 @@ pub enum Growth {
     Defer,
     /// Free blocks only: another lane's allocation is borrowing this lane's free space.
     Never,
+    /// As `Never`, but this lane may compact (move its unmapped buffers) to make room: the
+    /// manager would otherwise grow past its compaction ratio.
+    Lend,
 }
 
 /// Where a lane is in its manager, for taking spare chunks from the other lanes.
@@ -139,7 +142,7 @@ impl Relocator for LaneCaller<'_> {
     /// Free chunks of the other lanes (those not busy now, and with no compaction's copies in
     /// flight, whose chunks may still be read), ordered for this lane's stream.
     fn spare_chunks(&mut self, bytes: u64) -> Vec<(u64, u64)> {
-        let Some(place) = self.place.filter(|_| self.growth != Growth::Never) else {
+        let Some(place) = self.place.filter(|_| matches!(self.growth, Growth::Allow | Growth::Defer)) else {
             return Vec::new();
         };
         let mut taken = Vec::new();
@@ -173,7 +176,7 @@ impl Relocator for LaneCaller<'_> {
     fn may_grow(&mut self, size: u64, reserved: u64) -> bool {
         let elsewhere = match self.growth {
             Growth::Allow => false,
-            Growth::Never => true,
+            Growth::Never | Growth::Lend => true,
             // What the other lanes reserve and do not use. Bytes in use are the requests, not
             // their rounded blocks, so this may promise a little more than there is: a wasted
             // search at worst.
@@ -185,6 +188,10 @@ impl Relocator for LaneCaller<'_> {
         };
         self.declined |= elsewhere;
         !elsewhere
+    }
+
+    fn may_compact_instead(&mut self) -> bool {
+        self.growth == Growth::Lend
     }
 
     fn movable(&mut self, owner: Owner) -> bool {

@@ -144,6 +144,11 @@ impl MemoryResource for PoolResource {
             }
         }
         if !relocator.may_grow(size, self.counters.reserved) {
+            if relocator.may_compact_instead() {
+                if let Some(block) = self.compact(size, owner, relocator) {
+                    return Ok(block);
+                }
+            }
             fail!(KMM_ERROR_OUT_OF_MEMORY, "{size} bytes: no free block, and the caller declined compaction and growth");
         }
         let chunk = self.sub.chunk_for(size, self.chunk_size);
