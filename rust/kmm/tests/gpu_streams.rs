@@ -137,3 +137,32 @@ fn a_recorded_foreign_stream_keeps_freed_memory_until_its_kernel_ran() {
         cuda_ok(sys::cuStreamDestroy_v2(foreign), "destroy foreign");
     }
 }
+
+/// A registration belongs to the device, not to one stream: another manager's copy may read the
+/// range by DMA when the registering manager is destroyed (which ends the registration). The
+/// copy must finish before the range is unpinned under it, and its bytes must arrive.
+#[test]
+fn a_registration_ends_after_other_managers_copies_from_it() {
+    if !gpu() {
+        return;
+    }
+    const BYTES: usize = 256 << 20;
+    let (owner, user) = (Mgr::new(), Mgr::new());
+    let src: Vec<u8> = (0..BYTES).map(|i| (i * 7 + (i >> 20)) as u8).collect();
+    ok(kmm_host_register(owner.0, src.as_ptr() as *mut _, BYTES as u64));
+    let dst = user.alloc(BYTES as u64, DEVICE);
+    for round in 0..4 {
+        // Queued as a direct DMA (the range is registered); the owner's destroy follows at once.
+        let mut event = 0;
+        ok(kmm_copy_to_device_async(user.0, dst, 0, src.as_ptr().cast(), BYTES as u64, &mut event));
+        if round == 0 {
+            ok(kmm_manager_destroy(owner.0, 0));
+        }
+        ok(kmm_event_wait(user.0, event));
+        ok(kmm_event_destroy(user.0, event));
+        let back = user.download(dst, 0, BYTES);
+        assert!(back == src, "round {round}: the copy from a registration ended meanwhile lost bytes");
+    }
+    std::mem::forget(owner); // destroyed in round 0
+    user.free(dst);
+}

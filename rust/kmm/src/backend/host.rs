@@ -113,7 +113,7 @@ impl Backend for HostBackend {
         Ok(())
     }
     unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
-        if !self.pinned_ranges.remove(ptr as u64) {
+        if self.pinned_ranges.remove(ptr as u64).is_none() {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} was not registered");
         }
         Ok(())

@@ -31,8 +31,9 @@ impl PinnedRanges {
         ranges.range(..end).next_back().is_some_and(|(&base, &size)| base.saturating_add(size.max(1)) > start)
     }
 
-    pub fn remove(&self, start: u64) -> bool {
-        lock(&self.0).remove(&start).is_some()
+    /// The length of the range that starts at `start`, taken out; `None` when none does.
+    pub fn remove(&self, start: u64) -> Option<u64> {
+        lock(&self.0).remove(&start)
     }
 
     pub fn contains(&self, start: u64, len: u64) -> bool {

@@ -182,9 +182,18 @@ impl Backend for CudaBackend {
     }
     unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
         let _current = self.enter()?;
-        check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister")?;
-        self.pinned_ranges.remove(ptr as u64);
-        Ok(())
+        // Copies of any manager may be reading or writing the range by DMA (a registration is the
+        // device's, not one stream's). From here on new copies take the pageable path; those in
+        // flight finish before the range is unpinned under them.
+        let Some(bytes) = self.pinned_ranges.remove(ptr as u64) else {
+            crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} was not registered");
+        };
+        let unpinned = check(sys::cuCtxSynchronize(), "cuCtxSynchronize")
+            .and_then(|_| check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister"));
+        if unpinned.is_err() {
+            self.pinned_ranges.insert(ptr as u64, bytes);
+        }
+        unpinned
     }
     fn is_pinned_host(&self, ptr: *const u8, bytes: u64) -> bool {
         self.pinned_ranges.contains(ptr as u64, bytes)
