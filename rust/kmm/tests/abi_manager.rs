@@ -4,6 +4,10 @@ mod common;
 use common::*;
 use std::sync::{Arc, Barrier};
 
+/// The mode whose pools, suballocators and chunks some tests here are about (a suite run with
+/// KMM_TEST_ALLOC_MODE=cuda_async or direct still runs them in it).
+const POOL: u32 = KmmAllocMode::KMM_ALLOC_POOL as u32;
+
 fn modes() -> Vec<(&'static str, Box<dyn Fn(&mut KmmConfig)>)> {
     let sub = |s: KmmSuballocator| -> Box<dyn Fn(&mut KmmConfig)> { Box::new(move |c: &mut KmmConfig| c.suballocator = s as u32) };
     vec![
@@ -60,6 +64,7 @@ fn every_mode_round_trips_and_balances_to_zero() {
 #[test]
 fn fixed_suballocator_refuses_requests_above_its_block() {
     let m = Mgr::with(|c| {
+        c.alloc_mode = POOL; // suballocators are the pool's
         c.suballocator = KmmSuballocator::KMM_SUBALLOC_FIXED as u32;
         c.fixed_block_size = 4096;
     });
@@ -70,7 +75,10 @@ fn fixed_suballocator_refuses_requests_above_its_block() {
 
 #[test]
 fn stats_count_hits_misses_peaks_and_reset() {
-    let m = Mgr::with(|c| c.chunk_size = 4 << 20);
+    let m = Mgr::with(|c| {
+        c.alloc_mode = POOL; // hits, misses and chunks are the pool's
+        c.chunk_size = 4 << 20;
+    });
     let a = m.alloc(1 << 20, DEVICE);
     let b = m.alloc(1 << 20, DEVICE);
     let s = m.stats(DEVICE);
@@ -141,6 +149,7 @@ fn hard_limit_holds_under_eight_threads() {
 #[test]
 fn out_of_memory_gives_cached_chunks_back_and_retries() {
     let m = Mgr::with(|c| {
+        c.alloc_mode = POOL; // cached chunks are the pool's
         c.hard_limit = 16 << 20;
         c.chunk_size = 4 << 20;
         c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
@@ -164,6 +173,7 @@ fn out_of_memory_gives_cached_chunks_back_and_retries() {
 #[test]
 fn release_threshold_applies_at_synchronize() {
     let m = Mgr::with(|c| {
+        c.alloc_mode = POOL; // the threshold of the pool's chunks (cuda_async: CUDA's pool's own)
         c.chunk_size = 4 << 20;
         c.release_threshold = 4 << 20;
     });
