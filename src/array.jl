@@ -151,8 +151,12 @@ function copy_from_host!(dest::KmmArray{T}, doffs, host, soffs, n) where {T}
     n == 0 && return dest
     ds = dest.storage
     mh, h = handles(ds)
-    GC.@preserve ds host LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs),
-                                                pointer(host, soffs), n * sizeof(T))
+    ev = Ref{UInt64}(0)
+    GC.@preserve ds host begin    # queued, then waited for without blocking the thread
+        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(dest, doffs), pointer(host, soffs),
+                                        n * sizeof(T), ev)
+        wait_event(ds.manager, ev[])
+    end
     dest
 end
 
@@ -161,8 +165,12 @@ function copy_to_host!(host, doffs, src::KmmArray{T}, soffs, n) where {T}
     n == 0 && return host
     ss = src.storage
     mh, h = handles(ss)
-    GC.@preserve ss host LibKmm.kmm_copy_to_host(mh, pointer(host, doffs), h, byteoffset(src, soffs),
-                                              n * sizeof(T))
+    ev = Ref{UInt64}(0)
+    GC.@preserve ss host begin    # queued, then waited for without blocking the thread
+        LibKmm.kmm_copy_to_host_async(mh, pointer(host, doffs), h, byteoffset(src, soffs),
+                                      n * sizeof(T), ev)
+        wait_event(ss.manager, ev[])
+    end
     host
 end
 

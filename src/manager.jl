@@ -156,6 +156,34 @@ function poll_until(done)
     nothing
 end
 
+"""
+Waits for the event `ev` of `m` (0: nothing queued) and destroys it. It polls and yields, as
+CUDA.jl does: a wait inside a blocking `ccall` would hold up every other task of this thread,
+and every thread that needs a collection. A manager closed meanwhile has drained its stream
+(its destroy waits), which ends the wait. Should the poll be interrupted, the event is waited
+for in libkmm before this returns: callers free or reuse the memory the queued work touches.
+"""
+function wait_event(m::KmmManager, ev::UInt64)
+    ev == 0 && return nothing
+    finished = false
+    try
+        poll_until() do
+            mh = m.handle
+            done = Ref{Bool}(false)
+            st = mh == 0 ? LibKmm.KMM_OK : GC.@preserve m LibKmm.unchecked_kmm_event_query(mh, ev, done)
+            mh == 0 || m.handle == 0 || (st == LibKmm.KMM_OK ? done[] : throw_kmm_error(st))
+        end
+        finished = true
+    finally
+        mh = m.handle
+        if mh != 0
+            finished || LibKmm.unchecked_kmm_event_wait(mh, ev)
+            LibKmm.unchecked_kmm_event_destroy(mh, ev)
+        end
+    end
+    nothing
+end
+
 function info(m::KmmManager)
     out = Ref{LibKmm.KmmManagerInfo}()
     GC.@preserve m LibKmm.kmm_manager_info(handle(m), out)
@@ -184,19 +212,9 @@ Waits until all work queued on the manager's stream has run (then cached memory 
 release threshold is given back). Completes the manager's pending asynchronous copies.
 """
 function synchronize(m::KmmManager = default_manager())
-    # Wait for the stream by polling an event and yielding, as CUDA.jl does: a blocking ccall
-    # would hold up every other task of this thread, and every thread that needs a collection.
     ev = Ref{UInt64}(0)
     GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
-    try
-        poll_until() do
-            done = Ref{Bool}(false)
-            GC.@preserve m LibKmm.kmm_event_query(handle(m), ev[], done)
-            done[]
-        end
-    finally
-        m.handle == 0 || LibKmm.unchecked_kmm_event_destroy(m.handle, ev[])
-    end
+    wait_event(m, ev[])
     # The stream has drained: this returns at once and gives cached memory back as configured.
     GC.@preserve m LibKmm.kmm_manager_synchronize(handle(m))
     complete_pending!(m, true)

@@ -43,8 +43,12 @@ function Base.getindex(x::KmmArray{T}, i::Int) where {T}
     out = Ref{T}()
     xs = x.storage
     mh, h = handles(xs)
-    GC.@preserve xs out LibKmm.kmm_copy_to_host(mh, Base.unsafe_convert(Ptr{T}, out), h,
-                                             byteoffset(x, i), sizeof(T))
+    ev = Ref{UInt64}(0)
+    GC.@preserve xs out begin
+        LibKmm.kmm_copy_to_host_async(mh, Base.unsafe_convert(Ptr{T}, out), h, byteoffset(x, i),
+                                      sizeof(T), ev)
+        wait_event(xs.manager, ev[])
+    end
     out[]
 end
 
@@ -54,7 +58,11 @@ function Base.setindex!(x::KmmArray{T}, v, i::Int) where {T}
     val = Ref{T}(convert(T, v))
     xs = x.storage
     mh, h = handles(xs)
-    GC.@preserve xs val LibKmm.kmm_copy_to_device(mh, h, byteoffset(x, i),
-                                               Base.unsafe_convert(Ptr{T}, val), sizeof(T))
+    ev = Ref{UInt64}(0)
+    GC.@preserve xs val begin
+        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(x, i), Base.unsafe_convert(Ptr{T}, val),
+                                        sizeof(T), ev)
+        wait_event(xs.manager, ev[])
+    end
     x
 end

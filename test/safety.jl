@@ -78,6 +78,19 @@ end
     task = copyto_async!(h, x)
     wait(task)                          # polls too (whether it yields depends on timing)
     @test h[1] == 0x02 && h[end] == 0x02
+    # The synchronous copies (Array(x), copyto!, scalar access) wait for the stream the same way.
+    for (value, copy) in ((0x03, () -> copyto!(h, x)), (0x04, () -> Array(x)),
+                          (0x05, () -> (copyto!(x, h); Array(x))),
+                          (0x06, () -> Kmm.@allowscalar [x[1], x[end]]))
+        value == 0x05 && fill!(h, value)
+        fill!(x, value == 0x05 ? 0x00 : value)   # queued: the copy waits behind it
+        ran[] = false
+        t = @async (ran[] = true)
+        back = copy()
+        @test ran[]                     # the other task ran while the copy waited
+        wait(t)
+        @test back[1] == value && back[end] == value
+    end
     close(m)
 end
 

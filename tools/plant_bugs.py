@@ -283,6 +283,16 @@ PLANTS = [
          "    poll_until(() -> isdone(t))   # yields to other tasks while the copy runs\n",
          "    t.manager.handle != 0 && LibKmm.kmm_event_wait(t.manager.handle, t.event)\n"),
      ], ["jl:safety.jl"]),
+    # The synchronous copies behind Array(x), copyto! and scalar access wait inside libkmm's
+    # blocking copy instead of queueing it and polling.
+    ("jl-copies-block", [
+        ("src/array.jl",
+         "        LibKmm.kmm_copy_to_host_async(mh, pointer(host, doffs), h, byteoffset(src, soffs),\n                                      n * sizeof(T), ev)\n",
+         "        LibKmm.kmm_copy_to_host(mh, pointer(host, doffs), h, byteoffset(src, soffs), n * sizeof(T))\n"),
+        ("src/array.jl",
+         "        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(dest, doffs), pointer(host, soffs),\n                                        n * sizeof(T), ev)\n",
+         "        LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs), pointer(host, soffs), n * sizeof(T))\n"),
+     ], ["jl:safety.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
      "    if !finished_pending(m)\n        finalizer(finalize_manager, m)\n        return nothing\n    end\n",
