@@ -277,8 +277,8 @@ PLANTS = [
     # safety.jl sees synchronize; whether wait yields it does not check (timing).
     ("jl-waits-block", [
         ("src/manager.jl",
-         "        poll_until() do\n            done = Ref{Bool}(false)\n            GC.@preserve m LibKmm.kmm_event_query(handle(m), ev[], done)\n            done[]\n        end\n",
-         "        GC.@preserve m LibKmm.kmm_event_wait(handle(m), ev[])\n"),
+         "        poll_until() do\n            mh = m.handle\n",
+         "        GC.@preserve m LibKmm.kmm_event_wait(handle(m), ev)\n        false && poll_until() do\n            mh = m.handle\n"),
         ("src/async.jl",
          "    poll_until(() -> isdone(t))   # yields to other tasks while the copy runs\n",
          "    t.manager.handle != 0 && LibKmm.kmm_event_wait(t.manager.handle, t.event)\n"),
