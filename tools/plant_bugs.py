@@ -153,7 +153,7 @@ PLANTS = [
      ], ["abi_stream_order", "abi_lanes"]),
     # Two managers are locked in argument order (destination, then source): copies A->B and B->A
     # take the two slot locks in opposite orders.
-    ("two-managers-locked-destination-first", "rust/kmm/src/manager/registry.rs",
+    ("two-managers-locked-destination-first", "rust/kmm/src/ffi/registry.rs",
      "    if (a & 0xFFF) < (b & 0xFFF) {\n",
      "    if true {\n",
      ["abi_stream_order"]),

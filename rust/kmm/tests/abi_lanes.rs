@@ -4,8 +4,8 @@
 //! read from its handle (`handles::lane_of`), to show the threads really were apart.
 mod common;
 use common::*;
+use kmm::manager::cells::thread_lane;
 use kmm::manager::handles::lane_of;
-use kmm::manager::registry::thread_lane;
 
 const CHUNK: u64 = 2 << 20;
 

@@ -5,7 +5,7 @@
 mod common;
 use common::*;
 use kmm::ffi::cupy::{kmm_cupy_live_allocations, kmm_cupy_malloc, kmm_cupy_set_manager};
-use kmm::manager::registry::thread_lane;
+use kmm::manager::cells::thread_lane;
 use std::collections::{BTreeSet, VecDeque};
 use std::ffi::c_void;
 use std::ptr::null_mut;

@@ -10,7 +10,7 @@ use kmm::ffi::buffer::*;
 use kmm::ffi::manager::*;
 use kmm::ffi::qmri::*;
 use kmm::ffi::types::*;
-use kmm::manager::registry::with_manager;
+use kmm::ffi::registry::with_manager;
 use kmm::qmri::{cpu, gpu, Atom, Fisp, Pssfp};
 use kmm::KmmStatus;
 use std::time::Instant;

@@ -1,10 +1,10 @@
 //! Exported functions on buffers.
 
+use super::registry::{with_alloc_state, with_buffer_state, with_manager};
 use super::types::*;
 use super::{boundary, check_flags, check_out, write_out};
 use crate::error::KmmStatus;
 use crate::fail;
-use crate::manager::registry::{with_alloc_state, with_buffer_state, with_manager};
 use std::ffi::c_void;
 
 /// Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to

@@ -3,9 +3,9 @@
 //! allocation, keyed by address.
 
 use super::plugin::{plugin_alloc, plugin_free};
+use super::registry::with_manager;
 use crate::error::{lock, Result};
 use crate::fail;
-use crate::manager::registry::with_manager;
 use crate::manager::MemoryKind;
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

@@ -1,11 +1,11 @@
 //! Exported copies and fills.
 
 use super::boundary;
+use super::registry::{with_manager, with_two_managers};
 use super::types::*;
 use crate::error::{KmmStatus, Result};
 use crate::fail;
 use crate::manager::copy::{copy_buffer, Completion};
-use crate::manager::registry::{with_manager, with_two_managers};
 use std::ffi::c_void;
 
 fn completion_for(event: *mut KmmEvent) -> Completion {

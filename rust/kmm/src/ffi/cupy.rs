@@ -2,11 +2,11 @@
 //! caller registers per device, for CuPy's current stream.
 
 use super::by_address::{alloc_by_address, free_by_address, ByAddress};
+use super::registry::with_manager;
 use super::types::*;
 use super::{boundary, write_out};
 use crate::error::{lock, KmmStatus, Result};
 use crate::fail;
-use crate::manager::registry::with_manager;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Mutex, OnceLock};

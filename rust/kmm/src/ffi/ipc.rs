@@ -1,10 +1,10 @@
 //! CUDA IPC handles of device buffers, for sharing sub-allocations with other processes.
 
+use super::registry::with_manager;
 use super::types::*;
 use super::{boundary, check_out, write_out};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
-use crate::manager::registry::with_manager;
 use crate::manager::{Manager, MemoryKind};
 
 /// Size of the handle `kmm_buffer_ipc_handle` writes (a `CUipcMemHandle`).

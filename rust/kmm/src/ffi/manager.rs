@@ -1,12 +1,12 @@
 //! Exported functions on managers and events.
 
+use super::registry::{self, with_manager};
 use super::types::*;
 use super::{boundary, check_flags, check_out, write_out};
 use crate::backend::BackendKind;
 use crate::error::KmmStatus;
 use crate::fail;
-use crate::manager::registry::{self, with_manager};
-use crate::manager::{Config, Manager};
+use crate::manager::Config;
 use std::ffi::c_char;
 
 /// Fills `*config` with the defaults: auto backend, device 0, pool mode with the binned
@@ -25,7 +25,7 @@ pub extern "C" fn kmm_manager_create(config: *const KmmConfig, out: *mut KmmMana
         check_out(out, "out")?;
         // SAFETY: non-null config points to a KmmConfig provided by the caller.
         let config = if config.is_null() { Config::default() } else { Config::try_from(unsafe { &*config })? };
-        let handle = registry::register(|slot, serial| Manager::new(config, slot, serial))?;
+        let handle = registry::register(config)?;
         write_out(out, "out", handle)
     })
 }

@@ -2,6 +2,7 @@
 //! plus a thread-local message, panics become `KMM_ERROR_INTERNAL`, and nothing unwinds into C.
 //! Handles are 64-bit values checked on every call; pointers are checked for NULL; enums arrive
 //! as integers and are validated, so no value a caller passes is undefined behaviour in Rust.
+//! A manager handle names a slot of [`registry`], which owns the managers made through the ABI.
 
 pub mod buffer;
 mod by_address;
@@ -12,6 +13,7 @@ pub mod manager;
 pub mod module;
 pub mod plugin;
 pub mod qmri;
+pub mod registry;
 pub mod torch;
 pub mod types;
 

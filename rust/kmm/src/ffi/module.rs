@@ -2,11 +2,11 @@
 //! device (cached in memory and on disk), launch kernels on the manager's stream with buffers
 //! passed by handle. On the host backend every call is `KMM_ERROR_NOT_SUPPORTED`.
 
+use super::registry::with_manager;
 use super::types::KmmManager;
 use super::{boundary, check_out, write_out};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
-use crate::manager::registry::with_manager;
 use crate::backend::cuda::module::{self, Function, Module};
 use crate::backend::BackendKind;
 use crate::error::lock;

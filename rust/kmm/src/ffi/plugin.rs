@@ -5,11 +5,11 @@
 //! free is ordered after `stream`, as a buffer recorded with `kmm_buffer_record_stream` is.
 
 use super::by_address::{alloc_by_address, free_by_address, ByAddress};
+use super::registry::with_manager;
 use super::types::*;
 use super::{boundary, check_out, write_out};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
-use crate::manager::registry::with_manager;
 use crate::manager::{FreeMode, Manager, MemoryKind};
 use std::sync::{Mutex, OnceLock};
 

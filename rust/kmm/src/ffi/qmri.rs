@@ -4,11 +4,11 @@
 //! return once the work is queued; synchronize the manager (or record an event) before reading
 //! the outputs on the host.
 
+use super::registry::with_manager;
 use super::types::{KmmBuffer, KmmManager};
 use super::{boundary, check_flags};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
-use crate::manager::registry::with_manager;
 use crate::qmri::{self, Fisp, MatchBuffers, Pssfp};
 
 /// `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1

@@ -2,12 +2,12 @@
 //! Kmm manager per device.
 
 use super::by_address::{alloc_by_address, free_by_address, record_by_address, ByAddress};
+use super::registry;
 use super::types::*;
 use super::{boundary, check_out, write_out};
 use crate::error::{lock, KmmStatus, Result};
 use crate::fail;
-use crate::manager::registry;
-use crate::manager::{Config, Manager};
+use crate::manager::Config;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU32, Ordering as AtomicOrdering};
 use std::sync::{Mutex, OnceLock};
@@ -35,7 +35,7 @@ fn torch_manager(device: i32) -> Result<u64> {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "device = {device} is negative");
     }
     let config = Config { device, ..Config::default() };
-    let h = registry::register(|slot, serial| Manager::new(config, slot, serial))?;
+    let h = registry::register(config)?;
     st.managers.insert(device, h);
     Ok(h)
 }

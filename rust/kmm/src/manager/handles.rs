@@ -1,11 +1,13 @@
 //! Generational handle tables. A handle is 64 bits: a 4-bit tag saying what it names, the
-//! 12-bit registry slot of the owning manager, a 20-bit generation, the 4-bit lane of the
-//! manager whose table issued it, and a 24-bit index. Stale (freed), foreign (another
-//! manager's), forged and mistyped handles all fail the lookup. A handle never comes back: a
-//! slot whose generation has gone once around (2^20 uses) is retired instead of reused.
+//! 12-bit owner id of the owning manager (its slot in the C ABI's registry), a 20-bit
+//! generation, the 4-bit lane of the manager whose table issued it, and a 24-bit index. Stale
+//! (freed), foreign (another manager's), forged and mistyped handles all fail the lookup. A
+//! handle never comes back: a slot whose generation has gone once around (2^20 uses) is retired
+//! instead of reused.
 
 use crate::error::Result;
 use crate::fail;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 pub const TAG_MANAGER: u64 = 0xA;
 pub const TAG_BUFFER: u64 = 0xB;
@@ -36,6 +38,20 @@ pub fn tag_name(tag: u64) -> &'static str {
     }
 }
 
+/// The next manager's serial, process-wide (the C ABI's registry draws from it too): it seeds
+/// the manager's handle tables, so two managers with one owner id seldom share a seed.
+pub fn next_serial() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The owner id of a manager made outside the registry: its serial's low 12 bits, so such
+/// managers take the ids in turn (one that repeats is told apart by the seed, as when the
+/// registry reuses a slot).
+pub fn owner_of(serial: u64) -> u16 {
+    (serial & 0xFFF) as u16
+}
+
 struct Slot<T> {
     generation: u32,
     value: Option<T>,
@@ -52,8 +68,8 @@ pub struct HandleTable<T> {
 }
 
 impl<T> HandleTable<T> {
-    /// `seed` differs per manager so a stale handle of an earlier manager that used the same
-    /// registry slot is unlikely to match a live one.
+    /// `seed` differs per manager so a stale handle of an earlier manager with the same owner id
+    /// (one that used the same registry slot) is unlikely to match a live one.
     /// `lane` is below 2^LANE_BITS.
     pub fn new(tag: u64, owner: u16, lane: usize, seed: u32) -> Self {
         debug_assert!(lane < 1 << LANE_BITS);

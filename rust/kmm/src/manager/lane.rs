@@ -1,12 +1,13 @@
 //! The bookkeeping of one lane of a manager: its buffers, its resources and how their freed
-//! blocks become reusable. It lives in the manager's registry slot (see `registry`), so the calls
-//! that need only this lock it without going through the manager. Nothing here waits for the
-//! device: what must wait is returned to the caller, who waits after unlocking.
+//! blocks become reusable. It lives in the manager's lane cells (see `cells`), so the calls that
+//! need only this lock it without going through the manager (the C ABI's registry does, by
+//! handle). Nothing here waits for the device: what must wait is returned to the caller, who
+//! waits after unlocking.
 
+use super::cells::LaneCells;
 use super::config::{MemoryKind, MAX_BUFFER_BYTES};
 use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
-use super::registry;
 use crate::backend::{Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
@@ -16,7 +17,7 @@ use crate::pool::upstream::FreeQueues;
 use crate::pool::stats::{Gauge, UsageCounters};
 use crate::pool::{Block, MemoryResource, Owner, Relocation, Relocator, NO_OWNER};
 use crate::{err, fail};
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Origin {
@@ -73,10 +74,14 @@ pub enum Growth {
     Lend,
 }
 
-/// Where a lane is in its manager, for taking spare chunks from the other lanes.
-#[derive(Clone, Copy)]
+/// Where a lane is in its manager, for taking spare chunks from the other lanes. The cells are
+/// held weakly: the state lives in them, so a strong reference would be a cycle that keeps them
+/// alive. It is upgraded only when the lane's free blocks miss, before its pool would grow
+/// (`spare_chunks`), so the allocations they serve touch no reference count; and it cannot fail
+/// while the state is in the cells, since whoever locked the state holds them.
+#[derive(Clone)]
 pub(super) struct Place {
-    pub slot: u16,
+    pub cells: Weak<LaneCells>,
     pub lane: usize,
     /// The lanes that hold device buffers, minus one.
     pub lane_mask: usize,
@@ -126,7 +131,7 @@ struct LaneCaller<'a> {
     stream: &'a dyn Stream,
     home: u64,
     /// For spare chunks: device memory of a pool-mode manager.
-    place: Option<Place>,
+    place: Option<&'a Place>,
     growth: Growth,
     /// For `Growth::Defer`: the manager's device bytes in use and reserved.
     in_use: &'a Gauge,
@@ -145,13 +150,16 @@ impl Relocator for LaneCaller<'_> {
         let Some(place) = self.place.filter(|_| matches!(self.growth, Growth::Allow | Growth::Defer)) else {
             return Vec::new();
         };
+        let Some(cells) = place.cells.upgrade() else {
+            return Vec::new();
+        };
         let mut taken = Vec::new();
         let mut total = 0u64;
         for lane in (0..=place.lane_mask).filter(|&l| l != place.lane) {
             if total >= bytes {
                 break;
             }
-            let Some(mut cell) = registry::state_cell(place.slot, lane).try_lock() else {
+            let Some(mut cell) = cells.lane(lane).try_lock() else {
                 continue;
             };
             let Some(other) = cell.as_mut().filter(|o| o.fence_query_in.is_none()) else {
@@ -249,7 +257,7 @@ impl State {
             backend: self.backend.as_ref(),
             stream: self.stream.as_ref(),
             home: self.home,
-            place: (device && self.place.lane_mask > 0).then_some(self.place),
+            place: (device && self.place.lane_mask > 0).then_some(&self.place),
             growth,
             in_use: &self.in_use[k],
             reserved: &self.reserved,

@@ -1,16 +1,18 @@
 //! A manager owns a stream, device and pinned memory resources, and the buffers and events it
-//! handed out. Its bookkeeping sits in lanes behind short-held locks (see `registry` and `lane`);
+//! handed out. Its bookkeeping sits in lanes behind short-held locks (see `cells` and `lane`);
 //! no lock is held while waiting for the device, so frees never block on GPU work. Every path
 //! that frees, trims or moves memory goes through the ordering rule of `order`.
 
+pub mod cells;
 mod config;
 pub mod copy;
 pub mod handles;
 mod lane;
 pub mod order;
-pub mod registry;
 mod report;
 mod staging;
+#[cfg(test)]
+mod tests;
 
 pub use config::{AllocMode, Config, MemoryKind, MAX_BUFFER_BYTES};
 pub use lane::{Growth, State};
@@ -44,8 +46,8 @@ pub struct Manager {
     backend: Arc<dyn Backend>,
     stream: Arc<dyn Stream>,
     config: Config,
-    /// The registry slot holding this manager and its lanes' `State`s.
-    slot: u16,
+    /// Where its lanes' `State`s live: its own, or lent by the C ABI's registry slot.
+    cells: Arc<cells::LaneCells>,
     staging: Mutex<staging::Staging>,
     /// Per kind: where the pools' chunks come from and go back to, and what that upstream holds
     /// (the manager's reserved bytes, with their exact peak).
@@ -63,8 +65,15 @@ pub struct Manager {
 }
 
 impl Manager {
-    /// Called by `registry::register` only: the new manager's state goes into `slot`.
-    pub fn new(config: Config, slot: u16, serial: u64) -> Result<Manager> {
+    /// A manager of its own, for Rust callers: dropping it tears it down.
+    pub fn new(config: Config) -> Result<Manager> {
+        let serial = handles::next_serial();
+        Manager::with_cells(config, Arc::new(cells::LaneCells::new()), handles::owner_of(serial), serial)
+    }
+
+    /// A manager whose lanes go into `cells`, which no manager may be using (the C ABI's registry
+    /// lends its slot's); `owner` goes into its buffer and event handles, `serial` seeds them.
+    pub(crate) fn with_cells(config: Config, cells: Arc<cells::LaneCells>, owner: u16, serial: u64) -> Result<Manager> {
         config.validate()?;
         let backend = backend::open(config.backend, config.device)?;
         let stream = backend.create_stream()?;
@@ -76,7 +85,7 @@ impl Manager {
             Arc::new(LimitedUpstream { inner: Arc::new(PinnedUpstream(backend.clone())), limit: limits[1].clone() }),
         ];
         let in_use: Arc<[Gauge; 2]> = Arc::new([Gauge::default(), Gauge::default()]);
-        let lane_mask = registry::lane_mask_for(config.alloc_mode);
+        let lane_mask = cells::lane_mask_for(config.alloc_mode);
         let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
         // Frees of whole allocations (direct mode, adopted memory) wait in these queues for a
         // moment with no lock held (see `QueuedFrees`).
@@ -94,7 +103,7 @@ impl Manager {
                     let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
                     let mut pool = PoolResource::new(upstreams[0].clone(), sub, config.chunk_size, config.alignment)
                         .with_compaction(config.compaction_ratio_pct);
-                    if lane == registry::alloc_lane(MemoryKind::Device, lane_mask) {
+                    if lane == cells::alloc_lane(MemoryKind::Device, lane_mask) {
                         pool.reserve(config.initial_pool_size)?;
                     }
                     (Box::new(pool), Reuse::Ordered { stream: home, follows: true })
@@ -119,8 +128,8 @@ impl Manager {
             let pinned = Box::new(Deferred::new(pinned_pool, backend.clone(), stream.clone()));
             let adopted = |up: &Arc<dyn Upstream>| Deferred::new(DirectResource::new(up.clone(), 1), backend.clone(), stream.clone());
             lanes.push(State {
-                buffers: HandleTable::new(TAG_BUFFER, slot, lane, seed),
-                events: HandleTable::new(TAG_EVENT, slot, lane, seed),
+                buffers: HandleTable::new(TAG_BUFFER, owner, lane, seed),
+                events: HandleTable::new(TAG_EVENT, owner, lane, seed),
                 resources: [device, pinned],
                 reuse: [device_reuse, Reuse::Completed],
                 adopted: [adopted(&adopted_upstreams[0]), adopted(&adopted_upstreams[1])],
@@ -131,23 +140,18 @@ impl Manager {
                 backend: backend.clone(),
                 stream: stream.clone(),
                 home,
-                place: Place { slot, lane, lane_mask },
+                place: Place { cells: Arc::downgrade(&cells), lane, lane_mask },
                 moves_fence: None,
                 fence_query_in: None,
             });
         }
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
-        registry::set_lane_mask(slot, lane_mask);
-        for (lane, state) in lanes.into_iter().enumerate() {
-            let mut cell = registry::state_cell(slot, lane).lock();
-            debug_assert!(cell.is_none(), "slot {slot} lane {lane} still holds a manager's state");
-            *cell = Some(state);
-        }
+        cells.occupy(lane_mask, lanes)?;
         Ok(Manager {
             backend,
             stream,
             config,
-            slot,
+            cells,
             staging: Mutex::new(staging),
             upstreams,
             limits,
@@ -163,26 +167,26 @@ impl Manager {
     }
 
     /// The state of `lane`.
-    fn lane(&self, lane: usize) -> parking_lot::MappedMutexGuard<'static, State> {
-        parking_lot::MutexGuard::map(registry::state_cell(self.slot, lane).lock(), |s| {
-            s.as_mut().expect("a manager's state stays in its slot until its teardown ends")
+    fn lane(&self, lane: usize) -> parking_lot::MappedMutexGuard<'_, State> {
+        parking_lot::MutexGuard::map(self.cells.lane(lane).lock(), |s| {
+            s.as_mut().expect("a manager's state stays in its cell until its teardown ends")
         })
     }
 
     /// The state of the lane that holds `buffer`, by the lane bits of its handle (any lane for a
     /// forged one, whose table then turns it away).
-    fn state_of(&self, buffer: u64) -> parking_lot::MappedMutexGuard<'static, State> {
+    fn state_of(&self, buffer: u64) -> parking_lot::MappedMutexGuard<'_, State> {
         self.lane(handles::lane_of(buffer) & self.lane_mask())
     }
 
     /// Events and other manager-wide records live in lane 0.
-    fn first_lane(&self) -> parking_lot::MappedMutexGuard<'static, State> {
+    fn first_lane(&self) -> parking_lot::MappedMutexGuard<'_, State> {
         self.lane(0)
     }
 
-    /// The lanes in use, minus one (see `registry::lane_mask_for`).
+    /// The lanes in use, minus one (see `cells::lane_mask_for`).
     fn lane_mask(&self) -> usize {
-        registry::lane_mask_for(self.config.alloc_mode)
+        cells::lane_mask_for(self.config.alloc_mode)
     }
 
     fn lanes(&self) -> std::ops::RangeInclusive<usize> {
@@ -227,7 +231,7 @@ impl Manager {
     /// Allocates a buffer in the calling thread's lane, ready for work on the raw `stream`; see
     /// `alloc_rest` for what happens when that lane's free blocks do not serve it.
     pub fn alloc_for(&self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
-        let own = registry::alloc_lane(kind, self.lane_mask());
+        let own = cells::alloc_lane(kind, self.lane_mask());
         let first = self.lane(own).try_alloc_in(bytes, kind, stream, Growth::Defer);
         self.alloc_rest(first, bytes, kind, stream)
     }
@@ -244,7 +248,7 @@ impl Manager {
     /// or growing. Out of memory: see `alloc_after_release`.
     pub fn alloc_rest(&self, first: Result<Option<u64>>, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
         self.flush_frees();
-        let own = registry::alloc_lane(kind, self.lane_mask());
+        let own = cells::alloc_lane(kind, self.lane_mask());
         let grown = match first {
             Ok(Some(buffer)) => return Ok(buffer),
             Ok(None) => match self.borrow(own, bytes, kind, stream) {
@@ -266,9 +270,9 @@ impl Manager {
     /// reserve instead of each keeping its own peak's (without this, 16 threads sharing a manager
     /// reserved 1.2-1.3x their peak in use).
     fn borrow(&self, own: usize, bytes: u64, kind: MemoryKind, stream: u64) -> Option<u64> {
-        let mask = registry::kind_lane_mask(kind, self.lane_mask());
+        let mask = cells::kind_lane_mask(kind, self.lane_mask());
         (1..=mask).map(|i| (own + i) & mask).find_map(|lane| {
-            let mut cell = registry::state_cell(self.slot, lane).try_lock()?;
+            let mut cell = self.cells.lane(lane).try_lock()?;
             cell.as_mut()?.try_alloc_in(bytes, kind, stream, Growth::Never).ok().flatten()
         })
         .or_else(|| {
@@ -281,7 +285,7 @@ impl Manager {
                 return None;
             }
             (1..=mask).map(|i| (own + i) & mask).find_map(|lane| {
-                let mut cell = registry::state_cell(self.slot, lane).try_lock()?;
+                let mut cell = self.cells.lane(lane).try_lock()?;
                 cell.as_mut()?.try_alloc_in(bytes, kind, stream, Growth::Lend).ok().flatten()
             })
         })
@@ -291,8 +295,8 @@ impl Manager {
     /// out of memory: the other lanes (a buffer may live in any), then, after giving every
     /// lane's cached chunks back once the work that used them has run, all lanes once more.
     pub fn alloc_after_release(&self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
-        let own = registry::alloc_lane(kind, self.lane_mask());
-        let last = registry::kind_lane_mask(kind, self.lane_mask());
+        let own = cells::alloc_lane(kind, self.lane_mask());
+        let last = cells::kind_lane_mask(kind, self.lane_mask());
         let others = move || (0..=last).filter(move |&lane| lane != own);
         let retried = match self.alloc_in_lanes(others(), bytes, kind, stream) {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self
@@ -416,7 +420,7 @@ impl Manager {
         if ptr.checked_add(bytes).is_none() {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} + bytes = {bytes} wraps around the address space");
         }
-        let mut st = self.lane(registry::alloc_lane(kind, self.lane_mask()));
+        let mut st = self.lane(cells::alloc_lane(kind, self.lane_mask()));
         let origin = if adopt {
             let block = Block { addr: ptr, size: bytes, token: 0 };
             st.adopted[kind as usize].inner_mut().adopt(block);
@@ -647,12 +651,8 @@ impl Drop for Manager {
             // SAFETY: registered through this manager, and the stream has run every copy.
             let _ = unsafe { self.backend.unregister_host(start as *mut u8) };
         }
-        // The resources go last (their own drop returns what release could not), then the slot.
-        for lane in self.lanes() {
-            let state = registry::state_cell(self.slot, lane).lock().take();
-            drop(state);
-        }
+        // The resources go last (their own drop returns what release could not).
+        self.cells.vacate();
         self.flush_frees();
-        registry::release_slot(self.slot);
     }
 }

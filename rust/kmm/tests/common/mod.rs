@@ -7,7 +7,7 @@ pub use kmm::ffi::manager::*;
 pub use kmm::ffi::types::*;
 pub use kmm::ffi::*;
 pub use kmm::KmmStatus::{self, *};
-use kmm::manager::registry::with_manager;
+use kmm::ffi::registry::with_manager;
 use std::ffi::CStr;
 use std::sync::{Arc, Condvar, Mutex};
 

@@ -1,96 +1,82 @@
-//! The process-wide table of live managers. A manager handle names a slot and a generation;
-//! calls hold the slot's read lock while they run, so destroying a manager waits for calls in
-//! flight and every later call sees `KMM_ERROR_INVALID_HANDLE`. Slots sit on separate cache
-//! lines so threads with managers of their own never contend.
+//! The C ABI's table of live managers. A manager handle names a slot and a generation; calls
+//! hold the slot's read lock while they run, so destroying a manager waits for calls in flight
+//! and every later call sees `KMM_ERROR_INVALID_HANDLE`. Slots sit on separate cache lines so
+//! threads with managers of their own never contend. The Rust API needs none of this: a
+//! `Manager` made with `Manager::new` is an ordinary value.
 //!
-//! A manager's bookkeeping (`State`) lives in its slot, not in the manager: the calls that need
-//! nothing else (allocate, free, map, unmap) lock it directly through `with_alloc_state` and
-//! `with_buffer_state`, one lock instead of the slot's read lock plus the manager's. The slot's
-//! generation, checked under that lock, turns them away once the manager is destroyed; the slot
-//! is reused only after the manager's teardown has taken its state out.
+//! Each slot keeps one set of lane cells (`LaneCells`) for good, made at the slot's first use and
+//! lent to every manager made in it (`Manager::with_cells`). The calls that need nothing but a
+//! lane's state (allocate, free, map, unmap) lock that lane through the slot's own `Arc`, in
+//! `with_alloc_state` and `with_buffer_state`: one lock, no reference count touched, instead of
+//! the slot's read lock plus the lane's. The slot's generation, checked under the lane's lock,
+//! turns them away once the manager is destroyed.
 //!
-//! A pool-mode manager's state is split into lanes, each behind its own lock and on its own
-//! cache lines: every thread is dealt a lane at its first call, its device allocations go to
-//! that lane, and a buffer's handle names the lane that holds it. Threads sharing one manager
-//! then seldom touch the same lock or the same memory; one thread alone uses one lane.
+//! The slot holds its manager as an `Arc<Registered>`; the drop of the last one tears the
+//! manager down (taking its states out of the cells) and only then gives the slot back, so a
+//! later manager of the slot never finds its predecessor's states in the cells.
 
-use super::handles::{lane_of, LANE_BITS, TAG_MANAGER};
-use super::{AllocMode, Manager, MemoryKind, State};
 use crate::error::{lock, Result};
 use crate::fail;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use crate::manager::cells::{alloc_lane, LaneCells};
+use crate::manager::handles::{lane_of, next_serial, TAG_MANAGER};
+use crate::manager::{Config, Manager, MemoryKind, State};
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 pub const MAX_MANAGERS: usize = 4096;
-/// Lanes of a pool-mode manager (other modes use one: the driver's allocators lock anyway).
-pub const LANES: usize = 1 << LANE_BITS;
-
-#[repr(align(64))]
-struct Lane(parking_lot::Mutex<Option<State>>);
 
 #[repr(align(64))]
 struct Slot {
     generation: AtomicU32,
-    /// The lanes the slot's manager uses, minus one: 0 or `LANES - 1`.
-    lane_mask: AtomicUsize,
-    manager: RwLock<Option<Arc<Manager>>>,
+    manager: RwLock<Option<Arc<Registered>>>,
     /// Made at the slot's first use and kept for the managers that reuse it. A lane the manager
     /// uses holds Some from the manager's creation until the end of its teardown.
-    lanes: OnceLock<Box<[Lane]>>,
+    lanes: OnceLock<Arc<LaneCells>>,
 }
 
-impl Slot {
-    fn lane(&self, lane: usize) -> &parking_lot::Mutex<Option<State>> {
-        &self.lanes.get_or_init(|| (0..LANES).map(|_| Lane(parking_lot::Mutex::new(None))).collect())[lane].0
+/// A manager as its slot holds it. Fields drop in declaration order: the manager's teardown,
+/// which takes its states out of the slot's cells, ends before the lease gives the slot back.
+/// Nothing else holds the manager: `with_manager` lends it for the call under the slot's read
+/// lock, and `unregister` hands the slot's `Arc` to the destroy, which drops it.
+pub struct Registered {
+    manager: Manager,
+    _slot: SlotLease,
+}
+
+impl Deref for Registered {
+    type Target = Manager;
+    fn deref(&self) -> &Manager {
+        &self.manager
     }
 }
 
-/// The calling thread's lane: threads are dealt lanes in turn at their first call.
-pub fn thread_lane() -> usize {
-    static NEXT: AtomicUsize = AtomicUsize::new(0);
-    thread_local! {
-        static LANE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % LANES;
-    }
-    LANE.with(|lane| *lane)
-}
+/// Gives its slot back when dropped, once the slot's cells hold no state. A teardown that
+/// panicked midway may have left states there: the slot is then never reused (a leaked slot,
+/// where reusing it would hand a new manager cells that are not empty).
+struct SlotLease(u16);
 
-/// The lanes, minus one, of a manager in `mode`.
-pub fn lane_mask_for(mode: AllocMode) -> usize {
-    if mode == AllocMode::Pool {
-        LANES - 1
-    } else {
-        0
+impl Drop for SlotLease {
+    fn drop(&mut self) {
+        let reg = registry();
+        if reg.slots[self.0 as usize].lanes.get().is_some_and(|lanes| lanes.is_vacant()) {
+            lock(&reg.free).insert(0, self.0);
+        }
     }
-}
-
-/// The lanes, minus one, that hold buffers of `kind`: pinned memory stays in lane 0, whose
-/// pinned pool is the only one that reserves chunks.
-pub fn kind_lane_mask(kind: MemoryKind, lane_mask: usize) -> usize {
-    match kind {
-        MemoryKind::Device => lane_mask,
-        MemoryKind::Pinned => 0,
-    }
-}
-
-/// The lane a new buffer of `kind` goes to.
-pub fn alloc_lane(kind: MemoryKind, lane_mask: usize) -> usize {
-    thread_lane() & kind_lane_mask(kind, lane_mask)
 }
 
 struct Registry {
     slots: Box<[Slot]>,
     free: Mutex<Vec<u16>>,
-    serial: AtomicU64,
 }
 
 fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| Registry {
         slots: (0..MAX_MANAGERS)
-            .map(|_| Slot { generation: AtomicU32::new(1), lane_mask: AtomicUsize::new(0), manager: RwLock::new(None), lanes: OnceLock::new() })
+            .map(|_| Slot { generation: AtomicU32::new(1), manager: RwLock::new(None), lanes: OnceLock::new() })
             .collect(),
         free: Mutex::new((0..MAX_MANAGERS as u16).rev().collect()),
-        serial: AtomicU64::new(1),
     })
 }
 
@@ -98,23 +84,24 @@ fn encode(slot: u16, generation: u32) -> u64 {
     (TAG_MANAGER << 60) | ((generation as u64) << 12) | slot as u64
 }
 
-/// Creates a manager in a free slot; `make` receives the slot and a serial number.
-pub fn register(make: impl FnOnce(u16, u64) -> Result<Manager>) -> Result<u64> {
+/// Creates a manager with `config` in a free slot, its lanes in the slot's cells.
+pub fn register(config: Config) -> Result<u64> {
     let reg = registry();
     let Some(slot) = lock(&reg.free).pop() else {
         fail!(KMM_ERROR_OUT_OF_MEMORY, "more than {MAX_MANAGERS} managers are alive at once");
     };
-    let serial = reg.serial.fetch_add(1, Ordering::Relaxed);
-    let manager = match make(slot, serial) {
+    let cell = &reg.slots[slot as usize];
+    let lanes = cell.lanes.get_or_init(|| Arc::new(LaneCells::new())).clone();
+    let manager = match Manager::with_cells(config, lanes, slot, next_serial()) {
         Ok(m) => m,
         Err(e) => {
+            // A manager that fails to be made puts nothing in the cells.
             lock(&reg.free).push(slot);
             return Err(e);
         }
     };
-    let cell = &reg.slots[slot as usize];
     let mut guard = cell.manager.write().unwrap_or_else(|e| e.into_inner());
-    *guard = Some(Arc::new(manager));
+    *guard = Some(Arc::new(Registered { manager, _slot: SlotLease(slot) }));
     Ok(encode(slot, cell.generation.load(Ordering::Acquire)))
 }
 
@@ -124,17 +111,6 @@ fn decode(handle: u64) -> Result<(&'static Slot, u32)> {
     }
     let slot = (handle & 0xFFF) as usize;
     Ok((&registry().slots[slot], (handle >> 12) as u32))
-}
-
-/// Where the manager in `slot` keeps the state of `lane` (`Manager::new` puts it there, the
-/// manager's teardown takes it out and then gives the slot back with `release_slot`).
-pub(super) fn state_cell(slot: u16, lane: usize) -> &'static parking_lot::Mutex<Option<State>> {
-    registry().slots[slot as usize].lane(lane)
-}
-
-/// Set by `Manager::new` before its handle exists.
-pub(super) fn set_lane_mask(slot: u16, mask: usize) {
-    registry().slots[slot as usize].lane_mask.store(mask, Ordering::Relaxed);
 }
 
 /// Runs `f` on the lane of the live manager `handle` names where a new buffer of `kind` goes,
@@ -151,16 +127,15 @@ pub fn with_buffer_state<R>(handle: u64, buffer: u64, f: impl FnOnce(&mut State)
 
 fn with_lane<R>(handle: u64, lane: impl FnOnce(usize) -> usize, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
     let (cell, generation) = decode(handle)?;
-    let mut state = cell.lane(lane(cell.lane_mask.load(Ordering::Relaxed))).lock();
+    // A slot never used has no cells, and no manager.
+    let Some(lanes) = cell.lanes.get() else {
+        fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");
+    };
+    let mut state = lanes.lane(lane(lanes.lane_mask())).lock();
     match state.as_mut() {
         Some(st) if cell.generation.load(Ordering::Acquire) == generation => f(st),
         _ => fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)"),
     }
-}
-
-/// Makes the slot of a torn-down manager available again.
-pub(super) fn release_slot(slot: u16) {
-    lock(&registry().free).insert(0, slot);
 }
 
 /// Runs `f` on the live manager `handle` names.
@@ -194,8 +169,8 @@ pub fn with_two_managers<R>(a: u64, b: u64, f: impl FnOnce(&Manager, &Manager) -
 }
 
 /// Takes the manager out of the registry; later calls with its handle fail. Its slot is reused
-/// once its teardown (the drop of the last `Arc`) has ended.
-pub fn unregister(handle: u64) -> Result<Arc<Manager>> {
+/// once its teardown (the drop of the returned `Arc`, the last one) has ended.
+pub fn unregister(handle: u64) -> Result<Arc<Registered>> {
     let (cell, generation) = decode(handle)?;
     let mut guard = cell.manager.write().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() || cell.generation.load(Ordering::Acquire) != generation {
