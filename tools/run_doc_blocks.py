@@ -2,7 +2,7 @@
 """Runs the code blocks of README.md and docs/*.md, the way a reader would, and fails on a block
 that fails or that nobody runs.
 
-    python3 tools/run_doc_blocks.py [--list] [PAGE.md ...]
+    python3 tools/run_doc_blocks.py [--list] [--gpu] [PAGE.md ...]
 
 Every fenced block says what it is by its info string:
   ```julia   run by test/docs.jl inside the Julia suite (listed here, not run)
@@ -23,6 +23,10 @@ a sh block stands for this checkout (its committed HEAD, when the block clones i
 block runs in a scratch folder instead of the repository. A block identical to one already run
 is not run again. Ends with one summary line, "docs: ..."; exits 1 when a block failed or a
 page has an unlabelled block or a bad marker.
+
+--gpu (on the GPU machine, which has Python with the GPU libraries but no Rust or Julia): runs
+only the python blocks marked gpu, with PYTHONPATH=python as above (KMM_LIBRARY naming a
+libkmm.so built here, and python/kmm/_plugin_calls.abi3.so carried along), and lists the rest.
 """
 import argparse
 import glob
@@ -128,6 +132,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("pages", nargs="*", help="pages relative to the repository (default: README.md docs/*.md)")
     ap.add_argument("--list", action="store_true", help="list the blocks and what happens to each")
+    ap.add_argument("--gpu", action="store_true", help="run only the python blocks marked gpu (on a GPU machine)")
     args = ap.parse_args()
     pages = args.pages or ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
 
@@ -150,7 +155,10 @@ def main():
             if b.lang == "text" or b.lang not in LANGS:
                 counts["text"] += b.lang == "text"
                 continue
-            if b.marker == "gpu":
+            if args.gpu and not (b.marker == "gpu" and b.lang == "python"):
+                counts["norun"] += 1
+                print("%s: not run (--gpu runs the python blocks marked gpu only)" % head)
+            elif b.marker == "gpu" and not args.gpu:
                 counts["gpu"] += 1
                 print("%s: needs a GPU, not run (%s)" % (head, b.reason))
             elif b.marker == "no-run":

@@ -10,6 +10,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 [ -f .gpu/COMMIT ] && export KMM_COMMIT="$(cat .gpu/COMMIT)"
 export PYTHONPATH=/tmp/site KMM_LIBRARY=/tmp/site/kmm/libkmm.so KMM_TEST_GPU=1 KMM_REQUIRE_COMPILED=1
 timeout 300 python3 -m pytest python/tests -q -rs -x -p no:cacheprovider 2>&1 | tail -40 | tee "$out/python_gpu_tests.log"
+# The documentation's python blocks that need a GPU (CI runs the others on the host backend).
+timeout 300 python3 tools/run_doc_blocks.py --gpu README.md docs/*.md 2>&1 | tail -40 | tee "$out/doc_blocks_gpu.log"
 timeout 290 python3 bench/python_alloc.py "$out/python_alloc.json" 2>&1 | tail -30 | tee "$out/python_alloc.txt"
 timeout 120 python3 bench/python_alloc.py "$out/numba_interleaved.json" --only numba --numba-interleaved --repeats 11 2>&1 |
   tail -24 | tee "$out/numba_interleaved.txt"
