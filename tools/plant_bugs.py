@@ -243,6 +243,11 @@ PLANTS = [
      "            if kind != MemoryKind::Device || pct == 0 || (reserved",
      "            if true || kind != MemoryKind::Device || pct == 0 || (reserved",
      ["abi_stream_order"]),
+    # A negative device passes validation and is reported as an unavailable backend.
+    ("negative-device-accepted", "rust/kmm/src/manager/config.rs",
+     "        if self.device < 0 {\n",
+     "        if false && self.device < 0 {\n",
+     ["abi_buffers"]),
     # A registration ends while another manager's copy may still read it by DMA.
     ("registration-ends-under-dma", "rust/kmm/src/backend/cuda/mod.rs",
      "        let unpinned = check(sys::cuCtxSynchronize(), \"cuCtxSynchronize\")\n            .and_then(",

@@ -165,6 +165,8 @@ fn config_is_validated() {
         (Box::new(|c| c.staging_chunk_size = 1), "config.staging_chunk_size = 1"),
         (Box::new(|c| c.compaction_ratio_pct = 99), "config.compaction_ratio_pct = 99"),
         (Box::new(|c| c.compaction_ratio_pct = 1001), "in 100..=1000"),
+        // A device that cannot exist is a bad argument, not a backend that is unavailable.
+        (Box::new(|c| c.device = -1), "config.device = -1 must be >= 0"),
         (
             Box::new(|c| {
                 c.suballocator = KmmSuballocator::KMM_SUBALLOC_FIXED as u32;

@@ -64,6 +64,9 @@ impl Default for Config {
 
 impl Config {
     pub fn validate(&self) -> Result<()> {
+        if self.device < 0 {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "config.device = {} must be >= 0", self.device);
+        }
         if !self.alignment.is_power_of_two() || self.alignment > (1 << 21) {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "config.alignment = {} must be a power of two up to 2 MiB", self.alignment);
         }
