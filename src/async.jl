@@ -96,7 +96,7 @@ Whether the copy has run (non-blocking).
 function isdone(t::KmmCopyTask)
     t.event == 0 && return true
     mh = t.manager.handle
-    mh == 0 && return true           # the manager was closed: its stream was drained
+    mh == 0 && return t.manager.destroyed[]   # closed: done once its destroy drained the stream
     done = Ref{Bool}(false)
     LibKmm.kmm_event_query(mh, t.event, done)
     done[]

@@ -28,8 +28,12 @@ mutable struct KmmManager
     device::Int
     lock::ReentrantLock
     pending::Vector{Any}      # async copies in flight (KmmCopyTask), see async.jl
+    # Set once libkmm's destroy has returned (`close` waited for the stream; the finalizer's
+    # deferred destroy runs when nothing of Julia's can be waiting). `handle` is 0 from the
+    # start of `close`, before the stream has drained: a wait that finds it 0 waits for this.
+    destroyed::Threads.Atomic{Bool}
     function KmmManager(handle::UInt64, device::Integer)
-        m = new(handle, device, ReentrantLock(), Any[])
+        m = new(handle, device, ReentrantLock(), Any[], Threads.Atomic{Bool}(false))
         finalizer(finalize_manager, m)
         return m
     end
@@ -95,6 +99,7 @@ function finalize_manager(m::KmmManager)
     m.handle = 0
     # never blocks: the handle dies now, the teardown runs on a background thread
     h == 0 || LibKmm.unchecked_kmm_manager_destroy(h, LibKmm.KMM_DESTROY_DEFERRED)
+    m.destroyed[] = true
     return nothing
 end
 
@@ -120,14 +125,21 @@ a closed manager throw a `KmmError` when used. Closing twice is allowed.
 """
 function Base.close(m::KmmManager)
     h = m.handle
-    h == 0 && return nothing
+    h == 0 && return wait_destroyed(m)    # closed by another task: return once it is done
     m.handle = 0
-    lock(m.lock) do
-        empty!(m.pending)
+    try
+        lock(m.lock) do
+            empty!(m.pending)
+        end
+        LibKmm.kmm_manager_destroy(h, 0)
+    finally
+        m.destroyed[] = true
     end
-    LibKmm.kmm_manager_destroy(h, 0)
     return nothing
 end
+
+"Waits (yielding) until the destroy of a closed manager has returned: its stream has drained."
+wait_destroyed(m::KmmManager) = poll_until(() -> m.destroyed[])
 
 Base.isopen(m::KmmManager) = m.handle != 0
 
@@ -159,9 +171,10 @@ end
 """
 Waits for the event `ev` of `m` (0: nothing queued) and destroys it. It polls and yields, as
 CUDA.jl does: a wait inside a blocking `ccall` would hold up every other task of this thread,
-and every thread that needs a collection. A manager closed meanwhile has drained its stream
-(its destroy waits), which ends the wait. Should the poll be interrupted, the event is waited
-for in libkmm before this returns: callers free or reuse the memory the queued work touches.
+and every thread that needs a collection. A manager closed meanwhile ends the wait once its
+destroy has returned (it waits for the stream), not when its handle is gone. Callers free or
+reuse the memory the queued work touches once this returns, so on an error or an interrupt it
+still waits for the event (in libkmm), or for the destroy, before passing the exception on.
 """
 function wait_event(m::KmmManager, ev::UInt64)
     ev == 0 && return nothing
@@ -169,17 +182,21 @@ function wait_event(m::KmmManager, ev::UInt64)
     try
         poll_until() do
             mh = m.handle
+            mh == 0 && return m.destroyed[]
             done = Ref{Bool}(false)
-            st = mh == 0 ? LibKmm.KMM_OK : GC.@preserve m LibKmm.unchecked_kmm_event_query(mh, ev, done)
-            mh == 0 || m.handle == 0 || (st == LibKmm.KMM_OK ? done[] : throw_kmm_error(st))
+            st = GC.@preserve m LibKmm.unchecked_kmm_event_query(mh, ev, done)
+            st == LibKmm.KMM_OK && return done[]
+            m.handle == 0 && return false    # closed during the query: wait for its destroy
+            throw_kmm_error(st)
         end
         finished = true
     finally
         mh = m.handle
-        if mh != 0
-            finished || LibKmm.unchecked_kmm_event_wait(mh, ev)
-            LibKmm.unchecked_kmm_event_destroy(mh, ev)
+        if !finished
+            mh == 0 || LibKmm.unchecked_kmm_event_wait(mh, ev)
+            m.handle == 0 && while !m.destroyed[]; yield(); end
         end
+        mh == 0 || LibKmm.unchecked_kmm_event_destroy(mh, ev)
     end
     nothing
 end

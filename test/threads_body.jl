@@ -28,3 +28,31 @@ Kmm.synchronize(shared)
 @test memory_status(shared).device.in_use == 0
 @test Kmm.finalizer_failures() == 0
 close(shared)
+
+# A copy waiting for its stream while another thread closes the manager: `close` drops the
+# handle before libkmm's destroy has drained the stream, so the copy must wait for the destroy,
+# not return when it sees no handle (it read stale bytes, and its queued copy wrote into host
+# memory after `copyto!` had returned).
+@testset "a copy whose manager is closed meanwhile returns after the copy ran" begin
+    n = 256 * 2^20
+    for trial in 1:4
+        m = KmmManager(backend = :host)
+        x = KmmArray{UInt8}(undef, n; manager = m)
+        for v in 0x01:0x05
+            fill!(x, v)                     # queued: keeps the stream busy for a while
+        end
+        h = zeros(UInt8, 4096)
+        closer = Threads.@spawn (t0 = time(); while time() - t0 < 0.02 end; close(m))
+        returned = try
+            copyto!(h, 1, x, n - 4095, 4096)
+            true
+        catch err
+            err isa KmmError || rethrow()   # a KmmError naming the closed manager is fine too
+            false
+        end
+        seen = h[1]                         # read as soon as copyto! returned
+        wait(closer)
+        returned && @test seen == 0x05
+        @test !isopen(m)
+    end
+end

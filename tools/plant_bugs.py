@@ -298,6 +298,12 @@ PLANTS = [
          "        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(dest, doffs), pointer(host, soffs),\n                                        n * sizeof(T), ev)\n",
          "        LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs), pointer(host, soffs), n * sizeof(T))\n"),
      ], ["jl:safety.jl"]),
+    # A wait that finds its manager's handle gone returns before close's destroy has drained
+    # the stream (close drops the handle first): the copy returns with its bytes not there yet.
+    ("jl-closed-handle-taken-for-drained", "src/manager.jl",
+     "            mh == 0 && return m.destroyed[]\n",
+     "            mh == 0 && return true\n",
+     ["jl:threads_body.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
      "    if !finished_pending(m)\n        finalizer(finalize_manager, m)\n        return nothing\n    end\n",
