@@ -143,14 +143,14 @@ pub trait Relocator {
         let _ = bytes;
         Vec::new()
     }
-    /// Whether the pool may compact or grow for a request of `size` bytes that its free blocks
-    /// and the spare chunks did not serve; the pool reserves `reserved` bytes. A caller that
-    /// would rather serve the request elsewhere (another lane's free blocks) says no, and the
-    /// pool returns out of memory without moving or reserving anything.
     /// Whether a caller that declined growth still lets the pool compact to serve the request.
     fn may_compact_instead(&mut self) -> bool {
         false
     }
+    /// Whether the pool may compact or grow for a request of `size` bytes that its free blocks
+    /// and the spare chunks did not serve; the pool reserves `reserved` bytes. A caller that
+    /// would rather serve the request elsewhere (another lane's free blocks) says no, and the
+    /// pool returns out of memory without moving or reserving anything.
     fn may_grow(&mut self, size: u64, reserved: u64) -> bool {
         let _ = (size, reserved);
         true
