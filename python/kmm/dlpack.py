@@ -2,6 +2,7 @@
 versioned `dltensor_versioned` (DLPack 1.0) forms."""
 
 import ctypes
+import sys
 import threading
 from ctypes import POINTER, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uint32, c_uint64, c_void_p
 
@@ -72,41 +73,60 @@ NAME_VERSIONED = b"dltensor_versioned"
 NAME_USED_LEGACY = b"used_dltensor"
 NAME_USED_VERSIONED = b"used_dltensor_versioned"
 
-# Exported tensors alive in C: struct address -> (struct, shape, strides, owner, release), where
-# release ends the buffer's export count (a close() meanwhile frees the memory then).
-_exports = {}
-_exports_lock = threading.Lock()
+# A consumer (NumPy, PyTorch, JAX) may delete an exported tensor during the interpreter's last
+# collection, after this module's globals are gone. So the table of exports and the two
+# functions C calls (the tensor's deleter, the capsule's destructor) reach what they need
+# through closures, never through globals, and those two are kept alive for good (one
+# reference leaked on purpose): the structs, shapes and strides C points at outlive the module.
 
 
-def _end_export(address):
-    with _exports_lock:
-        entry = _exports.pop(address, None)
-    if entry is not None:
-        entry[-1]()
+def _export_table():
+    """The exports alive in C (struct address -> (struct, shape, strides, owner, release), where
+    release ends the buffer's export count: a close() meanwhile frees the memory then), its lock,
+    and the function that ends one export."""
+    exports, lock, finalizing = {}, threading.Lock(), sys.is_finalizing
+
+    def end(address):
+        with lock:
+            entry = exports.pop(address, None)
+        if entry is not None:
+            try:
+                entry[-1]()
+            except Exception:
+                if not finalizing():
+                    raise  # at exit the library may be gone: the process frees everything anyway
+
+    return exports, lock, end
 
 
-@DELETER
-def _deleter(address):
-    _end_export(address)
+_exports, _exports_lock, _end_export = _export_table()
 
 
-_capsule_destructor_raw = ctypes.CFUNCTYPE(None, c_void_p)
+def _c_callbacks(end, is_valid, get_pointer, names):
+    @DELETER
+    def deleter(address):
+        end(address)
+
+    # The destructor gets the dying capsule as a raw pointer: never turn it into a Python object.
+    @ctypes.CFUNCTYPE(None, c_void_p)
+    def capsule_destructor(capsule):
+        # Runs when a capsule dies; a consumer that took the tensor renamed it to "used_*".
+        for name in names:
+            if is_valid(capsule, name):
+                end(get_pointer(capsule, name))
+                return
+
+    for f in (deleter, capsule_destructor):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(f))  # never freed: see above
+    return deleter, capsule_destructor
 
 
-# The destructor gets the dying capsule as a raw pointer: never turn it into a Python object.
-_raw_is_valid = ctypes.PYFUNCTYPE(ctypes.c_int, c_void_p, c_char_p)(("PyCapsule_IsValid", _api))
-_raw_get_pointer = ctypes.PYFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointer", _api))
-
-
-@_capsule_destructor_raw
-def _capsule_destructor(capsule):
-    # Runs when a capsule dies; a consumer that took the tensor renamed it to "used_*".
-    for name in (NAME_LEGACY, NAME_VERSIONED):
-        if _raw_is_valid(capsule, name):
-            _end_export(_raw_get_pointer(capsule, name))
-            return
-
-
+_deleter, _capsule_destructor = _c_callbacks(
+    _end_export,
+    ctypes.PYFUNCTYPE(ctypes.c_int, c_void_p, c_char_p)(("PyCapsule_IsValid", _api)),
+    ctypes.PYFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointer", _api)),
+    (NAME_LEGACY, NAME_VERSIONED),
+)
 _DESTRUCTOR_ADDR = ctypes.cast(_capsule_destructor, c_void_p).value
 
 

@@ -266,3 +266,29 @@ def test_cai_import_checks_its_fields(m):
         cai = dict(good, **{key: value})
         expect_named((TypeError, ValueError, kmm.KmmError), name, kmm.DeviceArray.from_cuda_array_interface, cai, m)
     base.close()
+
+
+def test_dlpack_export_deleted_at_interpreter_exit():
+    # A consumer may delete an exported tensor in the interpreter's last collection, after
+    # kmm.dlpack's globals are gone (PyTorch and JAX did, on the GPU machine): the struct the
+    # consumer points at and the deleter it calls must still be there (it was a segfault).
+    import subprocess
+    import sys
+
+    script = (
+        "import gc, numpy as np, kmm\n"
+        "gc.disable()\n"
+        "m = kmm.Manager(backend='host')\n"
+        "a = m.asarray(np.arange(1000, dtype=np.float32))\n"
+        "class Holder: pass\n"
+        "h = Holder(); h.me = h; h.x = np.from_dlpack(a)\n"
+        "del h, a\n"
+        "print('exiting')\n"
+    )
+    import os
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "exiting"
+    assert "Fatal" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
