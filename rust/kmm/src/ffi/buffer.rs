@@ -26,8 +26,10 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
         });
         if let Some(frees) = queued_frees {
             // Upstream frees queued by the lane (direct mode, adopted memory), now that its lock
-            // is dropped; what fails stays queued.
-            let _ = frees.flush();
+            // is dropped; what fails stays queued. Under the slot's read lock, so that a destroy
+            // returns only after every flush that took blocks out of the queues has freed them
+            // (a destroyed manager's teardown has flushed them itself).
+            let _ = with_manager(manager, |_| frees.flush());
         }
         let b = match first {
             Ok(Some(b)) => b,

@@ -62,6 +62,9 @@ pub struct Manager {
     unfenced: Mutex<Vec<(usize, u64, u64)>>,
     /// Frees of whole allocations waiting for a moment with no lock held.
     free_queues: Arc<FreeQueues>,
+    /// Whether its device pools compact (pool mode, a suballocator that relocates, a non-zero
+    /// ratio): only then may a lane compact to lend room to another (`borrow`).
+    pools_compact: bool,
 }
 
 impl Manager {
@@ -97,10 +100,12 @@ impl Manager {
         ];
         let free_queues = Arc::new(free_queues);
         let mut lanes = Vec::with_capacity(lane_mask + 1);
+        let mut pools_compact = false;
         for lane in 0..=lane_mask {
             let (device, device_reuse): (Box<dyn MemoryResource>, Reuse) = match config.alloc_mode {
                 AllocMode::Pool => {
                     let sub = new_suballocator(config.suballocator, config.alignment, config.fixed_block_size);
+                    pools_compact = sub.relocates() && config.compaction_ratio_pct != 0;
                     let mut pool = PoolResource::new(upstreams[0].clone(), sub, config.chunk_size, config.alignment)
                         .with_compaction(config.compaction_ratio_pct);
                     if lane == cells::alloc_lane(MemoryKind::Device, lane_mask) {
@@ -159,6 +164,7 @@ impl Manager {
             registered: Mutex::new(BTreeMap::new()),
             unfenced: Mutex::new(Vec::new()),
             free_queues,
+            pools_compact,
         })
     }
 
@@ -281,7 +287,7 @@ impl Manager {
             let pct = self.config.compaction_ratio_pct as u128;
             let reserved = self.limits[0].used().current();
             let held = self.in_use[0].current() + bytes;
-            if kind != MemoryKind::Device || pct == 0 || (reserved + self.config.chunk_size) as u128 * 100 <= held as u128 * pct {
+            if kind != MemoryKind::Device || !self.pools_compact || (reserved + self.config.chunk_size) as u128 * 100 <= held as u128 * pct {
                 return None;
             }
             (1..=mask).map(|i| (own + i) & mask).find_map(|lane| {
