@@ -78,12 +78,18 @@ end
     task = copyto_async!(h, x)
     wait(task)                          # polls too (whether it yields depends on timing)
     @test h[1] == 0x02 && h[end] == 0x02
-    # The synchronous copies (Array(x), copyto!, scalar access) wait for the stream the same way.
-    for (value, copy) in ((0x03, () -> copyto!(h, x)), (0x04, () -> Array(x)),
-                          (0x05, () -> (copyto!(x, h); Array(x))),
-                          (0x06, () -> Kmm.@allowscalar [x[1], x[end]]))
-        value == 0x05 && fill!(h, value)
-        fill!(x, value == 0x05 ? 0x00 : value)   # queued: the copy waits behind it
+    # The synchronous copies (Array(y), copyto!, scalar access) wait for the stream the same way.
+    # They copy a small array, queued behind a long fill of x: a pageable copy larger than the
+    # staging slots waits inside libkmm for a slot while it is queued (docs/julia-memory-model.md),
+    # so only a small one is sure to find its work still queued when it starts to wait.
+    y = KmmArray{UInt8}(undef, 2^20; manager = m)
+    hy = Vector{UInt8}(undef, length(y))
+    for (value, copy) in ((0x03, () -> copyto!(hy, y)), (0x04, () -> Array(y)),
+                          (0x05, () -> (copyto!(y, hy); Array(y))),
+                          (0x06, () -> Kmm.@allowscalar [y[1], y[end]]))
+        value == 0x05 && fill!(hy, value)
+        fill!(x, value)                           # long work, queued ahead of the copy
+        fill!(y, value == 0x05 ? 0x00 : value)
         ran[] = false
         t = @async (ran[] = true)
         back = copy()
