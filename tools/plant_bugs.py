@@ -249,6 +249,16 @@ PLANTS = [
      "        ctypes.pythonapi.Py_IncRef(ctypes.py_object(f))  # never freed: see above\n",
      "        pass\n",
      ["py:test_bindings_safety.py"]),
+    # The exports lock is not reentrant and export() allocates under it: a collection started
+    # there ends another export in the same thread and deadlocks.
+    ("py-dlpack-exports-lock-deadlock", [
+        ("python/kmm/dlpack.py",
+         "exports, lock, finalizing = {}, threading.RLock(), sys.is_finalizing",
+         "exports, lock, finalizing = {}, threading.Lock(), sys.is_finalizing"),
+        ("python/kmm/dlpack.py",
+         "    entry = (t, shape, strides, array, buffer._export())\n    with _exports_lock:  # nothing allocated here: see _export_table\n        _exports[address] = entry\n",
+         "    release = buffer._export()\n    with _exports_lock:\n        _exports[address] = (t, shape, strides, array, release)\n"),
+     ], ["py:test_bindings_safety.py"]),
     # A negative device passes validation and is reported as an unavailable backend.
     ("negative-device-accepted", "rust/kmm/src/manager/config.rs",
      "        if self.device < 0 {\n",

@@ -15,7 +15,9 @@ _plugin_alloc = _lib_.kmm_plugin_alloc
 _buffer_free = _lib_.kmm_buffer_free
 FORCE = _lib.KMM_FREE_FORCE
 #: Guards the export counts of buffers and managers (exports are rare; allocation never takes it).
-_export_lock = threading.Lock()
+# Reentrant: a collection that starts while a thread holds it may end an export (a dying
+# memoryview or DLPack consumer), whose release takes it again in the same thread.
+_export_lock = threading.RLock()
 
 
 class _ExportToken:

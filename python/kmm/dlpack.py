@@ -84,7 +84,10 @@ def _export_table():
     """The exports alive in C (struct address -> (struct, shape, strides, owner, release), where
     release ends the buffer's export count: a close() meanwhile frees the memory then), its lock,
     and the function that ends one export."""
-    exports, lock, finalizing = {}, threading.Lock(), sys.is_finalizing
+    # Reentrant: a collection that starts in this thread while it holds the lock (any allocation
+    # of a GC-tracked object may start one) can free an array a consumer imported, whose deleter
+    # ends its export here, in the same thread.
+    exports, lock, finalizing = {}, threading.RLock(), sys.is_finalizing
 
     def end(address):
         with lock:
@@ -227,9 +230,9 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
         t.version = DLPackVersion(*VERSION)
         t.flags = 0
     address = ctypes.addressof(t)
-    release = buffer._export()
-    with _exports_lock:
-        _exports[address] = (t, shape, strides, array, release)
+    entry = (t, shape, strides, array, buffer._export())
+    with _exports_lock:  # nothing allocated here: see _export_table
+        _exports[address] = entry
     return _api.PyCapsule_New(address, NAME_VERSIONED if versioned else NAME_LEGACY, _DESTRUCTOR_ADDR)
 
 

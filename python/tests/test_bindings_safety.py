@@ -292,3 +292,29 @@ def test_dlpack_export_deleted_at_interpreter_exit():
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "exiting"
     assert "Fatal" not in p.stderr and "Exception ignored" not in p.stderr, p.stderr
+
+
+def test_dlpack_export_survives_a_collection_that_ends_another_export():
+    # A collection that starts inside export() (any GC-tracked allocation may start one) can
+    # free an array a consumer imported from another export, whose deleter ends that export in
+    # the same thread: the exports lock must not deadlock there (it hung at threshold 45).
+    import subprocess
+    import sys
+    import os
+
+    script = (
+        "import gc, numpy as np, kmm\n"
+        "m = kmm.Manager(backend='host')\n"
+        "a = m.asarray(np.arange(16, dtype=np.float32)); b = m.asarray(np.arange(16, dtype=np.float32))\n"
+        "class Holder: pass\n"
+        "for k in range(1, 200):\n"
+        "    gc.collect(); gc.set_threshold(k)\n"
+        "    h = Holder(); h.me = h; h.x = np.from_dlpack(b); del h\n"
+        "    cap = a.__dlpack__(); del cap\n"
+        "    gc.set_threshold(700)\n"
+        "print('no deadlock')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == "no deadlock"
