@@ -87,6 +87,21 @@ function KmmManager(; backend::Symbol = :auto, device::Integer = 0, alloc_mode::
     KmmManager(out[], device)
 end
 
+# A manager's and a storage's handle are each taken by exactly one caller (two tasks closing
+# one manager, `close` and a finalizer, two `unsafe_free!`s): it is read and zeroed under this
+# lock, held for those two field accesses only (no allocation, no safepoint), so a finalizer
+# taking it cannot deadlock with its own thread.
+const _claim_lock = Threads.SpinLock()
+
+"Takes `x.handle` (0 if another caller took it first)."
+@inline function claim_handle!(x)
+    lock(_claim_lock)
+    h = x.handle
+    x.handle = 0
+    unlock(_claim_lock)
+    return h
+end
+
 function finalize_manager(m::KmmManager)
     # Copies into (or from) host arrays may still be queued: their tasks, in `m.pending`, hold
     # the host arrays. Until they have run the manager stays alive (the finalizer is registered
@@ -95,8 +110,7 @@ function finalize_manager(m::KmmManager)
         finalizer(finalize_manager, m)
         return nothing
     end
-    h = m.handle
-    m.handle = 0
+    h = claim_handle!(m)
     # never blocks: the handle dies now, the teardown runs on a background thread
     h == 0 || LibKmm.unchecked_kmm_manager_destroy(h, LibKmm.KMM_DESTROY_DEFERRED)
     m.destroyed[] = true
@@ -124,16 +138,17 @@ Destroys the manager now: waits for its stream and frees every buffer it still h
 a closed manager throw a `KmmError` when used. Closing twice is allowed.
 """
 function Base.close(m::KmmManager)
-    h = m.handle
-    h == 0 && return wait_destroyed(m)    # closed by another task: return once it is done
-    m.handle = 0
+    h = claim_handle!(m)
+    h == 0 && return wait_destroyed(m)    # another task closes it: return once that is done
+    # Nothing between the claim and the destroy may throw or yield: whoever took the handle
+    # destroys the manager, and `destroyed` says so only once it has (waiters rely on it).
     try
-        lock(m.lock) do
-            empty!(m.pending)
-        end
-        LibKmm.kmm_manager_destroy(h, 0)
+        LibKmm.kmm_manager_destroy(h, 0)  # waits for the stream, frees what is left
     finally
         m.destroyed[] = true
+        lock(m.lock) do                   # the queued copies have run: drop their tasks' arrays
+            empty!(m.pending)
+        end
     end
     return nothing
 end

@@ -27,21 +27,8 @@ already gone (which is expected and ignored). Zero unless something is wrong.
 """
 finalizer_failures() = _finalizer_failures[]
 
-# Claiming a handle is a read and a write that two tasks on two threads (two `unsafe_free!`, or
-# one and the finalizer) must not interleave: only one of them may free it and count its bytes.
-# The lock is held for those two field accesses only (no allocation, no safepoint), so a
-# finalizer taking it cannot deadlock with its own thread.
-const _claim_lock = Threads.SpinLock()
-
-"Takes the storage's handle (0 if another caller took it first)."
-@inline function claim_handle!(s::KmmStorage)
-    lock(_claim_lock)
-    h = s.handle
-    s.handle = 0
-    unlock(_claim_lock)
-    return h
-end
-
+# A storage's handle is taken with `claim_handle!` (manager.jl): of two `unsafe_free!`s, or one
+# and the finalizer, only one frees it and counts its bytes.
 function finalize_storage(s::KmmStorage)
     h = claim_handle!(s)
     mh = s.manager.handle

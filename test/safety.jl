@@ -100,6 +100,30 @@ end
     close(m)
 end
 
+@testset "a close interrupted after it took the handle still destroys the manager" begin
+    # Whoever takes the handle destroys the manager before anything that may yield or throw,
+    # and marks it destroyed only then: a close interrupted while it waited for the manager's
+    # lock had marked it destroyed without destroying it (the copy below then was still queued
+    # when wait returned, and the manager leaked).
+    n = 64 * 2^20
+    m = KmmManager(backend = :host)
+    x = KmmArray{UInt8}(undef, n; manager = m)
+    for v in 0x01:0x08
+        fill!(x, v)
+    end
+    h = zeros(UInt8, 4096)
+    t = copyto_async!(h, view(x, n-4095:n))
+    lock(m.lock)                        # as register_task! or complete_pending! elsewhere would
+    closer = @async close(m)
+    yield()                             # close runs until it waits for m.lock
+    schedule(closer, InterruptException(); error = true)
+    @test_throws Exception wait(closer)
+    unlock(m.lock)
+    wait(t)
+    @test h[1] == 0x08                  # the copy had run when wait returned
+    @test !isopen(m) && m.destroyed[]
+end
+
 @testset "a manager collected while a copy into host memory is queued keeps the array" begin
     m = KmmManager(; backend = :host)
     x = KmmArray{UInt8}(undef, 256 * 2^20; manager = m)

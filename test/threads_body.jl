@@ -56,3 +56,34 @@ close(shared)
         @test !isopen(m)
     end
 end
+
+# Two threads close one manager at once: exactly one destroys it, the other waits for that
+# destroy; neither throws, and a copy task waited for after either close has run (the handle was
+# read and zeroed unlocked: the second destroy failed with INVALID_HANDLE and marked the manager
+# destroyed while the first still drained its stream).
+@testset "two threads closing one manager" begin
+    n = 16 * 2^20
+    errors = 0
+    stale = 0
+    for trial in 1:150
+        m = KmmManager(backend = :host)
+        x = KmmArray{UInt8}(undef, n; manager = m)
+        fill!(x, 0x01); fill!(x, 0x02); fill!(x, 0x03)
+        h = zeros(UInt8, 4096)
+        t = copyto_async!(h, view(x, n-4095:n))
+        go = Threads.Atomic{Bool}(false)
+        function close_and_wait()
+            threw = try close(m); false catch; true end
+            wait(t)
+            return threw, h[1]
+        end
+        other = Threads.@spawn (while !go[] end; close_and_wait())
+        go[] = true
+        for (threw, seen) in (close_and_wait(), fetch(other))
+            errors += threw
+            stale += seen != 0x03
+        end
+    end
+    @test errors == 0
+    @test stale == 0
+end

@@ -290,9 +290,9 @@ PLANTS = [
     # A storage's handle is claimed without the lock: two tasks on two threads both free it.
     # The spin only widens the window between the read and the write (a preemption could), so
     # that the test's 50 rounds of four tasks on 2 threads meet it.
-    ("jl-free-claim-unlocked", "src/storage.jl",
-     "    lock(_claim_lock)\n    h = s.handle\n    s.handle = 0\n    unlock(_claim_lock)\n",
-     "    h = s.handle\n    t = time_ns(); while time_ns() - t < 20_000 end\n    s.handle = 0\n",
+    ("jl-free-claim-unlocked", "src/manager.jl",
+     "    lock(_claim_lock)\n    h = x.handle\n    x.handle = 0\n    unlock(_claim_lock)\n",
+     "    h = x.handle\n    t = time_ns(); while time_ns() - t < 20_000 end\n    x.handle = 0\n",
      ["jl:safety.jl"]),
     # synchronize and wait(::KmmCopyTask) block in libkmm instead of polling and yielding.
     # safety.jl sees synchronize; whether wait yields it does not check (timing).
@@ -320,6 +320,18 @@ PLANTS = [
      "            mh == 0 && return m.destroyed[]\n",
      "            mh == 0 && return true\n",
      ["jl:threads_body.jl"]),
+    # close reads and zeroes the handle unlocked: two threads closing one manager both destroy
+    # it, the second fails and marks it destroyed while the first still drains the stream.
+    ("jl-close-claims-unlocked", "src/manager.jl",
+     "    h = claim_handle!(m)\n    h == 0 && return wait_destroyed(m)",
+     "    h = m.handle\n    t0 = time_ns(); while time_ns() - t0 < 20_000 end\n    m.handle = 0\n    h == 0 && return wait_destroyed(m)",
+     ["jl:threads_body.jl"]),
+    # close takes the manager's lock (which may yield, and be interrupted) before the destroy,
+    # and marks the manager destroyed in a finally whether or not the destroy ran.
+    ("jl-close-marks-destroyed-before-destroy", "src/manager.jl",
+     "    try\n        LibKmm.kmm_manager_destroy(h, 0)  # waits for the stream, frees what is left\n    finally\n        m.destroyed[] = true\n        lock(m.lock) do                   # the queued copies have run: drop their tasks' arrays\n            empty!(m.pending)\n        end\n    end\n",
+     "    try\n        lock(m.lock) do\n            empty!(m.pending)\n        end\n        LibKmm.kmm_manager_destroy(h, 0)\n    finally\n        m.destroyed[] = true\n    end\n",
+     ["jl:safety.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
      "    if !finished_pending(m)\n        finalizer(finalize_manager, m)\n        return nothing\n    end\n",
