@@ -115,8 +115,8 @@ PLANTS = [
      ["abi_lanes"]),
     # Python: a DLPack export no longer holds the memory, so close() frees it under the consumer.
     ("py-dlpack-export-not-held", "python/kmm/dlpack.py",
-     "    release = buffer._export()\n",
-     "    release = lambda: None\n",
+     "    entry = (t, shape, strides, array, buffer._export())\n",
+     "    entry = (t, shape, strides, array, lambda: None)\n",
      ["py:test_bindings_safety.py"]),
     # Python: a host_view memoryview no longer holds the memory.
     ("py-host-view-not-held", "python/kmm/buffer.py",
@@ -240,8 +240,8 @@ PLANTS = [
     # No lane compacts to lend room: a request no free block fits grows the manager although
     # other lanes hold enough free bytes in holes.
     ("no-lending-compaction", "rust/kmm/src/manager/mod.rs",
-     "            if kind != MemoryKind::Device || pct == 0 || (reserved",
-     "            if true || kind != MemoryKind::Device || pct == 0 || (reserved",
+     "            if kind != MemoryKind::Device || !self.pools_compact || (reserved",
+     "            if true || kind != MemoryKind::Device || !self.pools_compact || (reserved",
      ["abi_stream_order"]),
     # The DLPack deleter and the exports table die with kmm.dlpack's globals: a consumer that
     # deletes its tensor in the interpreter's last collection calls into freed memory.
