@@ -18,19 +18,16 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
         // The lane's free blocks, under the lane's lock alone; the rest (other lanes' free
         // blocks, growing, and on out of memory waiting for the stream and giving cached memory
         // back before trying again) takes the manager's path.
-        let mut queued_frees = None;
-        let first = with_alloc_state(manager, kind, |st| {
-            let first = st.try_alloc_own(bytes, kind);
-            queued_frees = st.queued_frees();
-            first
+        let first = with_alloc_state(manager, kind, |st| st.try_alloc_own(bytes, kind)).and_then(|(first, frees_pending)| {
+            if frees_pending {
+                // Upstream frees queued by the lanes (direct mode, adopted memory), now that the
+                // lane's lock is dropped; what fails stays queued. Under the slot's read lock, so
+                // that a destroy returns only after every flush that took blocks out of the
+                // queues has freed them (a destroyed manager's teardown has flushed them itself).
+                let _ = with_manager(manager, |m| Ok(m.flush_frees()));
+            }
+            Ok(first)
         });
-        if let Some(frees) = queued_frees {
-            // Upstream frees queued by the lane (direct mode, adopted memory), now that its lock
-            // is dropped; what fails stays queued. Under the slot's read lock, so that a destroy
-            // returns only after every flush that took blocks out of the queues has freed them
-            // (a destroyed manager's teardown has flushed them itself).
-            let _ = with_manager(manager, |_| frees.flush());
-        }
         let b = match first {
             Ok(Some(b)) => b,
             first => with_manager(manager, |m| m.alloc_rest(first, bytes, kind, m.raw_stream()))?,

@@ -114,9 +114,12 @@ fn decode(handle: u64) -> Result<(&'static Slot, u32)> {
 }
 
 /// Runs `f` on the lane of the live manager `handle` names where a new buffer of `kind` goes,
-/// under that lane's lock only.
-pub fn with_alloc_state<R>(handle: u64, kind: MemoryKind, f: impl FnOnce(&mut State) -> Result<R>) -> Result<R> {
-    with_lane(handle, |mask| alloc_lane(kind, mask), f)
+/// under that lane's lock only; with its result, whether the manager's queues of upstream frees
+/// may hold a block (read once the lock is dropped, for the caller to flush them).
+pub fn with_alloc_state<R>(handle: u64, kind: MemoryKind, f: impl FnOnce(&mut State) -> Result<R>) -> Result<(R, bool)> {
+    let r = with_lane(handle, |mask| alloc_lane(kind, mask), f)?;
+    let pending = registry().slots[(handle & 0xFFF) as usize].lanes.get().is_some_and(|lanes| lanes.frees_pending());
+    Ok((r, pending))
 }
 
 /// Runs `f` on the lane of the manager `handle` names that holds `buffer`, by the lane bits of

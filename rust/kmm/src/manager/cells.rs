@@ -13,7 +13,8 @@ use super::handles::LANE_BITS;
 use super::{AllocMode, MemoryKind, State};
 use crate::error::Result;
 use crate::fail;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use crate::pool::upstream::PendingFrees;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Lanes of a pool-mode manager (other modes use one: the driver's allocators lock anyway).
 pub const LANES: usize = 1 << LANE_BITS;
@@ -30,13 +31,20 @@ struct Lane(parking_lot::Mutex<Option<State>>);
 pub(crate) struct LaneCells {
     /// The lanes the current manager uses, minus one: 0 or `LANES - 1`.
     lane_mask: AtomicUsize,
+    /// Whether the manager's queues of upstream frees may hold a block (`PendingFrees`): on the
+    /// mask's cache line, which every call reads, so the allocation path's check is one load.
+    frees_pending: AtomicBool,
     lanes: [Lane; LANES],
 }
 
 impl LaneCells {
     /// Empty cells: no lane holds a state yet.
     pub(crate) fn new() -> LaneCells {
-        LaneCells { lane_mask: AtomicUsize::new(0), lanes: std::array::from_fn(|_| Lane(parking_lot::Mutex::new(None))) }
+        LaneCells {
+            lane_mask: AtomicUsize::new(0),
+            frees_pending: AtomicBool::new(false),
+            lanes: std::array::from_fn(|_| Lane(parking_lot::Mutex::new(None))),
+        }
     }
 
     /// The cell of `lane` (below `LANES`).
@@ -53,6 +61,7 @@ impl LaneCells {
             fail!(KMM_ERROR_INTERNAL, "the lane cells lent to a new manager hold another manager's state");
         }
         self.lane_mask.store(lane_mask, Ordering::Relaxed);
+        self.frees_pending.store(false, Ordering::Relaxed);
         for (cell, state) in cells.iter_mut().zip(states) {
             **cell = Some(state);
         }
@@ -76,9 +85,24 @@ impl LaneCells {
         self.lane_mask.load(Ordering::Relaxed)
     }
 
+    /// Whether the manager's queues of upstream frees may hold a block (read after an allocation,
+    /// to flush them once no lock is held).
+    pub(crate) fn frees_pending(&self) -> bool {
+        self.frees_pending.load(Ordering::Acquire)
+    }
+
     /// Whether no lane holds a state: no manager uses the cells, or its teardown has ended.
     pub(crate) fn is_vacant(&self) -> bool {
         self.lanes.iter().all(|lane| lane.0.lock().is_none())
+    }
+}
+
+impl PendingFrees for LaneCells {
+    fn raise(&self) {
+        self.frees_pending.store(true, Ordering::Release);
+    }
+    fn take(&self) -> bool {
+        self.frees_pending.swap(false, Ordering::AcqRel)
     }
 }
 

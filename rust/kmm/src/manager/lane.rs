@@ -13,7 +13,6 @@ use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
 use crate::pool::direct::DirectResource;
 use crate::pool::limit::Limit;
-use crate::pool::upstream::FreeQueues;
 use crate::pool::stats::{Gauge, UsageCounters};
 use crate::pool::{Block, MemoryResource, Owner, Relocation, Relocator, NO_OWNER};
 use crate::{err, fail};
@@ -96,9 +95,6 @@ pub struct State {
     pub(super) reuse: [Reuse; 2],
     /// Memory adopted through `wrap`, freed through the backend once the stream passes.
     pub(super) adopted: [Deferred<DirectResource>; 2],
-    /// The manager's queues of upstream frees (direct mode, adopted memory), flushed by the
-    /// caller once this lane's lock is dropped.
-    pub(super) free_queues: Arc<FreeQueues>,
     pub(super) usage: [UsageCounters; 2],
     /// The manager's bytes in use per kind, shared by its lanes.
     pub(super) in_use: Arc<[Gauge; 2]>,
@@ -299,12 +295,6 @@ impl State {
     /// (`Manager::alloc_rest` goes on from there).
     pub fn try_alloc_own(&mut self, bytes: u64, kind: MemoryKind) -> Result<Option<u64>> {
         self.try_alloc_in(bytes, kind, self.home, Growth::Defer)
-    }
-
-    /// The manager's queues of upstream frees when they hold any, for the caller to flush once
-    /// this lane's lock is dropped.
-    pub fn queued_frees(&self) -> Option<Arc<FreeQueues>> {
-        self.free_queues.pending().then(|| self.free_queues.clone())
     }
 
     /// Whether the copies of the latest compaction may still be queued.

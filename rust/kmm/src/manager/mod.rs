@@ -92,7 +92,9 @@ impl Manager {
         let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
         // Frees of whole allocations (direct mode, adopted memory) wait in these queues for a
         // moment with no lock held (see `QueuedFrees`).
-        let mut free_queues = FreeQueues::default();
+        // (The cells keep the queues' flag; a cycle through the lanes' states that the teardown
+        // breaks when it takes them out.)
+        let mut free_queues = FreeQueues::new(cells.clone());
         let direct_upstream: Arc<dyn Upstream> = free_queues.add(upstreams[0].clone());
         let adopted_upstreams: [Arc<dyn Upstream>; 2] = [
             free_queues.add(Arc::new(DeviceUpstream(backend.clone()))),
@@ -138,7 +140,6 @@ impl Manager {
                 resources: [device, pinned],
                 reuse: [device_reuse, Reuse::Completed],
                 adopted: [adopted(&adopted_upstreams[0]), adopted(&adopted_upstreams[1])],
-                free_queues: free_queues.clone(),
                 usage: [UsageCounters::default(); 2],
                 in_use: in_use.clone(),
                 reserved: limits[0].clone(),
@@ -244,7 +245,7 @@ impl Manager {
 
     /// Frees upstream what the lanes queued (see `QueuedFrees`), with no lock held. Housekeeping
     /// of earlier frees: what fails stays queued for the next flush, and teardown.
-    fn flush_frees(&self) {
+    pub(crate) fn flush_frees(&self) {
         let _ = self.free_queues.flush();
     }
 

@@ -4,7 +4,6 @@
 use super::Upstream;
 use crate::backend::Backend;
 use crate::error::{lock, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub struct DeviceUpstream(pub Arc<dyn Backend>);
@@ -36,36 +35,30 @@ impl Upstream for PinnedUpstream {
 pub struct QueuedFrees {
     inner: Arc<dyn Upstream>,
     queued: Mutex<Vec<(u64, u64)>>,
-    /// Whether `queued` may be non-empty: the allocation path checks this one load.
-    pending: AtomicBool,
+    /// Shared by every queue of one `FreeQueues`: raised when any of them may hold a block.
+    pending: Arc<dyn PendingFrees>,
+}
+
+/// The flag that says a manager's queues may hold a block. Every allocation reads it, so its
+/// owner keeps it where that read costs least (the manager's lane cells keep it beside the lane
+/// mask that every call reads anyway: no pointer to follow).
+pub trait PendingFrees: Send + Sync {
+    fn raise(&self);
+    /// Lowers the flag; whether it was raised.
+    fn take(&self) -> bool;
 }
 
 impl QueuedFrees {
-    pub fn new(inner: Arc<dyn Upstream>) -> Arc<QueuedFrees> {
-        Arc::new(QueuedFrees { inner, queued: Mutex::new(Vec::new()), pending: AtomicBool::new(false) })
-    }
-
-    pub fn pending(&self) -> bool {
-        self.pending.load(Ordering::Acquire)
-    }
-
     /// Frees everything queued upstream; the caller holds no lock. Blocks that fail stay queued
-    /// for the next flush, and the first error is returned.
-    pub fn flush(&self) -> Result<()> {
-        if !self.pending() {
-            return Ok(());
-        }
-        let blocks = {
-            let mut queued = lock(&self.queued);
-            self.pending.store(false, Ordering::Release);
-            std::mem::take(&mut *queued)
-        };
+    /// (and the queues pending) for the next flush, and the first error is returned.
+    fn flush(&self) -> Result<()> {
+        let blocks = std::mem::take(&mut *lock(&self.queued));
         let mut failure = None;
         for (addr, bytes) in blocks {
             // SAFETY: `deallocate`'s caller gave the promise for every queued block.
             if let Err(e) = unsafe { self.inner.deallocate(addr, bytes) } {
                 lock(&self.queued).push((addr, bytes));
-                self.pending.store(true, Ordering::Release);
+                self.pending.raise();
                 failure.get_or_insert(e);
             }
         }
@@ -78,30 +71,37 @@ impl Upstream for QueuedFrees {
         self.inner.allocate(bytes)
     }
     unsafe fn deallocate(&self, addr: u64, bytes: u64) -> Result<()> {
-        let mut queued = lock(&self.queued);
-        queued.push((addr, bytes));
-        self.pending.store(true, Ordering::Release);
+        lock(&self.queued).push((addr, bytes));
+        self.pending.raise();
         Ok(())
     }
 }
 
-/// Every queue of frees of one manager, shared by its lanes.
-#[derive(Default)]
-pub struct FreeQueues(Vec<Arc<QueuedFrees>>);
+/// Every queue of frees of one manager, shared by its lanes. One flag says whether any may hold
+/// a block: every allocation reads it, and only a raised flag costs a flush.
+pub struct FreeQueues {
+    queues: Vec<Arc<QueuedFrees>>,
+    pending: Arc<dyn PendingFrees>,
+}
 
 impl FreeQueues {
+    pub fn new(pending: Arc<dyn PendingFrees>) -> FreeQueues {
+        FreeQueues { queues: Vec::new(), pending }
+    }
+
     pub fn add(&mut self, inner: Arc<dyn Upstream>) -> Arc<QueuedFrees> {
-        let q = QueuedFrees::new(inner);
-        self.0.push(q.clone());
+        let q = Arc::new(QueuedFrees { inner, queued: Mutex::new(Vec::new()), pending: self.pending.clone() });
+        self.queues.push(q.clone());
         q
     }
 
-    pub fn pending(&self) -> bool {
-        self.0.iter().any(|q| q.pending())
-    }
-
-    /// Flushes every queue (see `QueuedFrees::flush`); the first error is returned.
+    /// Flushes every queue (see `QueuedFrees::flush`) when any may hold a block; the first error
+    /// is returned. The flag is cleared before the queues are emptied, so a block queued
+    /// meanwhile sets it again for the next flush.
     pub fn flush(&self) -> Result<()> {
-        self.0.iter().map(|q| q.flush()).fold(Ok(()), |acc, r| acc.and(r))
+        if !self.pending.take() {
+            return Ok(());
+        }
+        self.queues.iter().map(|q| q.flush()).fold(Ok(()), |acc, r| acc.and(r))
     }
 }
