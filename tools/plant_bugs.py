@@ -228,7 +228,7 @@ PLANTS = [
     # A free of a whole allocation (direct mode, adopted memory) frees upstream at once, under the
     # lane's lock and inside the free (cuMemFree waits for the whole device).
     ("free-frees-upstream-under-lock", "rust/kmm/src/pool/upstream.rs",
-     "        let mut queued = lock(&self.queued);\n        queued.push((addr, bytes));\n        self.pending.store(true, Ordering::Release);\n        Ok(())",
+     "        lock(&self.queued).push((addr, bytes));\n        self.pending.raise();\n        Ok(())",
      "        self.inner.deallocate(addr, bytes)",
      ["trust_faults"]),
     # The host backend forgets a stream when its last reference drops, though its worker still
