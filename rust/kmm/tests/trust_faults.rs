@@ -312,6 +312,7 @@ fn faults_surface_as_statuses_and_spare_everything_else() {
 fn allocation_failure_trims_and_retries() {
     let f = Faulty::new();
     let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32; // the cache is the pool's
         c.chunk_size = 1 << 20;
     });
     // Fill the cache: allocate and free one chunk's worth.
