@@ -98,8 +98,10 @@ function isdone(t::KmmCopyTask)
     mh = t.manager.handle
     mh == 0 && return t.manager.destroyed[]   # closed: done once its destroy drained the stream
     done = Ref{Bool}(false)
-    LibKmm.kmm_event_query(mh, t.event, done)
-    done[]
+    st = LibKmm.unchecked_kmm_event_query(mh, t.event, done)
+    st == LibKmm.KMM_OK && return done[]
+    t.manager.handle == 0 && return false     # closed during the query: wait for its destroy
+    throw_kmm_error(st)
 end
 
 function Base.wait(t::KmmCopyTask)

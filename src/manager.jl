@@ -209,7 +209,7 @@ function wait_event(m::KmmManager, ev::UInt64)
         mh = m.handle
         if !finished
             mh == 0 || LibKmm.unchecked_kmm_event_wait(mh, ev)
-            m.handle == 0 && while !m.destroyed[]; yield(); end
+            m.handle == 0 && wait_destroyed(m)
         end
         mh == 0 || LibKmm.unchecked_kmm_event_destroy(mh, ev)
     end
