@@ -64,7 +64,7 @@ PLANTS = [
     ("lanes-no-cross-lane-rung", "rust/kmm/src/manager/mod.rs",
      "(0..=last).filter(move |&lane| lane != own)",
      "(0..=last).filter(move |&lane| lane != own && false)",
-     ["abi_lanes"]),
+     ["lib"]),
     # trim_lanes became detach_lanes (chunks detached under the lock, freed after the fence).
     ("lanes-trim-budget-per-lane", "rust/kmm/src/manager/mod.rs",
      "            budget = budget.saturating_sub(st.resources[k].counters().reserved);\n",

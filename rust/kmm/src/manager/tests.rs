@@ -71,3 +71,40 @@ fn a_lane_of_a_manager_of_its_own_takes_another_lanes_spare_chunk() {
     assert_eq!((s.resource.reserved, s.resource.upstream_allocs), (CHUNK, 1), "the first lane's free chunk moved instead of a new one");
     m.free(buffer, FreeMode::Checked).expect("free");
 }
+
+/// The out-of-memory rung that tries the other lanes with their locks taken (`alloc_after_release`):
+/// a lane at the hard limit whose look at the other lanes' free blocks found them busy (`borrow`
+/// only tries their locks) is still served by a lane with room once that lane is free again. The
+/// C-ABI test of the same rung no longer reaches it: borrowing serves that case first.
+#[test]
+fn a_lane_at_the_limit_that_found_the_others_busy_is_served_by_them() {
+    let config = Config { hard_limit: CHUNK, ..host_config() };
+    let m = Manager::new(config).expect("manager");
+    let kept = m.alloc(CHUNK / 2, MemoryKind::Device).expect("half of the one chunk");
+    let mine = thread_lane();
+    let m = &m;
+    let served = std::thread::scope(|s| {
+        let busy = m.cells.lane(mine).lock(); // as another call of that lane would hold it
+        // Threads are dealt lanes in turn: among a few new ones, one has another lane.
+        for _ in 0..32 {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let other = s.spawn(move || {
+                let lane = thread_lane();
+                tx.send(lane).expect("send");
+                (lane != mine).then(|| m.alloc(CHUNK / 4, MemoryKind::Device))
+            });
+            if rx.recv().expect("lane") == mine {
+                other.join().expect("thread");
+                continue;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100)); // it meets the lock
+            drop(busy);
+            return other.join().expect("thread").expect("another lane");
+        }
+        panic!("no thread with another lane among 32");
+    });
+    let served = served.expect("served by the lane with room once its lock was free");
+    assert_eq!(lane_of(served), lane_of(kept), "served by the lane that had room");
+    m.free(served, FreeMode::Checked).expect("free");
+    m.free(kept, FreeMode::Checked).expect("free");
+}
