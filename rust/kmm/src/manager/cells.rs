@@ -102,7 +102,8 @@ impl PendingFrees for LaneCells {
         self.frees_pending.store(true, Ordering::Release);
     }
     fn take(&self) -> bool {
-        self.frees_pending.swap(false, Ordering::AcqRel)
+        // A load first: the swap would write the cache line every call of every thread reads.
+        self.frees_pending.load(Ordering::Acquire) && self.frees_pending.swap(false, Ordering::AcqRel)
     }
 }
 
