@@ -146,31 +146,33 @@ end
 
 # The one place host pointers cross into libkmm: `host` is dense host memory (an Array, a
 # contiguous view of one, or a PinnedArray), kept alive for the synchronous copy.
+# The synchronous copies between a storage and host memory at `ptr`: queued, then waited for
+# without blocking the thread (`wait_event`). The caller keeps `ptr`'s memory alive.
+function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes)
+    mh, h = handles(s)
+    ev = Ref{UInt64}(0)
+    GC.@preserve s LibKmm.kmm_copy_to_device_async(mh, h, offset, ptr, bytes, ev)
+    wait_event(s.manager, ev[])
+end
+
+function copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes)
+    mh, h = handles(s)
+    ev = Ref{UInt64}(0)
+    GC.@preserve s LibKmm.kmm_copy_to_host_async(mh, ptr, h, offset, bytes, ev)
+    wait_event(s.manager, ev[])
+end
+
 function copy_from_host!(dest::KmmArray{T}, doffs, host, soffs, n) where {T}
     check_range(dest, doffs, n); check_range(host, soffs, n)
     n == 0 && return dest
-    ds = dest.storage
-    mh, h = handles(ds)
-    ev = Ref{UInt64}(0)
-    GC.@preserve ds host begin    # queued, then waited for without blocking the thread
-        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(dest, doffs), pointer(host, soffs),
-                                        n * sizeof(T), ev)
-        wait_event(ds.manager, ev[])
-    end
+    GC.@preserve host copy_into_storage!(dest.storage, byteoffset(dest, doffs), pointer(host, soffs), n * sizeof(T))
     dest
 end
 
 function copy_to_host!(host, doffs, src::KmmArray{T}, soffs, n) where {T}
     check_range(host, doffs, n); check_range(src, soffs, n)
     n == 0 && return host
-    ss = src.storage
-    mh, h = handles(ss)
-    ev = Ref{UInt64}(0)
-    GC.@preserve ss host begin    # queued, then waited for without blocking the thread
-        LibKmm.kmm_copy_to_host_async(mh, pointer(host, doffs), h, byteoffset(src, soffs),
-                                      n * sizeof(T), ev)
-        wait_event(ss.manager, ev[])
-    end
+    GC.@preserve host copy_from_storage!(pointer(host, doffs), src.storage, byteoffset(src, soffs), n * sizeof(T))
     host
 end
 

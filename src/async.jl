@@ -94,14 +94,7 @@ end
 Whether the copy has run (non-blocking).
 """
 function isdone(t::KmmCopyTask)
-    t.event == 0 && return true
-    mh = t.manager.handle
-    mh == 0 && return t.manager.destroyed[]   # closed: done once its destroy drained the stream
-    done = Ref{Bool}(false)
-    st = LibKmm.unchecked_kmm_event_query(mh, t.event, done)
-    st == LibKmm.KMM_OK && return done[]
-    t.manager.handle == 0 && return false     # closed during the query: wait for its destroy
-    throw_kmm_error(st)
+    t.event == 0 || event_done(t.manager, t.event)
 end
 
 function Base.wait(t::KmmCopyTask)

@@ -184,6 +184,20 @@ function poll_until(done)
 end
 
 """
+Whether the event `ev` of `m` has completed (non-blocking). Once `m` is closed: whether its
+destroy has returned (it waits for the stream); closed during the query counts as not yet.
+"""
+function event_done(m::KmmManager, ev::UInt64)
+    mh = m.handle
+    mh == 0 && return m.destroyed[]
+    done = Ref{Bool}(false)
+    st = GC.@preserve m LibKmm.unchecked_kmm_event_query(mh, ev, done)
+    st == LibKmm.KMM_OK && return done[]
+    m.handle == 0 && return false
+    throw_kmm_error(st)
+end
+
+"""
 Waits for the event `ev` of `m` (0: nothing queued) and destroys it. It polls and yields, as
 CUDA.jl does: a wait inside a blocking `ccall` would hold up every other task of this thread,
 and every thread that needs a collection. A manager closed meanwhile ends the wait once its
@@ -195,15 +209,7 @@ function wait_event(m::KmmManager, ev::UInt64)
     ev == 0 && return nothing
     finished = false
     try
-        poll_until() do
-            mh = m.handle
-            mh == 0 && return m.destroyed[]
-            done = Ref{Bool}(false)
-            st = GC.@preserve m LibKmm.unchecked_kmm_event_query(mh, ev, done)
-            st == LibKmm.KMM_OK && return done[]
-            m.handle == 0 && return false    # closed during the query: wait for its destroy
-            throw_kmm_error(st)
-        end
+        poll_until(() -> event_done(m, ev))
         finished = true
     finally
         mh = m.handle

@@ -41,14 +41,7 @@ function Base.getindex(x::KmmArray{T}, i::Int) where {T}
     assertscalar("getindex")
     @boundscheck checkbounds(x, i)
     out = Ref{T}()
-    xs = x.storage
-    mh, h = handles(xs)
-    ev = Ref{UInt64}(0)
-    GC.@preserve xs out begin
-        LibKmm.kmm_copy_to_host_async(mh, Base.unsafe_convert(Ptr{T}, out), h, byteoffset(x, i),
-                                      sizeof(T), ev)
-        wait_event(xs.manager, ev[])
-    end
+    GC.@preserve out copy_from_storage!(Base.unsafe_convert(Ptr{T}, out), x.storage, byteoffset(x, i), sizeof(T))
     out[]
 end
 
@@ -56,13 +49,6 @@ function Base.setindex!(x::KmmArray{T}, v, i::Int) where {T}
     assertscalar("setindex!")
     @boundscheck checkbounds(x, i)
     val = Ref{T}(convert(T, v))
-    xs = x.storage
-    mh, h = handles(xs)
-    ev = Ref{UInt64}(0)
-    GC.@preserve xs val begin
-        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(x, i), Base.unsafe_convert(Ptr{T}, val),
-                                        sizeof(T), ev)
-        wait_event(xs.manager, ev[])
-    end
+    GC.@preserve val copy_into_storage!(x.storage, byteoffset(x, i), Base.unsafe_convert(Ptr{T}, val), sizeof(T))
     x
 end

@@ -298,8 +298,8 @@ PLANTS = [
     # safety.jl sees synchronize; whether wait yields it does not check (timing).
     ("jl-waits-block", [
         ("src/manager.jl",
-         "        poll_until() do\n            mh = m.handle\n",
-         "        GC.@preserve m LibKmm.kmm_event_wait(handle(m), ev)\n        false && poll_until() do\n            mh = m.handle\n"),
+         "        poll_until(() -> event_done(m, ev))\n",
+         "        GC.@preserve m LibKmm.kmm_event_wait(handle(m), ev)\n"),
         ("src/async.jl",
          "    poll_until(() -> isdone(t))   # yields to other tasks while the copy runs\n",
          "    t.manager.handle != 0 && LibKmm.kmm_event_wait(t.manager.handle, t.event)\n"),
@@ -308,17 +308,17 @@ PLANTS = [
     # blocking copy instead of queueing it and polling.
     ("jl-copies-block", [
         ("src/array.jl",
-         "        LibKmm.kmm_copy_to_host_async(mh, pointer(host, doffs), h, byteoffset(src, soffs),\n                                      n * sizeof(T), ev)\n",
-         "        LibKmm.kmm_copy_to_host(mh, pointer(host, doffs), h, byteoffset(src, soffs), n * sizeof(T))\n"),
+         "    GC.@preserve s LibKmm.kmm_copy_to_device_async(mh, h, offset, ptr, bytes, ev)\n    wait_event(s.manager, ev[])\n",
+         "    GC.@preserve s LibKmm.kmm_copy_to_device(mh, h, offset, ptr, bytes)\n"),
         ("src/array.jl",
-         "        LibKmm.kmm_copy_to_device_async(mh, h, byteoffset(dest, doffs), pointer(host, soffs),\n                                        n * sizeof(T), ev)\n",
-         "        LibKmm.kmm_copy_to_device(mh, h, byteoffset(dest, doffs), pointer(host, soffs), n * sizeof(T))\n"),
+         "    GC.@preserve s LibKmm.kmm_copy_to_host_async(mh, ptr, h, offset, bytes, ev)\n    wait_event(s.manager, ev[])\n",
+         "    GC.@preserve s LibKmm.kmm_copy_to_host(mh, ptr, h, offset, bytes)\n"),
      ], ["jl:safety.jl"]),
     # A wait that finds its manager's handle gone returns before close's destroy has drained
     # the stream (close drops the handle first): the copy returns with its bytes not there yet.
     ("jl-closed-handle-taken-for-drained", "src/manager.jl",
-     "            mh == 0 && return m.destroyed[]\n",
-     "            mh == 0 && return true\n",
+     "    mh == 0 && return m.destroyed[]\n",
+     "    mh == 0 && return true\n",
      ["jl:threads_body.jl"]),
     # close reads and zeroes the handle unlocked: two threads closing one manager both destroy
     # it, the second fails and marks it destroyed while the first still drains the stream.

@@ -85,13 +85,14 @@ fn host_layout(bytes: u64, align: usize) -> Result<Layout> {
 fn machine_capacity() -> u64 {
     static CAPACITY: OnceLock<u64> = OnceLock::new();
     *CAPACITY.get_or_init(|| {
-        // SAFETY: sysinfo fills the struct it is given.
-        let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
-        if unsafe { libc::sysinfo(&mut info) } != 0 {
-            return u64::MAX;
-        }
-        (info.totalram as u64).saturating_add(info.totalswap as u64).saturating_mul(info.mem_unit as u64)
+        sysinfo().map_or(u64::MAX, |i| (i.totalram as u64).saturating_add(i.totalswap as u64).saturating_mul(i.mem_unit as u64))
     })
+}
+
+fn sysinfo() -> Option<libc::sysinfo> {
+    // SAFETY: sysinfo fills the struct it is given.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    (unsafe { libc::sysinfo(&mut info) } == 0).then_some(info)
 }
 
 impl Backend for HostBackend {
@@ -105,11 +106,9 @@ impl Backend for HostBackend {
         format!("host stand-in device {}", self.device)
     }
     fn memory_info(&self) -> Result<(u64, u64)> {
-        // SAFETY: sysinfo fills the struct it is given.
-        let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
-        if unsafe { libc::sysinfo(&mut info) } != 0 {
+        let Some(info) = sysinfo() else {
             fail!(KMM_ERROR_BACKEND, "sysinfo failed");
-        }
+        };
         let unit = info.mem_unit as u64;
         Ok((info.freeram as u64 * unit, info.totalram as u64 * unit))
     }
