@@ -34,6 +34,12 @@
 #define KMM_MATCH_ACCUMULATE 1
 
 /**
+ * `flags` bit of `kmm_qmri_match_in_basis`: skip the check that the basis' columns are
+ * orthonormal (it copies the basis to the host and waits for the stream).
+ */
+#define KMM_MATCH_SKIP_CHECKS 2
+
+/**
  * `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
  * (the default: PyTorch does not check for NULL and would use address 0).
  */
@@ -632,16 +638,19 @@ typedef struct {
 } KmmPssfpSequence;
 
 /**
- * Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out.
+ * Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out. A voxel
+ * that matches no atom (a zero or non-finite signal, or a dictionary of zero or non-finite
+ * atoms) gets index -1, score 0, PD 0 and a record of zeros.
  */
 typedef struct {
   /**
    * int32: 0-based index of the best atom, counting from the start of the whole dictionary
-   * (`atom_offset` added). Required.
+   * (`atom_offset` added), or -1 when no atom matches. Required.
    */
   KmmBuffer index;
   /**
-   * float: |d^H x| / (||d|| ||x||), 1 for a perfect match, 0 for a zero signal.
+   * float: |d^H x| / (||d|| ||x||) with the norms of the uncompressed atom and signal: 1 for
+   * a perfect match, 0 when nothing matches.
    */
   KmmBuffer score;
   /**
@@ -1093,14 +1102,16 @@ KmmStatus kmm_qmri_simulate_pssfp(KmmManager manager,
  * `ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
  * and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
  * whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
- * `outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
- * < ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
- * dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
- * `KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
- * chunks (scratch of natoms x chunk complex values, at most half the free memory and
- * `$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
- * lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
- * once, for the Gram matrix). Thread-safe.
+ * `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
+ * `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
+ * subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
+ * and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+ * in batches should share one basis: `kmm_qmri_compression_basis` once, then
+ * `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
+ * batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at
+ * most half the free memory and `$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction
+ * kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Queued on the manager's
+ * stream (a compressed match waits once, for the Gram matrix). Thread-safe.
  */
 KmmStatus kmm_qmri_match(KmmManager manager,
                          KmmBuffer dictionary,
@@ -1113,6 +1124,42 @@ KmmStatus kmm_qmri_match(KmmManager manager,
                          KmmBuffer params,
                          const KmmMatchOutputs *outputs,
                          uint32_t flags);
+
+/**
+ * Writes the compression basis of a dictionary (`ntr x natoms` complex float) into `basis`:
+ * `ntr x rank` complex float (TR index fastest), the orthonormal basis of the dominant
+ * rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
+ * whole dictionary or a representative sample of its atoms (a few thousand spread over the
+ * parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
+ * manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+ */
+KmmStatus kmm_qmri_compression_basis(KmmManager manager,
+                                     KmmBuffer dictionary,
+                                     uint64_t ntr,
+                                     uint64_t natoms,
+                                     uint32_t rank,
+                                     KmmBuffer basis);
+
+/**
+ * `kmm_qmri_match` on the coordinates of atoms and signals in a given basis (`ntr x rank`
+ * complex float with orthonormal columns, as `kmm_qmri_compression_basis` writes it): the
+ * scores of every batch matched in one basis are comparable, so `KMM_MATCH_ACCUMULATE` keeps
+ * the true best. The basis is read and checked first (the call then waits for the stream)
+ * unless `flags` has `KMM_MATCH_SKIP_CHECKS`; a basis that is not orthonormal gives
+ * `INVALID_ARGUMENT`. Thread-safe.
+ */
+KmmStatus kmm_qmri_match_in_basis(KmmManager manager,
+                                  KmmBuffer dictionary,
+                                  uint64_t ntr,
+                                  uint64_t natoms,
+                                  uint64_t atom_offset,
+                                  KmmBuffer signals,
+                                  uint64_t nvoxels,
+                                  KmmBuffer basis,
+                                  uint32_t rank,
+                                  KmmBuffer params,
+                                  const KmmMatchOutputs *outputs,
+                                  uint32_t flags);
 
 /**
  * Writes the handle of the default manager that `kmm_torch_malloc` uses for `device`, creating

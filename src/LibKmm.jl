@@ -28,6 +28,11 @@ batches; a voxel's results are replaced only where this batch scores strictly hi
 """
 const KMM_MATCH_ACCUMULATE = 1
 """
+`flags` bit of `kmm_qmri_match_in_basis`: skip the check that the basis' columns are
+orthonormal (it copies the basis to the host and waits for the stream).
+"""
+const KMM_MATCH_SKIP_CHECKS = 2
+"""
 `kmm_torch_set_oom_policy` value: on out-of-memory, print the error and abort the process
 (the default: PyTorch does not check for NULL and would use address 0).
 """
@@ -270,7 +275,9 @@ struct KmmPssfpSequence
 end
 
 """
-Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out.
+Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out. A voxel
+that matches no atom (a zero or non-finite signal, or a dictionary of zero or non-finite
+atoms) gets index -1, score 0, PD 0 and a record of zeros.
 """
 struct KmmMatchOutputs
     index::KmmBuffer
@@ -335,6 +342,8 @@ const _fp_kmm_plugin_free_address = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_simulate_fisp = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_simulate_pssfp = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_qmri_match = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_compression_basis = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_match_in_basis = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_manager = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_set_oom_policy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
@@ -343,7 +352,7 @@ const _fp_kmm_torch_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
 
 """
     load!(path) -> handle
@@ -405,6 +414,8 @@ function load!(path::AbstractString)
     _fp_kmm_qmri_simulate_fisp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_fisp; throw_error = false), C_NULL)
     _fp_kmm_qmri_simulate_pssfp[] = something(Libdl.dlsym(lib, :kmm_qmri_simulate_pssfp; throw_error = false), C_NULL)
     _fp_kmm_qmri_match[] = something(Libdl.dlsym(lib, :kmm_qmri_match; throw_error = false), C_NULL)
+    _fp_kmm_qmri_compression_basis[] = something(Libdl.dlsym(lib, :kmm_qmri_compression_basis; throw_error = false), C_NULL)
+    _fp_kmm_qmri_match_in_basis[] = something(Libdl.dlsym(lib, :kmm_qmri_match_in_basis; throw_error = false), C_NULL)
     _fp_kmm_torch_manager[] = something(Libdl.dlsym(lib, :kmm_torch_manager; throw_error = false), C_NULL)
     _fp_kmm_torch_set_oom_policy[] = something(Libdl.dlsym(lib, :kmm_torch_set_oom_policy; throw_error = false), C_NULL)
     _fp_kmm_torch_malloc[] = something(Libdl.dlsym(lib, :kmm_torch_malloc; throw_error = false), C_NULL)
@@ -1532,14 +1543,16 @@ atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` 
 `ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
 and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
 whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
-`outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
-< ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
-dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
-`KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
-chunks (scratch of natoms x chunk complex values, at most half the free memory and
-`\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
-lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
-once, for the Gram matrix). Thread-safe.
+`outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
+`rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
+subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
+and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+in batches should share one basis: `kmm_qmri_compression_basis` once, then
+`kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
+batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at
+most half the free memory and `\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction
+kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Queued on the manager's
+stream (a compressed match waits once, for the Gram matrix). Thread-safe.
 
 Returns the status; `kmm_qmri_match` is the checked form.
 """
@@ -1554,19 +1567,79 @@ atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` 
 `ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
 and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
 whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
-`outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
-< ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
-dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
-`KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
-chunks (scratch of natoms x chunk complex values, at most half the free memory and
-`\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
-lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
-once, for the Gram matrix). Thread-safe.
+`outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
+`rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
+subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
+and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+in batches should share one basis: `kmm_qmri_compression_basis` once, then
+`kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
+batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at
+most half the free memory and `\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction
+kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Queued on the manager's
+stream (a compressed match waits once, for the Gram matrix). Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags)
     check_status(unchecked_kmm_qmri_match(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, rank, params, outputs, flags))
+end
+
+"""
+Writes the compression basis of a dictionary (`ntr x natoms` complex float) into `basis`:
+`ntr x rank` complex float (TR index fastest), the orthonormal basis of the dominant
+rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
+whole dictionary or a representative sample of its atoms (a few thousand spread over the
+parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
+manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+
+Returns the status; `kmm_qmri_compression_basis` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_compression_basis(manager, dictionary, ntr, natoms, rank, basis)
+    fp = _fp_kmm_qmri_compression_basis[]
+    fp == C_NULL && throw_missing(:kmm_qmri_compression_basis)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, UInt32, KmmBuffer), manager, dictionary, ntr, natoms, rank, basis)
+end
+"""
+Writes the compression basis of a dictionary (`ntr x natoms` complex float) into `basis`:
+`ntr x rank` complex float (TR index fastest), the orthonormal basis of the dominant
+rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
+whole dictionary or a representative sample of its atoms (a few thousand spread over the
+parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
+manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_compression_basis(manager, dictionary, ntr, natoms, rank, basis)
+    check_status(unchecked_kmm_qmri_compression_basis(manager, dictionary, ntr, natoms, rank, basis))
+end
+
+"""
+`kmm_qmri_match` on the coordinates of atoms and signals in a given basis (`ntr x rank`
+complex float with orthonormal columns, as `kmm_qmri_compression_basis` writes it): the
+scores of every batch matched in one basis are comparable, so `KMM_MATCH_ACCUMULATE` keeps
+the true best. The basis is read and checked first (the call then waits for the stream)
+unless `flags` has `KMM_MATCH_SKIP_CHECKS`; a basis that is not orthonormal gives
+`INVALID_ARGUMENT`. Thread-safe.
+
+Returns the status; `kmm_qmri_match_in_basis` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_match_in_basis(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, basis, rank, params, outputs, flags)
+    fp = _fp_kmm_qmri_match_in_basis[]
+    fp == C_NULL && throw_missing(:kmm_qmri_match_in_basis)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, UInt64, UInt64, UInt64, KmmBuffer, UInt64, KmmBuffer, UInt32, KmmBuffer, Ptr{KmmMatchOutputs}, UInt32), manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, basis, rank, params, outputs, flags)
+end
+"""
+`kmm_qmri_match` on the coordinates of atoms and signals in a given basis (`ntr x rank`
+complex float with orthonormal columns, as `kmm_qmri_compression_basis` writes it): the
+scores of every batch matched in one basis are comparable, so `KMM_MATCH_ACCUMULATE` keeps
+the true best. The basis is read and checked first (the call then waits for the stream)
+unless `flags` has `KMM_MATCH_SKIP_CHECKS`; a basis that is not orthonormal gives
+`INVALID_ARGUMENT`. Thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_match_in_basis(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, basis, rank, params, outputs, flags)
+    check_status(unchecked_kmm_qmri_match_in_basis(manager, dictionary, ntr, natoms, atom_offset, signals, nvoxels, basis, rank, params, outputs, flags))
 end
 
 """

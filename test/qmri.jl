@@ -248,6 +248,58 @@ end
     @test vec(Array(rp.index)) == pick
 end
 
+@testset "compressed matching" begin
+    # Two atoms (ntr = 3) at rank 2, the basis the dictionary's own or given: scores are the
+    # true cosines (uncompressed norms), so the atom the signal is close to wins.
+    d2 = KmmArray(ComplexF32[1 0; 0 1; 0.2 0.1])
+    x = ComplexF32[0.02, 1.0, 0.12]
+    nrm(a) = sqrt(sum(abs2, ComplexF64.(a)))
+    want = abs(sum(conj.(ComplexF64[0, 1, 0.1]) .* x)) / (nrm([0, 1, 0.1]) * nrm(x))
+    for r1 in (Q.match(d2, KmmArray(reshape(x, 3, 1)); rank = 2),
+               Q.match(d2, KmmArray(reshape(x, 3, 1)); basis = Q.compression_basis(d2; rank = 2)))
+        @test Array(r1.index) == [2]
+        @test Array(r1.score)[1] ≈ want atol = 1e-5
+    end
+    # A realistic dictionary in batches: one basis from a sample, >= 99% of the noisy voxels
+    # as uncompressed, scores within 1e-3, PD consistent with the uncompressed norms.
+    seq = Q.FISPSequence(FLIPS; TR = 0.010, TE = 0.005, TI = 0.02, Ns = 16)
+    p = Q.parameter_grid(T1 = (0.2, 4.0, 25), T2 = (0.02, 2.0, 25))
+    D = Array(Q.simulate_fisp(seq, p))
+    nat = size(D, 2)
+    pick = [mod1(7919k, nat) for k in 1:200]
+    noise = ComplexF32[ComplexF32(cos(0.7k), sin(1.3k)) for k in 1:NTR*length(pick)]
+    sig = D[:, pick] .* ComplexF32(0.8) .+ 0.01f0 .* reshape(noise, NTR, :) .* (sum(abs, D) / length(D))
+    full = Q.match(seq, p, KmmArray(sig); batch_atoms = 100)
+    comp = Q.match(seq, p, KmmArray(sig); batch_atoms = 100, rank = 20, basis_atoms = 300, timings = true)
+    @test comp.batches == full.batches > 1
+    @test count(Array(comp.index) .== Array(full.index)) >= 0.99 * length(pick)
+    @test maximum(abs.(Array(comp.score) .- Array(full.score))) < 1e-3
+    same = Array(comp.index) .== Array(full.index)
+    @test Array(comp.PD)[same] ≈ Array(full.PD)[same] rtol = 1e-3
+    @test comp.seconds[:basis] >= 0
+    # The same basis given explicitly gives the same result.
+    u = Q.compression_basis(seq, p; rank = 20, atoms = 300)
+    @test size(u) == (NTR, 20)
+    U = ComplexF64.(Array(u))
+    @test maximum(abs.(U' * U .- [i == j for i in 1:20, j in 1:20])) < 1e-5
+    given = Q.match(seq, p, KmmArray(sig); batch_atoms = 100, basis = u)
+    @test Array(given.index) == Array(comp.index)
+    # Zero signals match nothing: index 0, score, PD and parameters 0.
+    z = hcat(sig[:, 1:2], zeros(ComplexF32, NTR, 1))
+    for rz in (Q.match(seq, p, KmmArray(z); batch_atoms = 100, rank = 20),
+               Q.match(KmmArray(D), KmmArray(z); params = p))
+        @test Array(rz.index)[3] == 0 && Array(rz.index)[1] == Array(full.index)[1]
+        @test Array(rz.score)[3] == 0 && Array(rz.PD)[3] == 0 && Array(rz.T1)[3] == 0
+    end
+    # Bad bases: not orthonormal (the library's check), wrong shape, rank and basis disagree.
+    err = try Q.match(seq, p, KmmArray(sig); basis = ones(ComplexF32, NTR, 3)); nothing catch e; e end
+    @test err isa KmmError && occursin("orthonormal", err.message)
+    @test_throws DimensionMismatch Q.match(seq, p, KmmArray(sig); basis = zeros(ComplexF32, NTR + 1, 3))
+    @test_throws ArgumentError Q.match(seq, p, KmmArray(sig); basis = u, rank = 5)
+    @test_throws ArgumentError Q.compression_basis(KmmArray(D); rank = 0)
+    @test_throws ArgumentError Q.compression_basis(KmmArray(D); rank = NTR + 1)
+end
+
 @testset "bad input" begin
     @test_throws ArgumentError Q.FISPSequence(FLIPS; phases = zeros(3), TR = 0.01)
     @test_throws ArgumentError Q.FISPSequence(FLIPS; TR = 0.01, Ns = 0)

@@ -348,6 +348,37 @@ PLANTS = [
      "        Kmm.record_stream(s, raw)                   # also the check that s is still allocated\n",
      "        Kmm.handles(s)                              # also the check that s is still allocated\n",
      ["jl:ext.jl"]),
+    # Issue 18: compressed scores normalised by the projected signal (as before): each one-atom
+    # batch's own rank-1 basis holds its atom, every score is 1 and the first batch wins.
+    ("match-norms-of-projected-signal", "rust/kmm/src/qmri/run.rs",
+     "                        Some(u) => cpu::match_columns(&svd::project(&u, ntr, rank, dict), rank, &svd::project(&u, ntr, rank, sig), &dn, &xn),\n",
+     "                        Some(u) => { let (pd, px) = (svd::project(&u, ntr, rank, dict), svd::project(&u, ntr, rank, sig)); cpu::match_columns(&pd, rank, &px, &cpu::column_norms(&pd, rank), &cpu::column_norms(&px, rank)) }\n",
+     ["qmri_compressed"]),
+    # The Julia batches each compressed on their own subspace again (no shared basis).
+    ("jl-match-batches-own-basis", "src/qmri/match.jl",
+     "    if u === nothing && 0 < rank < ntr\n",
+     "    if false\n",
+     ["jl:qmri.jl"]),
+    # A voxel that matches nothing reports atom 0 (the reference starts from a score of -1).
+    ("match-zero-signal-reports-atom-0", "rust/kmm/src/qmri/cpu.rs",
+     "            let mut best = (0.0f64, -1i64, C64::ZERO);\n",
+     "            let mut best = (-1.0f64, 0i64, C64::ZERO);\n",
+     ["qmri_compressed", "qmri_match"]),
+    # The argmax kernel likewise (run on the CPU by the kernel harness).
+    ("match-kernel-zero-signal-reports-atom-0", "rust/kmm/src/qmri/kernels.cu",
+     "    float bv = 0.f;\n    int bi = -1;\n",
+     "    float bv = -1.f;\n    int bi = 0;\n",
+     ["qmri_kernels_on_cpu"]),
+    # Accumulating, a batch that matches nothing overwrites the earlier result.
+    ("match-unmatched-batch-overwrites", "rust/kmm/src/qmri/run.rs",
+     "        if a.accumulate && (f.index < 0 || score.as_ref().is_some_and(|s| s[v] >= f.score)) {\n",
+     "        if a.accumulate && score.as_ref().is_some_and(|s| s[v] >= f.score) && f.index >= 0 {\n",
+     ["qmri_compressed"]),
+    # A given basis is not checked: a basis of ones is accepted.
+    ("match-basis-not-checked", "rust/kmm/src/qmri/run.rs",
+     "            if check_basis_first {\n",
+     "            if false && check_basis_first {\n",
+     ["qmri_compressed"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):

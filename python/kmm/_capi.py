@@ -13,6 +13,7 @@ KMM_IPC_HANDLE_BYTES = 64
 KMM_MAX_KERNEL_ARGS = 256
 KMM_QMRI_SKIP_CHECKS = 1
 KMM_MATCH_ACCUMULATE = 1
+KMM_MATCH_SKIP_CHECKS = 2
 KMM_TORCH_OOM_ABORT = 0
 KMM_TORCH_OOM_NULL = 1
 KMM_ABI_VERSION = 2
@@ -275,6 +276,10 @@ FUNCTIONS = {
         c_uint64, c_uint64, KmmBuffer, c_uint32]),
     "kmm_qmri_match": (KmmStatus, [KmmManager, KmmBuffer, c_uint64, c_uint64, c_uint64, KmmBuffer,
         c_uint64, c_uint32, KmmBuffer, POINTER(KmmMatchOutputs), c_uint32]),
+    "kmm_qmri_compression_basis": (KmmStatus, [KmmManager, KmmBuffer, c_uint64, c_uint64, c_uint32,
+        KmmBuffer]),
+    "kmm_qmri_match_in_basis": (KmmStatus, [KmmManager, KmmBuffer, c_uint64, c_uint64, c_uint64,
+        KmmBuffer, c_uint64, KmmBuffer, c_uint32, KmmBuffer, POINTER(KmmMatchOutputs), c_uint32]),
     "kmm_torch_manager": (KmmStatus, [c_int32, POINTER(KmmManager)]),
     "kmm_torch_set_oom_policy": (KmmStatus, [c_uint32]),
     "kmm_torch_malloc": (c_void_p, [c_size_t, c_int32, c_void_p]),

@@ -24,7 +24,7 @@ using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
              default_manager, handles
 
 export FISPSequence, PSSFPSequence, MatchResult, parameter_grid, tissue_parameters,
-       simulate_fisp, simulate_pssfp, log_grid
+       simulate_fisp, simulate_pssfp, log_grid, compression_basis
 
 include("sequences.jl")
 include("parameters.jl")

@@ -6,16 +6,18 @@
 What `QMRI.match` returns: maps with the shape of the voxel dimensions of the signals, all
 KmmArrays on the signals' manager.
 
-- `index`: the best atom of each voxel (1-based column of the dictionary / parameters), `Int32`
-- `score`: |dᴴx| / (‖d‖ ‖x‖), 1 for a perfect match, `Float32`
+- `index`: the best atom of each voxel (1-based column of the dictionary / parameters), `Int32`;
+  0 where no atom matches (a zero or non-finite signal), with score, PD and parameters 0 there
+- `score`: |dᴴx| / (‖d‖ ‖x‖), 1 for a perfect match, `Float32`; compressed, the cosine of the
+  atom and the signal in the full TR space for atoms in the basis' span
 - `PD`: complex proton density: the scale with x ≈ PD · d of the simulated (unnormalised)
   atom d, `ComplexF32`
 - `pd_normalized`: dᴴx / ‖d‖, the scale of the unit-norm atom (what the C ABI reports)
 - `T1`, `T2`, `B1`, `B0`: the best atom's parameters (`Float32`; `nothing` when the match had
   no parameters)
 - `natoms`, `batches`: the dictionary size and the number of batches it was matched in
-- `seconds`: with `timings = true`, the time spent simulating (`:simulate`) and matching
-  (`:match`), each step waited for; else empty
+- `seconds`: with `timings = true`, the time spent simulating (`:simulate`), matching
+  (`:match`) and computing the compression basis (`:basis`), each step waited for; else empty
 """
 struct MatchResult{N}
     index::KmmArray{Int32,N}
@@ -51,7 +53,8 @@ RawOutputs(m::KmmManager, nvox::Int, with_params::Bool) =
 
 function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms::Int, offset::Int,
                     signals::KmmArray{ComplexF32}, nvox::Int, rank::Int,
-                    params::Union{Nothing,KmmArray{Float32}}, accumulate::Bool)
+                    params::Union{Nothing,KmmArray{Float32}}, accumulate::Bool,
+                    basis::Union{Nothing,KmmArray{ComplexF32}} = nothing, check_basis::Bool = true)
     mh, dh = handles(dict.storage)
     _, sh = handles(signals.storage)
     ph = params === nothing ? UInt64(0) : handles(params.storage)[2]
@@ -59,11 +62,67 @@ function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms:
                                       handles(o.pd.storage)[2],
                                       o.params === nothing ? UInt64(0) : handles(o.params.storage)[2]))
     flags = accumulate ? UInt32(LibKmm.KMM_MATCH_ACCUMULATE) : UInt32(0)
-    GC.@preserve dict signals params o begin
-        LibKmm.kmm_qmri_match(mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh,
-                              UInt64(nvox), UInt32(rank), ph, outs, flags)
+    GC.@preserve dict signals params o basis begin
+        if basis === nothing
+            LibKmm.kmm_qmri_match(mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh,
+                                  UInt64(nvox), UInt32(rank), ph, outs, flags)
+        else
+            # The library checks a basis it did not make (orthonormal columns), once per match.
+            check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))
+            LibKmm.kmm_qmri_match_in_basis(mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh,
+                                           UInt64(nvox), handles(basis.storage)[2], UInt32(size(basis, 2)),
+                                           ph, outs, flags)
+        end
     end
     o
+end
+
+"""
+    compression_basis(dict::KmmArray{ComplexF32,2}; rank) -> KmmArray{ComplexF32,2}
+    compression_basis(seq, params; rank, atoms = 2000, manager) -> KmmArray{ComplexF32,2}
+
+The orthonormal basis (`ntr x rank`) of the dominant rank-`rank` subspace of a dictionary's TR
+space (SVD compression), on the dictionary's manager. From a sequence and its atoms, the
+dictionary is sampled: `atoms` atoms evenly spaced over the columns of `params` (all of them
+when there are fewer) are simulated and the basis is theirs. Pass it to `match(...; basis)`
+to match many dictionaries or batches in one basis.
+"""
+function compression_basis(dict::KmmArray{ComplexF32,2}; rank::Integer)
+    ntr, natoms = size(dict)
+    natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
+    1 <= rank <= ntr || throw(ArgumentError("rank = $rank must be in 1:ntr ($ntr) for a compression basis"))
+    m = Kmm.manager(dict)
+    d = whole_buffer(dict)
+    u = KmmArray{ComplexF32}(undef, ntr, Int(rank); manager = m)
+    GC.@preserve d u LibKmm.kmm_qmri_compression_basis(handles(d.storage)..., UInt64(ntr), UInt64(natoms),
+                                                       UInt32(rank), handles(u.storage)[2])
+    u
+end
+
+function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::Integer = 2000,
+                           manager::KmmManager = default_manager_of(params))
+    atoms >= 1 || throw(ArgumentError("atoms = $atoms must be >= 1"))
+    p = as_params(params, manager)
+    natoms = size(p, 2)
+    pick = unique(round.(Int, range(1, natoms; length = min(Int(atoms), natoms))))
+    sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
+    d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
+    simulate_raw!(d, seq, sample, 0, length(pick), false)
+    u = compression_basis(d; rank = rank)
+    Kmm.unsafe_free!(d)
+    u
+end
+
+"A given basis as an `ntr x rank` KmmArray on `m` (the library checks that it is orthonormal)."
+function prepare_basis(basis, ntr::Int, m::KmmManager)
+    b = basis isa KmmArray ? basis : KmmArray{ComplexF32}(basis; manager = m)
+    eltype(b) == ComplexF32 && ndims(b) == 2 || throw(ArgumentError(
+        "basis must be an ntr x rank matrix of ComplexF32, got $(typeof(b)) of size $(size(b))"))
+    size(b, 1) == ntr || throw(DimensionMismatch(
+        "basis has $(size(b, 1)) rows (TRs) but the dictionary has $ntr"))
+    1 <= size(b, 2) <= ntr || throw(ArgumentError("basis has $(size(b, 2)) columns: the rank must be in 1:$ntr"))
+    Kmm.manager(b) === m || (b = KmmArray(Array(b); manager = m))
+    whole_buffer(b)
 end
 
 "Signals as (ntr x nvox contiguous KmmArray on m, voxel dims)."
@@ -83,6 +142,14 @@ end
 check_rank(rank, ntr) = 0 <= rank <= ntr || throw(ArgumentError(
     "rank = $rank must be in 0:ntr ($ntr); 0 matches without compression"))
 
+"The basis a match uses: the given one, or none (rank 0 or ntr, or `own` for the dictionary's own)."
+function choose_basis(basis, rank::Integer, ntr::Int, m::KmmManager)
+    basis === nothing && return nothing
+    rank == 0 || rank == size(basis, 2) || throw(ArgumentError(
+        "rank = $rank and a basis of rank $(size(basis, 2)) are given: give one of them"))
+    prepare_basis(basis, ntr, m)
+end
+
 """
     match(dict, signals; params = nothing, rank = 0) -> MatchResult
 
@@ -90,7 +157,9 @@ Matches each voxel signal (columns of `signals`: `ntr x voxels...`, `ComplexF32`
 atoms of `dict` (`ntr x natoms`, e.g. from `simulate_fisp`) on the dictionary's manager: the
 atom with the largest |dᴴx|/‖d‖ wins (ties: the lower index). With `params` (`4 x natoms`)
 the maps include T1, T2, B1, B0. `rank > 0` first compresses dictionary and signals to the
-dominant rank-`rank` subspace of the dictionary (SVD). Host arrays are uploaded.
+dominant rank-`rank` subspace of the dictionary (SVD); `basis` (from `compression_basis`)
+compresses on a given basis instead. Scores and PD use the norms of the uncompressed atoms and
+signals either way. Host arrays are uploaded.
 
     match(seq, params, signals; rank = 0, batch_atoms = nothing, max_bytes = nothing) -> MatchResult
 
@@ -99,16 +168,19 @@ Generates the dictionary of `seq` (a `FISPSequence` or `PSSFPSequence`) over the
 matched keeping the running best per voxel (`KMM_MATCH_ACCUMULATE`), and freed. The batch is
 `batch_atoms` atoms when given, else chosen from the device's free memory (a quarter of it, at
 most `max_bytes`, default 2 GiB, for the batch's dictionary); an allocation that still fails
-(e.g. the manager's hard limit) halves the batch and retries. With `rank > 0` each batch is
-compressed on its own subspace. `timings = true` waits for each step and records the time
+(e.g. the manager's hard limit) halves the batch and retries. With `rank > 0` every batch is
+compressed on one basis, so that their scores compare: `basis` when given, else
+`compression_basis(seq, params; rank, atoms = basis_atoms)` (a sample of `basis_atoms`
+atoms, default 2000, spread over `params`). `timings = true` waits for each step and records the time
 spent simulating and matching in `result.seconds`; `verbose = true` prints each batch.
 """
 function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::Integer = 0,
-               timings::Bool = false)
+               basis = nothing, timings::Bool = false)
     m = Kmm.manager(dict)
     ntr, natoms = size(dict)
     natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
     check_rank(rank, ntr)
+    u = choose_basis(basis, rank, ntr, m)
     p = params === nothing ? nothing : as_params(params, m)
     p === nothing || size(p, 2) == natoms || throw(DimensionMismatch(
         "params describe $(size(p, 2)) atoms but the dictionary has $natoms"))
@@ -116,7 +188,7 @@ function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::In
     d = whole_buffer(dict)
     o = RawOutputs(m, nvox, p !== nothing)
     t = @elapsed begin
-        match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false)
+        match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, true)
         timings && Kmm.synchronize(m)
     end
     finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx),
@@ -128,8 +200,8 @@ match(dict::KmmArray{ComplexF32}, signals; kw...) =
 match(dict::AbstractMatrix{<:Complex}, signals; params = nothing, kw...) =
     match(KmmArray{ComplexF32}(dict; manager = default_manager_of(signals)), signals; params = params, kw...)
 
-function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
-               batch_atoms::Union{Nothing,Integer} = nothing,
+function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis = nothing,
+               basis_atoms::Integer = 2000, batch_atoms::Union{Nothing,Integer} = nothing,
                max_bytes::Union{Nothing,Integer} = nothing,
                manager::KmmManager = default_manager_of(signals), check::Bool = true,
                verbose::Bool = false, timings::Bool = false)
@@ -140,6 +212,13 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
     natoms = size(p, 2)
     check && check_params(Array(p))
     s, vdims, nvox = prepare_signals(signals, ntr, m)
+    u = choose_basis(basis, rank, ntr, m)
+    check_basis, tbasis = u !== nothing, 0.0
+    if u === nothing && 0 < rank < ntr
+        t0 = time()
+        u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = m)
+        timings && (Kmm.synchronize(m); tbasis = time() - t0)
+    end
     nb = batch_atoms === nothing ? auto_batch(m, ntr, natoms, max_bytes) : Int(batch_atoms)
     nb >= 1 || throw(ArgumentError("batch_atoms = $nb must be >= 1"))
     nb = min(nb, natoms)
@@ -159,7 +238,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
         t0 = time()
         simulate_raw!(d, seq, p, first, n, false)
         timings && (Kmm.synchronize(m); tsim += time() - t0; t0 = time())
-        match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0)
+        match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0, u, check_basis && batches == 0)
         timings && (Kmm.synchronize(m); tmatch += time() - t0)
         Kmm.unsafe_free!(d)
         batches += 1
@@ -167,7 +246,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0,
         first += n
     end
     finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx),
-           timings ? Dict(:simulate => tsim, :match => tmatch) : Dict{Symbol,Float64}())
+           timings ? Dict(:simulate => tsim, :match => tmatch, :basis => tbasis) : Dict{Symbol,Float64}())
 end
 
 "Atoms per batch: the dictionary batch takes at most a quarter of the free memory and max_bytes."
@@ -207,10 +286,11 @@ function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of
     m = Kmm.manager(o.index)
     idx0 = Array(o.index)
     pdn = Array(o.pd)
-    atoms = sort!(unique(idx0))
-    norms = norms_of(Int.(atoms))
+    atoms = sort!(unique(filter(>=(0), idx0)))    # -1: nothing matched
+    norms = isempty(atoms) ? Float64[] : norms_of(Int.(atoms))
     normof = Dict(zip(atoms, norms))
-    PD = ComplexF32[(nd = normof[j]; nd > 0 ? pdn[v] / nd : zero(ComplexF32)) for (v, j) in enumerate(idx0)]
+    PD = ComplexF32[(nd = get(normof, j, 0.0); nd > 0 ? pdn[v] / nd : zero(ComplexF32))
+                    for (v, j) in enumerate(idx0)]
     up(a) = KmmArray(reshape(a, vdims); manager = m)
     shape(x::KmmArray) = reshape(x, vdims)
     T1 = T2 = B1 = B0 = nothing

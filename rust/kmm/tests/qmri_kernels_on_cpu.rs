@@ -140,15 +140,19 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
     let dir = std::env::temp_dir().join(format!("kmm-argmax-harness-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let Some(exe) = compile("argmax_harness.cpp", 32, 4, &dir) else { return };
-    // A small dictionary with a zero atom and a duplicate (ties go to the lower index).
-    let (ntr, natoms, nvox, offset) = (24usize, 301usize, 5usize, 1000u64);
+    // A small dictionary with a zero atom, a NaN atom and a duplicate (ties go to the lower
+    // index); voxels 5 and 6 are a zero and a NaN signal, which match nothing.
+    let (ntr, natoms, nvox, offset) = (24usize, 301usize, 7usize, 1000u64);
     let mut dict: Vec<[f32; 2]> = (0..ntr * natoms).map(|i| [((i * 7919) % 97) as f32 / 50.0 - 1.0, ((i * 104729) % 89) as f32 / 45.0 - 1.0]).collect();
     for t in 0..ntr {
         dict[5 * ntr + t] = [0.0, 0.0];
         dict[9 * ntr + t] = [dict[8 * ntr + t][0] * 2.0, dict[8 * ntr + t][1] * 2.0]; // exact scaling: an exact tie
     }
+    dict[7 * ntr + 3] = [f32::NAN, 0.0];
     let picks = [8usize, 0, 150, 300, 9];
-    let sig: Vec<[f32; 2]> = picks.iter().flat_map(|&j| dict[j * ntr..(j + 1) * ntr].iter().map(|c| [0.5 * c[0] - 0.2 * c[1], 0.5 * c[1] + 0.2 * c[0]])).collect();
+    let mut sig: Vec<[f32; 2]> = picks.iter().flat_map(|&j| dict[j * ntr..(j + 1) * ntr].iter().map(|c| [0.5 * c[0] - 0.2 * c[1], 0.5 * c[1] + 0.2 * c[0]])).collect();
+    sig.extend(vec![[0.0f32, 0.0]; ntr]);
+    sig.extend(vec![[f32::NAN, 1.0]; ntr]);
     let mut c = vec![[0f32; 2]; natoms * nvox];
     for v in 0..nvox {
         for j in 0..natoms {
@@ -191,19 +195,24 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
     let want = cpu::match_dictionary(&dict, ntr, &sig);
     let (inv, index, score, pd, outp) = run(0, &vec![0.0; nvox]);
     assert_eq!(inv[5], 0.0, "a zero atom gets a zero inverse norm");
+    assert_eq!(inv[7], 0.0, "a NaN atom gets a zero inverse norm");
+    assert_eq!((want[5].index, want[6].index), (-1, -1), "zero and NaN signals match nothing");
     for v in 0..nvox {
-        assert_eq!(index[v] as u64, want[v].index as u64 + offset, "voxel {v}");
-        assert_eq!(outp[v], (want[v].index as u64 + offset) as f32, "voxel {v}: parameters of the global index");
+        let global = if want[v].index < 0 { -1 } else { want[v].index as i64 + offset as i64 };
+        assert_eq!(index[v] as i64, global, "voxel {v}");
+        assert_eq!(outp[v], global.max(0) as f32, "voxel {v}: parameters of the global index (zeros when unmatched)");
         assert!((score[v] - want[v].score).abs() < 1e-5, "voxel {v}: score {} vs {}", score[v], want[v].score);
         let d = ((pd[v][0] - want[v].pd[0]).powi(2) + (pd[v][1] - want[v].pd[1]).powi(2)).sqrt();
-        assert!(d < 1e-4 * (want[v].pd[0].hypot(want[v].pd[1])), "voxel {v}: pd {:?} vs {:?}", pd[v], want[v].pd);
+        assert!(d <= 1e-4 * (want[v].pd[0].hypot(want[v].pd[1])), "voxel {v}: pd {:?} vs {:?}", pd[v], want[v].pd);
     }
     assert_eq!(want[4].index, 8, "the duplicate atom 9 loses the tie to atom 8");
-    // Accumulate: earlier scores of 2 (above any real score) are kept; -1 are replaced.
-    let (_, index, _, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0]);
+    // Accumulate: earlier scores of 2 (above any real score) are kept; -1 are replaced, except
+    // by voxels that match nothing.
+    let (_, index, _, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0, -1.0, -1.0]);
     assert_eq!(index[0], -7);
     assert_eq!(index[2], -7);
     assert_eq!(index[1] as u64, want[1].index as u64 + offset);
+    assert_eq!((index[5], index[6]), (-7, -7), "an unmatched voxel keeps the earlier result");
     println!("argmax kernel on the CPU: {nvox} voxels as the reference, ties, zero atom, offset, accumulate");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -9,7 +9,7 @@ use super::types::{KmmBuffer, KmmManager};
 use super::{boundary, check_flags};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
-use crate::qmri::{self, Fisp, MatchBuffers, Pssfp};
+use crate::qmri::{self, Compression, Fisp, MatchBuffers, Pssfp};
 
 /// `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
 /// and B0 finite). The check copies the parameters to the host and waits for the stream; skip
@@ -21,14 +21,21 @@ pub const KMM_QMRI_SKIP_CHECKS: u32 = 1;
 /// `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
 pub const KMM_MATCH_ACCUMULATE: u32 = 1;
 
-/// Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out.
+/// `flags` bit of `kmm_qmri_match_in_basis`: skip the check that the basis' columns are
+/// orthonormal (it copies the basis to the host and waits for the stream).
+pub const KMM_MATCH_SKIP_CHECKS: u32 = 2;
+
+/// Output buffers of `kmm_qmri_match`, one entry per voxel; 0 leaves an output out. A voxel
+/// that matches no atom (a zero or non-finite signal, or a dictionary of zero or non-finite
+/// atoms) gets index -1, score 0, PD 0 and a record of zeros.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct KmmMatchOutputs {
     /// int32: 0-based index of the best atom, counting from the start of the whole dictionary
-    /// (`atom_offset` added). Required.
+    /// (`atom_offset` added), or -1 when no atom matches. Required.
     pub index: KmmBuffer,
-    /// float: |d^H x| / (||d|| ||x||), 1 for a perfect match, 0 for a zero signal.
+    /// float: |d^H x| / (||d|| ||x||) with the norms of the uncompressed atom and signal: 1 for
+    /// a perfect match, 0 when nothing matches.
     pub score: KmmBuffer,
     /// complex float: d^H x / ||d||, the proton density relative to the normalised atom.
     pub pd: KmmBuffer,
@@ -267,14 +274,16 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
 /// `ntr x nvoxels`. For each voxel signal x, finds the atom j maximising |d_j^H x| / ||d_j||
 /// and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
 /// whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
-/// `outputs->params` is 0. Ties go to the lower index; zero atoms never match. `rank` > 0 (and
-/// < ntr) first projects dictionary and signals on the dominant rank-`rank` subspace of the
-/// dictionary's TR space (SVD compression); 0 matches uncompressed. `flags`:
-/// `KMM_MATCH_ACCUMULATE` to merge with earlier batches. On CUDA: cuBLAS CGEMM in voxel
-/// chunks (scratch of natoms x chunk complex values, at most half the free memory and
-/// `$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction kernel; `KMM_MATCH_MATH=tf32`
-/// lets cuBLAS use TF32 tensor cores. Queued on the manager's stream (a compressed match waits
-/// once, for the Gram matrix). Thread-safe.
+/// `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
+/// `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
+/// subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
+/// and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+/// in batches should share one basis: `kmm_qmri_compression_basis` once, then
+/// `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
+/// batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at
+/// most half the free memory and `$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction
+/// kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Queued on the manager's
+/// stream (a compressed match waits once, for the Gram matrix). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_match(
     manager: KmmManager,
@@ -291,20 +300,73 @@ pub extern "C" fn kmm_qmri_match(
 ) -> KmmStatus {
     boundary(|| {
         check_flags(flags, KMM_MATCH_ACCUMULATE, "flags")?;
-        if outputs.is_null() {
-            fail!(KMM_ERROR_NULL_POINTER, "outputs is NULL");
-        }
-        // SAFETY: non-null, the caller's struct.
-        let o = unsafe { *outputs };
-        let outs = MatchBuffers {
-            index: o.index,
-            score: o.score,
-            pd: o.pd,
-            params,
-            out_params: o.params,
-            atom_offset,
-            accumulate: flags & KMM_MATCH_ACCUMULATE != 0,
-        };
-        with_manager(manager, |m| qmri::match_dictionary(m, dictionary, ntr, natoms, signals, nvoxels, rank, outs))
+        let compression = if rank == 0 { Compression::Full } else { Compression::OwnBasis(rank as usize) };
+        let outs = match_buffers(outputs, params, atom_offset, flags)?;
+        with_manager(manager, |m| qmri::match_dictionary(m, dictionary, ntr, natoms, signals, nvoxels, compression, false, outs))
+    })
+}
+
+/// Writes the compression basis of a dictionary (`ntr x natoms` complex float) into `basis`:
+/// `ntr x rank` complex float (TR index fastest), the orthonormal basis of the dominant
+/// rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
+/// whole dictionary or a representative sample of its atoms (a few thousand spread over the
+/// parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
+/// manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kmm_qmri_compression_basis(
+    manager: KmmManager,
+    dictionary: KmmBuffer,
+    ntr: u64,
+    natoms: u64,
+    rank: u32,
+    basis: KmmBuffer,
+) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| qmri::compression_basis(m, dictionary, ntr, natoms, rank as u64, basis)))
+}
+
+/// `kmm_qmri_match` on the coordinates of atoms and signals in a given basis (`ntr x rank`
+/// complex float with orthonormal columns, as `kmm_qmri_compression_basis` writes it): the
+/// scores of every batch matched in one basis are comparable, so `KMM_MATCH_ACCUMULATE` keeps
+/// the true best. The basis is read and checked first (the call then waits for the stream)
+/// unless `flags` has `KMM_MATCH_SKIP_CHECKS`; a basis that is not orthonormal gives
+/// `INVALID_ARGUMENT`. Thread-safe.
+#[no_mangle]
+pub extern "C" fn kmm_qmri_match_in_basis(
+    manager: KmmManager,
+    dictionary: KmmBuffer,
+    ntr: u64,
+    natoms: u64,
+    atom_offset: u64,
+    signals: KmmBuffer,
+    nvoxels: u64,
+    basis: KmmBuffer,
+    rank: u32,
+    params: KmmBuffer,
+    outputs: *const KmmMatchOutputs,
+    flags: u32,
+) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_MATCH_ACCUMULATE | KMM_MATCH_SKIP_CHECKS, "flags")?;
+        let outs = match_buffers(outputs, params, atom_offset, flags)?;
+        let compression = Compression::Basis { handle: basis, rank: rank as usize };
+        let check = flags & KMM_MATCH_SKIP_CHECKS == 0;
+        with_manager(manager, |m| qmri::match_dictionary(m, dictionary, ntr, natoms, signals, nvoxels, compression, check, outs))
+    })
+}
+
+fn match_buffers(outputs: *const KmmMatchOutputs, params: KmmBuffer, atom_offset: u64, flags: u32) -> Result<MatchBuffers> {
+    if outputs.is_null() {
+        fail!(KMM_ERROR_NULL_POINTER, "outputs is NULL");
+    }
+    // SAFETY: non-null, the caller's struct.
+    let o = unsafe { *outputs };
+    Ok(MatchBuffers {
+        index: o.index,
+        score: o.score,
+        pd: o.pd,
+        params,
+        out_params: o.params,
+        atom_offset,
+        accumulate: flags & KMM_MATCH_ACCUMULATE != 0,
     })
 }

@@ -224,46 +224,56 @@ pub fn simulate_pssfp(seq: &Pssfp, atoms: &[Atom], out: &mut [[f32; 2]]) {
 /// The best atom of one voxel.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct Match {
+    /// The best atom, or -1 when no atom matches: a zero or non-finite signal, or a dictionary
+    /// whose atoms are all zero or non-finite.
     pub index: i32,
-    /// |d^H x| / (||d|| ||x||): 1 for a perfect match, 0 for none (and for a zero signal).
+    /// |d^H x| / (||d|| ||x||): 1 for a perfect match, 0 when nothing matches.
     pub score: f32,
     /// d^H x / ||d||: the proton density relative to the normalised atom.
     pub pd: [f32; 2],
 }
 
+/// ||c|| of each `n`-long column of `cols`, in f64.
+pub fn column_norms(cols: &[[f32; 2]], n: usize) -> Vec<f64> {
+    cols.par_chunks(n).map(|c| c.iter().map(|z| (z[0] as f64).powi(2) + (z[1] as f64).powi(2)).sum::<f64>().sqrt()).collect()
+}
+
 /// Matches each voxel signal (columns of `signals`, `ntr` long) against the dictionary columns.
-/// Atoms of zero norm never match. The first of equal scores wins.
+/// Zero and non-finite atoms never match. The first of equal scores wins.
 pub fn match_dictionary(dict: &[[f32; 2]], ntr: usize, signals: &[[f32; 2]]) -> Vec<Match> {
-    let inv_norms: Vec<f64> = dict
-        .par_chunks(ntr)
-        .map(|d| {
-            let n2: f64 = d.iter().map(|c| (c[0] as f64).powi(2) + (c[1] as f64).powi(2)).sum();
-            if n2 > 0.0 {
-                1.0 / n2.sqrt()
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    match_columns(dict, ntr, signals, &column_norms(dict, ntr), &column_norms(signals, ntr))
+}
+
+/// Matching on `k`-long columns: the data themselves, or their coordinates in an orthonormal
+/// basis (compressed matching). `dict_norms` and `signal_norms` are the norms of the
+/// uncompressed atoms and signals: scores are then cosines in the full TR space, comparable
+/// between dictionary batches, and the PD is relative to the whole atom.
+pub fn match_columns(dict: &[[f32; 2]], k: usize, signals: &[[f32; 2]], dict_norms: &[f64], signal_norms: &[f64]) -> Vec<Match> {
+    // 1/||d||, 0 for zero and non-finite atoms (their scores are then 0 and never win).
+    let inv: Vec<f64> = dict_norms.iter().map(|&n| if n > 0.0 && n.is_finite() { 1.0 / n } else { 0.0 }).collect();
     signals
-        .par_chunks(ntr)
-        .map(|x| {
-            let xnorm: f64 = x.iter().map(|c| (c[0] as f64).powi(2) + (c[1] as f64).powi(2)).sum::<f64>().sqrt();
-            let mut best = (-1.0f64, 0usize, C64::ZERO);
-            for (j, d) in dict.chunks(ntr).enumerate() {
+        .par_chunks(k)
+        .zip(signal_norms.par_iter())
+        .map(|(x, &xnorm)| {
+            // Only a strictly positive score matches: a zero signal, or one with NaN, matches nothing.
+            let mut best = (0.0f64, -1i64, C64::ZERO);
+            for (j, d) in dict.chunks(k).enumerate() {
                 let mut dot = C64::ZERO;
                 for (a, b) in d.iter().zip(x) {
                     // conj(a) * b
                     dot.re += a[0] as f64 * b[0] as f64 + a[1] as f64 * b[1] as f64;
                     dot.im += a[0] as f64 * b[1] as f64 - a[1] as f64 * b[0] as f64;
                 }
-                let c = dot.scale(inv_norms[j]);
+                let c = dot.scale(inv[j]);
                 let s = c.norm_sqr();
                 if s > best.0 {
-                    best = (s, j, c);
+                    best = (s, j as i64, c);
                 }
             }
-            let score = if xnorm > 0.0 { best.0.sqrt() / xnorm } else { 0.0 };
+            let score = best.0.sqrt() / xnorm;
+            if best.1 < 0 || !score.is_finite() {
+                return Match { index: -1, score: 0.0, pd: [0.0; 2] };
+            }
             Match { index: best.1 as i32, score: score as f32, pd: [best.2.re as f32, best.2.im as f32] }
         })
         .collect()

@@ -2,7 +2,7 @@
 //! the manager's device and launched on its stream; matching runs cuBLAS CGEMM in voxel chunks
 //! sized to free memory, then a reduction kernel over |D^H x| / ||d||.
 
-use super::run::MatchAddrs;
+use super::run::{MappedCompression, MatchAddrs};
 use super::{svd, Fisp, Pssfp};
 use crate::error::{lock, Result};
 use crate::manager::copy::Completion;
@@ -289,58 +289,78 @@ pub fn match_chunk(m: &Manager, natoms: usize, nvoxels: usize) -> Result<usize> 
     Ok(((budget / per_voxel) as usize).clamp(1, nvoxels))
 }
 
-/// The compression basis U (`ntr x rank`) of the dictionary, on the device.
-fn compression_basis<'a>(m: &'a Manager, h: cb::cublasHandle_t, dict: u64, ntr: usize, natoms: usize, rank: usize) -> Result<Scratch<'a>> {
+/// The compression basis of a dictionary on the device (`ntr x rank` complex f32): the Gram
+/// matrix D D^H by CGEMM, downloaded (the stream is waited for), then subspace iteration on the
+/// host.
+fn compression_basis_host(m: &Manager, h: cb::cublasHandle_t, dict: u64, ntr: usize, natoms: usize, rank: usize) -> Result<Vec<[f32; 2]>> {
     use cb::cublasOperation_t::*;
     let g = Scratch::new(m, (ntr * ntr * 8) as u64)?;
     unsafe { cgemm(h, CUBLAS_OP_N, CUBLAS_OP_C, ntr, ntr, natoms, dict, ntr, dict, ntr, g.addr, ntr)? };
     let mut host = vec![[0f32; 2]; ntr * ntr];
     unsafe { m.copy_to_host(host.as_mut_ptr() as *mut u8, g.handle, 0, (ntr * ntr * 8) as u64, Completion::Wait)? };
     let gram: Vec<_> = host.iter().map(|c| super::cpu::C64::new(c[0] as f64, c[1] as f64)).collect();
-    let u: Vec<[f32; 2]> = svd::dominant_subspace(&gram, ntr, rank).iter().map(|c| [c.re as f32, c.im as f32]).collect();
-    Scratch::upload(m, &u)
+    Ok(svd::dominant_subspace(&gram, ntr, rank).iter().map(|c| [c.re as f32, c.im as f32]).collect())
 }
 
-/// Matching on the device. With `rank` > 0 the dictionary and signals are first projected on
-/// the dominant subspace (Gram matrix by CGEMM, subspace iteration on the host).
+/// Writes the compression basis of a dictionary into the buffer `basis` (mapped by the caller).
+pub fn compression_basis_into(m: &Manager, dict: u64, ntr: usize, natoms: usize, rank: usize, basis: u64) -> Result<()> {
+    with_cublas(m, |h| {
+        let u = compression_basis_host(m, h, dict, ntr, natoms, rank)?;
+        // SAFETY: pageable sources are copied out before the call returns.
+        unsafe { m.copy_to_device(basis, 0, u.as_ptr() as *const u8, (u.len() * 8) as u64, Completion::Queue)? };
+        Ok(())
+    })
+}
+
+/// Matching on the device. Compressed, the dictionary and signals are first projected on the
+/// basis (D <- U^H D, X <- U^H X by CGEMM); the norms in the scores are those of the
+/// uncompressed atoms and signals either way.
 #[allow(clippy::too_many_arguments)]
-pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize, rank: usize, a: MatchAddrs) -> Result<()> {
+pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize, compression: MappedCompression, a: MatchAddrs) -> Result<()> {
     use cb::cublasOperation_t::*;
     let norms_fn = function(m, &[], "kmm_inv_norms")?;
     let argmax_fn = function(m, &[], "kmm_argmax")?;
     with_cublas(m, |h| {
-        // Optional compression: D <- U^H D, X <- U^H X.
-        let (_basis, _dc, _xc, dict, sig, ntr) = if rank > 0 {
-            let u = compression_basis(m, h, dict, ntr, natoms, rank)?;
-            let dc = Scratch::new(m, (rank * natoms * 8) as u64)?;
-            let xc = Scratch::new(m, (rank * nvoxels * 8) as u64)?;
-            unsafe {
-                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, natoms, ntr, u.addr, ntr, dict, ntr, dc.addr, rank)?;
-                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, nvoxels, ntr, u.addr, ntr, sig, ntr, xc.addr, rank)?;
-            }
-            let (d, x) = (dc.addr, xc.addr);
-            (Some(u), Some(dc), Some(xc), d, x, rank)
-        } else {
-            (None, None, None, dict, sig, ntr)
-        };
         let inv = Scratch::new(m, (natoms * 4) as u64)?;
         let mut p = [dict, ntr as u64, natoms as u64, inv.addr];
         unsafe { norms_fn.launch(m.raw_stream(), grid_for(natoms as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)? };
+        let (_own, basis) = match compression {
+            MappedCompression::Full => (None, None),
+            MappedCompression::OwnBasis(rank) => {
+                let u = Scratch::upload(m, &compression_basis_host(m, h, dict, ntr, natoms, rank)?)?;
+                let addr = u.addr;
+                (Some(u), Some((addr, rank)))
+            }
+            MappedCompression::Basis { addr, rank } => (None, Some((addr, rank))),
+        };
+        let (_dc, _xc, cdict, csig, k) = match basis {
+            Some((u, rank)) => {
+                let dc = Scratch::new(m, (rank * natoms * 8) as u64)?;
+                let xc = Scratch::new(m, (rank * nvoxels * 8) as u64)?;
+                unsafe {
+                    cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, natoms, ntr, u, ntr, dict, ntr, dc.addr, rank)?;
+                    cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, nvoxels, ntr, u, ntr, sig, ntr, xc.addr, rank)?;
+                }
+                let (d, x) = (dc.addr, xc.addr);
+                (Some(dc), Some(xc), d, x, rank)
+            }
+            None => (None, None, dict, sig, ntr),
+        };
         let chunk = match_chunk(m, natoms, nvoxels)?;
         let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
         let at = |base: u64, v0: usize, each: usize| if base == 0 { 0 } else { base + (v0 * each) as u64 };
         let mut v0 = 0;
         while v0 < nvoxels {
             let nv = chunk.min(nvoxels - v0);
-            let x = sig + (v0 * ntr * 8) as u64;
             unsafe {
-                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, nv, ntr, dict, ntr, x, ntr, scratch.addr, natoms)?;
+                cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, nv, k, cdict, k, csig + (v0 * k * 8) as u64, k, scratch.addr, natoms)?;
+                // The signal norms come from the uncompressed signals.
                 let mut p = [
                     scratch.addr,
                     natoms as u64,
                     natoms as u64,
                     inv.addr,
-                    x,
+                    sig + (v0 * ntr * 8) as u64,
                     ntr as u64,
                     at(a.index, v0, 4),
                     at(a.score, v0, 4),

@@ -222,7 +222,11 @@ extern "C" __global__ void kmm_inv_norms(const float2* __restrict__ dict, int nt
     if (lane == 0) inv[warp] = s > 0.f ? rsqrtf(s) : 0.f;
 }
 
-// One block per voxel of the chunk: the best atom by |c| / ||d||, c = (D^H x) from the GEMM.
+// One block per voxel of the chunk: the best atom by |c| / ||d||, c = (D^H x) from the GEMM
+// (on compressed columns when the match is compressed). `inv` and `sig` are the uncompressed
+// atoms' 1/||d|| and the uncompressed signals, so scores are cosines in the full TR space.
+// Only a strictly positive score matches: a zero or NaN signal, or a batch of zero or NaN
+// atoms, matches nothing (index -1, or the earlier result kept when accumulating).
 extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
     const float2* __restrict__ c, long long ldc, int natoms, const float* __restrict__ inv,
     const float2* __restrict__ sig, int ntr,
@@ -234,8 +238,8 @@ extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
     __shared__ float norm_s[32];
     const int v = blockIdx.x;
     const float2* col = c + (long long)v * ldc;
-    float bv = -1.f;
-    int bi = 0;
+    float bv = 0.f;
+    int bi = -1;
     for (int i = threadIdx.x; i < natoms; i += blockDim.x) {
         const float2 x = col[i];
         const float w = inv[i];
@@ -261,8 +265,17 @@ extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
             if (best_v[w] > bv || (best_v[w] == bv && best_i[w] < bi)) { bv = best_v[w]; bi = best_i[w]; }
             xs += norm_s[w];
         }
-        const float sc = xs > 0.f ? sqrtf(fmaxf(bv, 0.f)) * rsqrtf(xs) : 0.f;
-        if (accumulate && score[v] >= sc) return;  // an earlier dictionary batch did better
+        const float sc = sqrtf(bv) * rsqrtf(xs);
+        const bool matched = bi >= 0 && isfinite(sc);
+        // An earlier dictionary batch did better, or this one matches nothing.
+        if (accumulate && (!matched || score[v] >= sc)) return;
+        if (!matched) {
+            index[v] = -1;
+            if (score) score[v] = 0.f;
+            if (pd) pd[v] = make_float2(0.f, 0.f);
+            if (out_params) out_params[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+            return;
+        }
         const long long j = bi + atom_offset;
         index[v] = (int)j;
         const float2 x = col[bi];

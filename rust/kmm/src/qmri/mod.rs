@@ -11,7 +11,7 @@ pub mod gpu;
 mod run;
 pub mod svd;
 
-pub use run::{match_dictionary, simulate_fisp, simulate_pssfp, MatchAddrs, MatchBuffers};
+pub use run::{compression_basis, match_dictionary, simulate_fisp, simulate_pssfp, Compression, MappedCompression, MatchAddrs, MatchBuffers};
 
 use crate::error::Result;
 use crate::fail;

@@ -195,8 +195,107 @@ pub struct MatchAddrs {
     pub accumulate: bool,
 }
 
+/// How a match compresses the TR space before the inner products.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Compression {
+    /// None: inner products over all `ntr` TRs.
+    Full,
+    /// On the dominant rank-`k` subspace of this dictionary (computed by the call). Batches of
+    /// one dictionary should share a basis instead ([`Compression::Basis`]).
+    OwnBasis(usize),
+    /// On a given orthonormal basis: a buffer of `ntr x rank` complex f32 (TR index fastest),
+    /// as [`compression_basis`] writes it.
+    Basis { handle: u64, rank: usize },
+}
+
+/// A compression basis once mapped: the address of `ntr x rank` complex f32.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MappedCompression {
+    Full,
+    OwnBasis(usize),
+    Basis { addr: u64, rank: usize },
+}
+
+fn check_rank(rank: u64, ntr: u64) -> Result<()> {
+    if rank == 0 || rank > ntr {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "rank = {rank} must be in 1..=ntr ({ntr}) for a compression basis");
+    }
+    Ok(())
+}
+
+fn check_ntr(ntr: u64) -> Result<()> {
+    if ntr == 0 || ntr > super::MAX_TRS as u64 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "ntr = {ntr} must be in 1..={}", super::MAX_TRS);
+    }
+    Ok(())
+}
+
+/// Writes the dominant rank-`rank` subspace of the TR space of a dictionary (`ntr x natoms`
+/// complex f32) into `basis`: `ntr x rank` complex f32, orthonormal columns, TR index fastest.
+/// Compute it once from a whole dictionary (or a representative sample of its atoms) and match
+/// every batch in it, so that the batches' scores are comparable.
+pub fn compression_basis(m: &Manager, dict: u64, ntr: u64, natoms: u64, rank: u64, basis: u64) -> Result<()> {
+    check_ntr(ntr)?;
+    check_count("natoms", natoms)?;
+    check_rank(rank, ntr)?;
+    let mut pins = Pins::new(m);
+    let d = pins.map(dict, bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "dictionary")?, "dictionary")?;
+    let u = pins.map(basis, bytes(bytes(ntr, rank, "ntr x rank")?, 8, "basis")?, "basis")?;
+    let (ntr, natoms, rank) = (ntr as usize, natoms as usize, rank as usize);
+    match m.backend_kind() {
+        BackendKind::Cuda => gpu::compression_basis_into(m, d, ntr, natoms, rank, basis),
+        BackendKind::Host => {
+            let (d, u) = (Addr(d), Addr(u));
+            queue_on_host(
+                m,
+                Box::new(move || unsafe {
+                    let found = svd::compression_basis(d.slice::<[f32; 2]>(ntr * natoms), ntr, rank);
+                    for (o, c) in u.slice_mut::<[f32; 2]>(ntr * rank).iter_mut().zip(&found) {
+                        *o = [c.re as f32, c.im as f32];
+                    }
+                }),
+            )
+        }
+    }
+}
+
+/// Largest deviation of U^H U from the identity that a given basis may have: a basis written
+/// by [`compression_basis`] is orthonormal to about 1e-6 in f32.
+const BASIS_TOLERANCE: f64 = 1e-3;
+
+/// Reads a basis (stream-ordered, then waits) and checks that its columns are orthonormal:
+/// scores are cosines only then.
+fn check_basis(m: &Manager, basis: u64, ntr: usize, rank: usize) -> Result<()> {
+    let mut u = vec![[0f32; 2]; ntr * rank];
+    // SAFETY: `u` has room for ntr x rank values; the copy completes before return.
+    unsafe { m.copy_to_host(u.as_mut_ptr() as *mut u8, basis, 0, (ntr * rank * 8) as u64, Completion::Wait)? };
+    for a in 0..rank {
+        for b in a..rank {
+            let (mut re, mut im) = (0f64, 0f64);
+            for t in 0..ntr {
+                let (x, y) = (u[a * ntr + t], u[b * ntr + t]);
+                re += x[0] as f64 * y[0] as f64 + x[1] as f64 * y[1] as f64;
+                im += x[0] as f64 * y[1] as f64 - x[1] as f64 * y[0] as f64;
+            }
+            let want = if a == b { 1.0 } else { 0.0 };
+            let dev = ((re - want).powi(2) + im * im).sqrt();
+            if !(dev <= BASIS_TOLERANCE) {
+                fail!(
+                    KMM_ERROR_INVALID_ARGUMENT,
+                    "basis: columns {a} and {b} have inner product {re} + {im}i; the columns must be orthonormal (within {BASIS_TOLERANCE}), as kmm_qmri_compression_basis writes them"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Matches `nvoxels` signals (`ntr x nvoxels` complex f32) against a dictionary (`ntr x
-/// natoms`). `rank` > 0 compresses both to the dominant rank-`rank` TR subspace first.
+/// natoms`), compressed as `compression` says. Scores are |d^H P x| / (||d|| ||x||) with P the
+/// projection on the basis (the identity when uncompressed) and the norms of the uncompressed
+/// atom and signal: the cosine of the angle between them when the atom lies in the basis'
+/// span, comparable between batches. `check_basis` reads a given basis first and refuses one
+/// whose columns are not orthonormal.
 #[allow(clippy::too_many_arguments)]
 pub fn match_dictionary(
     m: &Manager,
@@ -205,19 +304,23 @@ pub fn match_dictionary(
     natoms: u64,
     signals: u64,
     nvoxels: u64,
-    rank: u32,
+    compression: Compression,
+    check_basis_first: bool,
     outs: MatchBuffers,
 ) -> Result<()> {
-    if ntr == 0 || ntr > super::MAX_TRS as u64 {
-        fail!(KMM_ERROR_INVALID_ARGUMENT, "ntr = {ntr} must be in 1..={}", super::MAX_TRS);
-    }
+    check_ntr(ntr)?;
     if natoms == 0 {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "natoms = 0: the dictionary is empty");
     }
     check_count("natoms", natoms)?;
     check_count("nvoxels", nvoxels)?;
-    if rank as u64 > ntr {
-        fail!(KMM_ERROR_INVALID_ARGUMENT, "rank = {rank} must be in 0..=ntr ({ntr}); 0 means no compression");
+    match compression {
+        Compression::Full => {}
+        Compression::OwnBasis(rank) if rank as u64 > ntr => {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "rank = {rank} must be in 0..=ntr ({ntr}); 0 means no compression")
+        }
+        Compression::OwnBasis(_) => {}
+        Compression::Basis { rank, .. } => check_rank(rank as u64, ntr)?,
     }
     if outs.index == 0 {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "outputs->index = 0: the index output is required");
@@ -235,6 +338,19 @@ pub fn match_dictionary(
     let mut pins = Pins::new(m);
     let d = pins.map(dict, bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "dictionary")?, "dictionary")?;
     let s = pins.map(signals, bytes(bytes(ntr, nvoxels, "ntr x nvoxels")?, 8, "signals")?, "signals")?;
+    let mapped = match compression {
+        Compression::Full => MappedCompression::Full,
+        // A basis of the whole TR space changes no score.
+        Compression::OwnBasis(rank) if rank == 0 || rank as u64 == ntr => MappedCompression::Full,
+        Compression::OwnBasis(rank) => MappedCompression::OwnBasis(rank),
+        Compression::Basis { handle, rank } => {
+            let addr = pins.map(handle, bytes(bytes(ntr, rank as u64, "ntr x rank")?, 8, "basis")?, "basis")?;
+            if check_basis_first {
+                check_basis(m, handle, ntr as usize, rank)?;
+            }
+            MappedCompression::Basis { addr, rank }
+        }
+    };
     let mut a = MatchAddrs { index: pins.map(outs.index, bytes(nvoxels, 4, "outputs->index")?, "outputs->index")?, ..Default::default() };
     if outs.score != 0 {
         a.score = pins.map(outs.score, bytes(nvoxels, 4, "outputs->score")?, "outputs->score")?;
@@ -250,10 +366,9 @@ pub fn match_dictionary(
     }
     a.atom_offset = outs.atom_offset;
     a.accumulate = outs.accumulate;
-    let rank = if rank as u64 == ntr { 0 } else { rank as usize };
     let (ntr, natoms, nvoxels) = (ntr as usize, natoms as usize, nvoxels as usize);
     match m.backend_kind() {
-        BackendKind::Cuda => gpu::match_dictionary(m, d, ntr, natoms, s, nvoxels, rank, a),
+        BackendKind::Cuda => gpu::match_dictionary(m, d, ntr, natoms, s, nvoxels, mapped, a),
         BackendKind::Host => {
             let (d, s) = (Addr(d), Addr(s));
             queue_on_host(
@@ -261,11 +376,18 @@ pub fn match_dictionary(
                 Box::new(move || unsafe {
                     let dict = d.slice::<[f32; 2]>(ntr * natoms);
                     let sig = s.slice::<[f32; 2]>(ntr * nvoxels);
-                    let found = if rank > 0 {
-                        let u = svd::dominant_subspace(&svd::gram(dict, ntr), ntr, rank);
-                        cpu::match_dictionary(&svd::project(&u, ntr, rank, dict), rank, &svd::project(&u, ntr, rank, sig))
-                    } else {
-                        cpu::match_dictionary(dict, ntr, sig)
+                    let (dn, xn) = (cpu::column_norms(dict, ntr), cpu::column_norms(sig, ntr));
+                    let (u, rank) = match mapped {
+                        MappedCompression::Full => (None, ntr),
+                        MappedCompression::OwnBasis(rank) => (Some(svd::compression_basis(dict, ntr, rank)), rank),
+                        MappedCompression::Basis { addr, rank } => {
+                            let u = Addr(addr).slice::<[f32; 2]>(ntr * rank).iter().map(|c| cpu::C64::new(c[0] as f64, c[1] as f64));
+                            (Some(u.collect()), rank)
+                        }
+                    };
+                    let found = match u {
+                        None => cpu::match_columns(dict, ntr, sig, &dn, &xn),
+                        Some(u) => cpu::match_columns(&svd::project(&u, ntr, rank, dict), rank, &svd::project(&u, ntr, rank, sig), &dn, &xn),
                     };
                     write_matches(&found, a);
                 }),
@@ -283,11 +405,14 @@ unsafe fn write_matches(found: &[cpu::Match], a: MatchAddrs) {
     let mut pd = (a.pd != 0).then(|| Addr(a.pd).slice_mut::<[f32; 2]>(n));
     let mut out_params = (a.out_params != 0).then(|| Addr(a.out_params).slice_mut::<Atom>(n));
     for (v, f) in found.iter().enumerate() {
-        if a.accumulate && score.as_ref().is_some_and(|s| s[v] >= f.score) {
+        // Accumulating, a batch replaces only a strictly better result, and a voxel that
+        // matches nothing in it keeps the earlier one.
+        if a.accumulate && (f.index < 0 || score.as_ref().is_some_and(|s| s[v] >= f.score)) {
             continue;
         }
-        let j = f.index as usize + a.atom_offset as usize;
-        index[v] = j as i32;
+        let matched = f.index >= 0;
+        let j = f.index as i64 + a.atom_offset as i64;
+        index[v] = if matched { j as i32 } else { -1 };
         if let Some(s) = score.as_mut() {
             s[v] = f.score;
         }
@@ -295,7 +420,7 @@ unsafe fn write_matches(found: &[cpu::Match], a: MatchAddrs) {
             p[v] = f.pd;
         }
         if let Some(p) = out_params.as_mut() {
-            p[v] = *(a.params as *const Atom).add(j);
+            p[v] = if matched { *(a.params as *const Atom).add(j as usize) } else { Atom::default() };
         }
     }
 }

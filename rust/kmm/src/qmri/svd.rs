@@ -8,6 +8,12 @@ use rayon::prelude::*;
 /// Subspace iterations; MRF dictionaries have fast-decaying spectra, so this is plenty.
 const ITERATIONS: usize = 40;
 
+/// The compression basis of a dictionary of `ntr`-long columns: the dominant rank-`k` subspace
+/// of its TR space (`ntr x k`, column-major, orthonormal columns).
+pub fn compression_basis(dict: &[[f32; 2]], ntr: usize, k: usize) -> Vec<C64> {
+    dominant_subspace(&gram(dict, ntr), ntr, k)
+}
+
 /// The Gram matrix D D^H (`ntr x ntr`, column-major) of a dictionary of `ntr`-long columns.
 pub fn gram(dict: &[[f32; 2]], ntr: usize) -> Vec<C64> {
     (0..ntr)

@@ -36,6 +36,7 @@ static void barrier() {
 #define __shared__ static
 static inline float cospif(float x) { return cosf(3.14159265358979f * x); }
 static inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+using std::isfinite;
 static inline float __shfl_down_sync(unsigned, float v, int d, int w = 32) {
     unsigned l = threadIdx.x; slots[l] = v; barrier();
     float r = (l % w + d < (unsigned)w) ? slots[l + d] : v; barrier(); return r; }
