@@ -284,6 +284,13 @@ end
     @test maximum(abs.(U' * U .- [i == j for i in 1:20, j in 1:20])) < 1e-5
     given = Q.match(seq, p, KmmArray(sig); batch_atoms = 100, basis = u)
     @test Array(given.index) == Array(comp.index)
+    # Batches share one basis: sampled from every atom, the batched match equals the match of
+    # the whole dictionary in that basis (batches on their own bases would not: the noise each
+    # keeps differs).
+    whole = Q.match(KmmArray(D), KmmArray(sig); params = p, basis = Q.compression_basis(KmmArray(D); rank = 20))
+    shared = Q.match(seq, p, KmmArray(sig); batch_atoms = 100, rank = 20, basis_atoms = nat)
+    @test Array(shared.index) == Array(whole.index)
+    @test Array(shared.score) ≈ Array(whole.score) rtol = 1e-6
     # Zero signals match nothing: index 0, score, PD and parameters 0.
     z = hcat(sig[:, 1:2], zeros(ComplexF32, NTR, 1))
     for rz in (Q.match(seq, p, KmmArray(z); batch_atoms = 100, rank = 20),

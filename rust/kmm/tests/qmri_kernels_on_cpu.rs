@@ -166,14 +166,14 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
         }
     }
     let params: Vec<[f32; 4]> = (0..offset as usize + natoms).map(|i| [i as f32, 0.5, 1.0, 0.0]).collect();
-    let run = |accumulate: i64, score0: &[f32]| {
+    let run = |accumulate: i64, score0: &[f32], dict: &[[f32; 2]], c: &[[f32; 2]]| {
         let mut buf = Vec::new();
         for v in [ntr as i64, natoms as i64, nvox as i64, offset as i64, accumulate] {
             buf.extend(v.to_le_bytes());
         }
-        buf.extend(bytes_of(&dict));
+        buf.extend(bytes_of(dict));
         buf.extend(bytes_of(&sig));
-        buf.extend(bytes_of(&c));
+        buf.extend(bytes_of(c));
         buf.extend(bytes_of(&params));
         buf.extend(bytes_of(&vec![-7i32; nvox]));
         buf.extend(bytes_of(score0));
@@ -193,7 +193,7 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
         (inv, index, score, pd, outp)
     };
     let want = cpu::match_dictionary(&dict, ntr, &sig);
-    let (inv, index, score, pd, outp) = run(0, &vec![0.0; nvox]);
+    let (inv, index, score, pd, outp) = run(0, &vec![0.0; nvox], &dict, &c);
     assert_eq!(inv[5], 0.0, "a zero atom gets a zero inverse norm");
     assert_eq!(inv[7], 0.0, "a NaN atom gets a zero inverse norm");
     assert_eq!((want[5].index, want[6].index), (-1, -1), "zero and NaN signals match nothing");
@@ -208,11 +208,18 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
     assert_eq!(want[4].index, 8, "the duplicate atom 9 loses the tie to atom 8");
     // Accumulate: earlier scores of 2 (above any real score) are kept; -1 are replaced, except
     // by voxels that match nothing.
-    let (_, index, _, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0, -1.0, -1.0]);
+    let (_, index, _, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0, -1.0, -1.0], &dict, &c);
     assert_eq!(index[0], -7);
     assert_eq!(index[2], -7);
     assert_eq!(index[1] as u64, want[1].index as u64 + offset);
     assert_eq!((index[5], index[6]), (-7, -7), "an unmatched voxel keeps the earlier result");
+    // A batch of zero atoms matches no voxel: index -1 and score 0 alone, nothing accumulated.
+    let (zd, zc) = (vec![[0f32; 2]; ntr * natoms], vec![[0f32; 2]; natoms * nvox]);
+    let (_, index, score, _, _) = run(0, &vec![0.0; nvox], &zd, &zc);
+    assert_eq!(index, vec![-1; nvox], "a zero batch matches nothing");
+    assert_eq!(score, vec![0.0; nvox]);
+    let (_, index, _, _, _) = run(1, &vec![-1.0; nvox], &zd, &zc);
+    assert_eq!(index, vec![-7; nvox], "accumulated, a zero batch keeps every earlier result");
     println!("argmax kernel on the CPU: {nvox} voxels as the reference, ties, zero atom, offset, accumulate");
     let _ = std::fs::remove_dir_all(&dir);
 }
