@@ -249,3 +249,58 @@ fn bad_bases_are_rejected_and_nothing_is_written() {
     assert_eq!(after.index, good.index);
     assert_eq!(after.score, good.score);
 }
+
+/// The basis the backend computes (on CUDA: Gram by CHERK, orthogonal iteration with cuSOLVER's
+/// QR) keeps, for every atom, the energy the f64 reference's basis keeps, and is orthonormal.
+#[test]
+fn the_backend_basis_captures_what_the_reference_basis_captures() {
+    let m = Mgr::new();
+    let ntr = 300;
+    let seq = FispSpec::mrf(ntr, 12);
+    let params = grid(16, 16);
+    let natoms = params.len();
+    let dict = fisp(&m, &seq, &params);
+    for rank in [8usize, 24] {
+        let d = upload(&m, &dict);
+        let b = m.alloc((ntr * rank * 8) as u64, DEVICE);
+        ok(kmm_qmri_compression_basis(m.0, d, ntr as u64, natoms as u64, rank as u32, b));
+        m.sync();
+        let got: Vec<Cf> = download(&m, b, ntr * rank);
+        let want = kmm::qmri::svd::compression_basis(&dict, ntr, rank);
+        let kept = |u: &dyn Fn(usize, usize) -> (f64, f64), j: usize| -> f64 {
+            let col = &dict[j * ntr..(j + 1) * ntr];
+            let total: f64 = col.iter().map(|c| (c[0] as f64).powi(2) + (c[1] as f64).powi(2)).sum();
+            let mut e = 0.0;
+            for r in 0..rank {
+                let (mut re, mut im) = (0f64, 0f64);
+                for (t, c) in col.iter().enumerate() {
+                    let (a, b) = u(r, t);
+                    re += a * c[0] as f64 + b * c[1] as f64;
+                    im += a * c[1] as f64 - b * c[0] as f64;
+                }
+                e += re * re + im * im;
+            }
+            e / total
+        };
+        let g = |r: usize, t: usize| (got[r * ntr + t][0] as f64, got[r * ntr + t][1] as f64);
+        let w = |r: usize, t: usize| (want[r * ntr + t].re, want[r * ntr + t].im);
+        let worst = (0..natoms).map(|j| (kept(&g, j) - kept(&w, j)).abs()).fold(0f64, f64::max);
+        let lost = (0..natoms).map(|j| 1.0 - kept(&g, j)).fold(0f64, f64::max);
+        println!("rank {rank}: energy kept differs from the reference's by at most {worst:.2e}; at most {lost:.2e} of an atom lost");
+        assert!(worst < 1e-4, "rank {rank}: the basis keeps {worst} less or more of some atom than the reference's");
+        for a in 0..rank {
+            for c in a..rank {
+                let (mut re, mut im) = (0f64, 0f64);
+                for t in 0..ntr {
+                    let (x, y) = (g(a, t), g(c, t));
+                    re += x.0 * y.0 + x.1 * y.1;
+                    im += x.0 * y.1 - x.1 * y.0;
+                }
+                let want = if a == c { 1.0 } else { 0.0 };
+                assert!((re - want).abs() < 1e-4 && im.abs() < 1e-4, "rank {rank}: U^H U[{a},{c}] = {re} + {im}i");
+            }
+        }
+        m.free(d);
+        m.free(b);
+    }
+}

@@ -11,6 +11,7 @@ use crate::manager::{Manager, MemoryKind};
 use crate::backend::cuda::module::{self, Function};
 use crate::fail;
 use cudarc::cublas::sys as cb;
+use cudarc::cusolver::sys as cs;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -49,14 +50,14 @@ fn function(m: &Manager, extra: &[String], name: &str) -> Result<Function> {
 
 /// A device buffer that lives until the end of the call; its free is stream-ordered, so
 /// queued kernels still see it.
-struct Scratch<'a> {
+pub(super) struct Scratch<'a> {
     m: &'a Manager,
-    handle: u64,
+    pub handle: u64,
     pub addr: u64,
 }
 
 impl<'a> Scratch<'a> {
-    fn new(m: &'a Manager, bytes: u64) -> Result<Scratch<'a>> {
+    pub fn new(m: &'a Manager, bytes: u64) -> Result<Scratch<'a>> {
         let handle = m.alloc(bytes.max(1), MemoryKind::Device)?;
         let addr = match m.map_for_own_work(handle) {
             Ok(a) => a,
@@ -67,7 +68,7 @@ impl<'a> Scratch<'a> {
         };
         Ok(Scratch { m, handle, addr })
     }
-    fn upload<T: Copy>(m: &'a Manager, data: &[T]) -> Result<Scratch<'a>> {
+    pub fn upload<T: Copy>(m: &'a Manager, data: &[T]) -> Result<Scratch<'a>> {
         let bytes = std::mem::size_of_val(data) as u64;
         let s = Scratch::new(m, bytes)?;
         // SAFETY: pageable sources are copied out before the call returns.
@@ -155,7 +156,12 @@ pub fn simulate_pssfp(m: &Manager, seq: &Pssfp, atoms: u64, natoms: usize, out: 
 
 // ---- cuBLAS --------------------------------------------------------------------------------
 
-struct Handle(cb::cublasHandle_t);
+/// A cuBLAS handle and, once a call needed one, a cuSOLVER handle: they share the idle list
+/// and its stream ordering (cuSOLVER's calls run cuBLAS and kernels of their own).
+pub(super) struct Handle {
+    pub blas: cb::cublasHandle_t,
+    pub solver: Option<cs::cusolverDnHandle_t>,
+}
 unsafe impl Send for Handle {}
 
 /// An idle handle, and the event after the last work queued with it (on its last user's stream).
@@ -208,6 +214,29 @@ impl Drop for TakenHandle<'_> {
 
 /// Runs `f` with a cuBLAS handle of the manager's device bound to the manager's stream.
 fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
+    with_handle(m, |h| f(h.blas))
+}
+
+/// Runs `f` with the cuBLAS handle and a cuSOLVER handle (created on first use) of the
+/// manager's device, both bound to the manager's stream; `None` when cuSOLVER is not found.
+pub(super) fn with_solver<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t, Option<cs::cusolverDnHandle_t>) -> Result<R>) -> Result<R> {
+    with_handle(m, |h| {
+        if h.solver.is_none() && unsafe { cs::is_culib_present() } {
+            let mut s = std::ptr::null_mut();
+            if unsafe { cs::cusolverDnCreate(&mut s) } == cs::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
+                h.solver = Some(s);
+            }
+        }
+        if let Some(s) = h.solver {
+            if unsafe { cs::cusolverDnSetStream(s, m.raw_stream() as cs::cudaStream_t) } != cs::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
+                fail!(KMM_ERROR_BACKEND, "cusolverDnSetStream failed");
+            }
+        }
+        f(h.blas, h.solver)
+    })
+}
+
+fn with_handle<R>(m: &Manager, f: impl FnOnce(&mut Handle) -> Result<R>) -> Result<R> {
     if !unsafe { cb::is_culib_present() } {
         fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "matching on the CUDA backend needs cuBLAS, which was not found: put a directory holding libcublas.so (a link to libcublas.so.13 or .12) and libcublasLt on LD_LIBRARY_PATH");
     }
@@ -225,10 +254,12 @@ fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) 
         None => {
             let mut h = std::ptr::null_mut();
             cublas_check(unsafe { cb::cublasCreate_v2(&mut h) }, "cublasCreate")?;
-            TakenHandle { m, handle: Some(Handle(h)), event: None }
+            TakenHandle { m, handle: Some(Handle { blas: h, solver: None }), event: None }
         }
     };
-    let h = taken.handle.as_ref().expect("just taken").0;
+    let mut taken = taken;
+    let handle = taken.handle.as_mut().expect("just taken");
+    let h = handle.blas;
     cublas_check(unsafe { cb::cublasSetStream_v2(h, m.raw_stream() as cb::cudaStream_t) }, "cublasSetStream")?;
     // KMM_MATCH_MATH=tf32 lets cuBLAS use TF32 tensor cores (about 10 mantissa bits in the
     // products: much faster, and near-equal atoms may swap); default: full FP32.
@@ -237,12 +268,12 @@ fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) 
         _ => cb::cublasMath_t::CUBLAS_DEFAULT_MATH,
     };
     cublas_check(unsafe { cb::cublasSetMathMode(h, math) }, "cublasSetMathMode")?;
-    f(h)
+    f(handle)
 }
 
 /// C (m x n, ldc) = op(A) op(B) in complex f32, column-major.
 #[allow(clippy::too_many_arguments)]
-unsafe fn cgemm(
+pub(super) unsafe fn cgemm(
     h: cb::cublasHandle_t,
     ta: cb::cublasOperation_t,
     tb: cb::cublasOperation_t,
@@ -289,27 +320,29 @@ pub fn match_chunk(m: &Manager, natoms: usize, nvoxels: usize) -> Result<usize> 
     Ok(((budget / per_voxel) as usize).clamp(1, nvoxels))
 }
 
-/// The compression basis of a dictionary on the device (`ntr x rank` complex f32): the Gram
-/// matrix D D^H by CGEMM, downloaded (the stream is waited for), then subspace iteration on the
-/// host.
-fn compression_basis_host(m: &Manager, h: cb::cublasHandle_t, dict: u64, ntr: usize, natoms: usize, rank: usize) -> Result<Vec<[f32; 2]>> {
+/// Writes the compression basis of a dictionary (`ntr x rank` complex f32) to the device
+/// address `out`: on the device with cuSOLVER ([`super::gpu_svd`]); without it, the Gram matrix
+/// by CGEMM is downloaded (the stream is waited for) and iterated on the host.
+#[allow(clippy::too_many_arguments)]
+fn compression_basis(m: &Manager, h: cb::cublasHandle_t, solver: Option<cs::cusolverDnHandle_t>, dict: u64, ntr: usize, natoms: usize, rank: usize, out: u64) -> Result<()> {
     use cb::cublasOperation_t::*;
+    if let Some(s) = solver {
+        return super::gpu_svd::compression_basis(m, h, s, dict, ntr, natoms, rank, out);
+    }
     let g = Scratch::new(m, (ntr * ntr * 8) as u64)?;
     unsafe { cgemm(h, CUBLAS_OP_N, CUBLAS_OP_C, ntr, ntr, natoms, dict, ntr, dict, ntr, g.addr, ntr)? };
     let mut host = vec![[0f32; 2]; ntr * ntr];
     unsafe { m.copy_to_host(host.as_mut_ptr() as *mut u8, g.handle, 0, (ntr * ntr * 8) as u64, Completion::Wait)? };
     let gram: Vec<_> = host.iter().map(|c| super::cpu::C64::new(c[0] as f64, c[1] as f64)).collect();
-    Ok(svd::dominant_subspace(&gram, ntr, rank).iter().map(|c| [c.re as f32, c.im as f32]).collect())
+    let u: Vec<[f32; 2]> = svd::dominant_subspace(&gram, ntr, rank).iter().map(|c| [c.re as f32, c.im as f32]).collect();
+    let up = Scratch::upload(m, &u)?;
+    // SAFETY: both hold ntr x rank values on the device; the copy is on the manager's stream.
+    unsafe { m.stream().copy_d2d(out, up.addr, (ntr * rank * 8) as u64) }
 }
 
-/// Writes the compression basis of a dictionary into the buffer `basis` (mapped by the caller).
+/// Writes the compression basis of a dictionary to the device address `basis`.
 pub fn compression_basis_into(m: &Manager, dict: u64, ntr: usize, natoms: usize, rank: usize, basis: u64) -> Result<()> {
-    with_cublas(m, |h| {
-        let u = compression_basis_host(m, h, dict, ntr, natoms, rank)?;
-        // SAFETY: pageable sources are copied out before the call returns.
-        unsafe { m.copy_to_device(basis, 0, u.as_ptr() as *const u8, (u.len() * 8) as u64, Completion::Queue)? };
-        Ok(())
-    })
+    with_solver(m, |h, s| compression_basis(m, h, s, dict, ntr, natoms, rank, basis))
 }
 
 /// Matching on the device. Compressed, the dictionary and signals are first projected on the
@@ -320,14 +353,15 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
     use cb::cublasOperation_t::*;
     let norms_fn = function(m, &[], "kmm_inv_norms")?;
     let argmax_fn = function(m, &[], "kmm_argmax")?;
-    with_cublas(m, |h| {
+    with_solver(m, |h, solver| {
         let inv = Scratch::new(m, (natoms * 4) as u64)?;
         let mut p = [dict, ntr as u64, natoms as u64, inv.addr];
         unsafe { norms_fn.launch(m.raw_stream(), grid_for(natoms as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)? };
         let (_own, basis) = match compression {
             MappedCompression::Full => (None, None),
             MappedCompression::OwnBasis(rank) => {
-                let u = Scratch::upload(m, &compression_basis_host(m, h, dict, ntr, natoms, rank)?)?;
+                let u = Scratch::new(m, (ntr * rank * 8) as u64)?;
+                compression_basis(m, h, solver, dict, ntr, natoms, rank, u.addr)?;
                 let addr = u.addr;
                 (Some(u), Some((addr, rank)))
             }
@@ -381,16 +415,34 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
 /// The GEMMs of an uncompressed match alone (same chunking, no reduction): the benchmark's
 /// baseline. Queued on the manager's stream.
 pub fn bare_gemm(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize) -> Result<()> {
+    with_cublas(m, |h| chunked_gemm(m, h, dict, ntr, natoms, sig, nvoxels))
+}
+
+/// The GEMMs of a match in a given basis alone: the projections of dictionary and signals and
+/// the compressed GEMM (same chunking, no norms, no reduction). The benchmark's baseline.
+#[allow(clippy::too_many_arguments)]
+pub fn bare_compressed_gemm(m: &Manager, basis: u64, rank: usize, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize) -> Result<()> {
     use cb::cublasOperation_t::*;
     with_cublas(m, |h| {
-        let chunk = match_chunk(m, natoms, nvoxels)?;
-        let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
-        let mut v0 = 0;
-        while v0 < nvoxels {
-            let nv = chunk.min(nvoxels - v0);
-            unsafe { cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, nv, ntr, dict, ntr, sig + (v0 * ntr * 8) as u64, ntr, scratch.addr, natoms)? };
-            v0 += nv;
+        let dc = Scratch::new(m, (rank * natoms * 8) as u64)?;
+        let xc = Scratch::new(m, (rank * nvoxels * 8) as u64)?;
+        unsafe {
+            cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, natoms, ntr, basis, ntr, dict, ntr, dc.addr, rank)?;
+            cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, rank, nvoxels, ntr, basis, ntr, sig, ntr, xc.addr, rank)?;
         }
-        Ok(())
+        chunked_gemm(m, h, dc.addr, rank, natoms, xc.addr, nvoxels)
     })
+}
+
+fn chunked_gemm(m: &Manager, h: cb::cublasHandle_t, dict: u64, k: usize, natoms: usize, sig: u64, nvoxels: usize) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    let chunk = match_chunk(m, natoms, nvoxels)?;
+    let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
+    let mut v0 = 0;
+    while v0 < nvoxels {
+        let nv = chunk.min(nvoxels - v0);
+        unsafe { cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, nv, k, dict, k, sig + (v0 * k * 8) as u64, k, scratch.addr, natoms)? };
+        v0 += nv;
+    }
+    Ok(())
 }

@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod gpu;
+mod gpu_svd;
 mod run;
 pub mod svd;
 

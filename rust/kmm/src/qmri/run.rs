@@ -243,7 +243,7 @@ pub fn compression_basis(m: &Manager, dict: u64, ntr: u64, natoms: u64, rank: u6
     let u = pins.map(basis, bytes(bytes(ntr, rank, "ntr x rank")?, 8, "basis")?, "basis")?;
     let (ntr, natoms, rank) = (ntr as usize, natoms as usize, rank as usize);
     match m.backend_kind() {
-        BackendKind::Cuda => gpu::compression_basis_into(m, d, ntr, natoms, rank, basis),
+        BackendKind::Cuda => gpu::compression_basis_into(m, d, ntr, natoms, rank, u),
         BackendKind::Host => {
             let (d, u) = (Addr(d), Addr(u));
             queue_on_host(

@@ -34,16 +34,7 @@ pub fn gram(dict: &[[f32; 2]], ntr: usize) -> Vec<C64> {
 /// An orthonormal basis (`ntr x k`, column-major) of the dominant k-dimensional invariant
 /// subspace of the Hermitian positive semi-definite `g` (`ntr x ntr`).
 pub fn dominant_subspace(g: &[C64], ntr: usize, k: usize) -> Vec<C64> {
-    // Deterministic start: a fixed pseudo-random block.
-    let mut state = 0x9E37_79B9_7F4A_7C15u64;
-    let mut rnd = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
-    let mut v: Vec<C64> = (0..ntr * k).map(|_| C64::new(rnd(), rnd())).collect();
-    orthonormalize(&mut v, ntr, k);
+    let mut v = start_block(ntr, k);
     for _ in 0..ITERATIONS {
         let w: Vec<C64> = (0..k)
             .into_par_iter()
@@ -62,6 +53,21 @@ pub fn dominant_subspace(g: &[C64], ntr: usize, k: usize) -> Vec<C64> {
         v = w;
         orthonormalize(&mut v, ntr, k);
     }
+    v
+}
+
+/// The deterministic start of subspace iteration: a fixed pseudo-random `ntr x k` block with
+/// orthonormal columns.
+pub fn start_block(ntr: usize, k: usize) -> Vec<C64> {
+    let mut state = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let mut v: Vec<C64> = (0..ntr * k).map(|_| C64::new(rnd(), rnd())).collect();
+    orthonormalize(&mut v, ntr, k);
     v
 }
 
