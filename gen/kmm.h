@@ -649,12 +649,13 @@ typedef struct {
    */
   KmmBuffer index;
   /**
-   * float: |d^H x| / (||d|| ||x||) with the norms of the uncompressed atom and signal: 1 for
-   * a perfect match, 0 when nothing matches.
+   * float: |d^H x| / (||d|| ||x||), 1 for a perfect match, 0 when nothing matches. Compressed
+   * on a basis U, d is the atom's projection U U^H d and x the whole (uncompressed) signal.
    */
   KmmBuffer score;
   /**
-   * complex float: d^H x / ||d||, the proton density relative to the normalised atom.
+   * complex float: d^H x / ||d||, the proton density relative to the normalised atom (its
+   * projection when compressed).
    */
   KmmBuffer pd;
   /**
@@ -1104,8 +1105,9 @@ KmmStatus kmm_qmri_simulate_pssfp(KmmManager manager,
  * whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
  * `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
  * `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
- * subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
- * and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+ * subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+ * each atom is matched as its projection on the basis, and scores use the norm of the whole
+ * signal, so that they are cosines comparable between batches. A dictionary matched
  * in batches should share one basis: `kmm_qmri_compression_basis` once, then
  * `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
  * batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at

@@ -1545,8 +1545,9 @@ and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` 
 whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
 `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
 `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
-subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
-and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+each atom is matched as its projection on the basis, and scores use the norm of the whole
+signal, so that they are cosines comparable between batches. A dictionary matched
 in batches should share one basis: `kmm_qmri_compression_basis` once, then
 `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
 batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at
@@ -1569,8 +1570,9 @@ and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` 
 whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
 `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
 `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
-subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
-and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+each atom is matched as its projection on the basis, and scores use the norm of the whole
+signal, so that they are cosines comparable between batches. A dictionary matched
 in batches should share one basis: `kmm_qmri_compression_basis` once, then
 `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
 batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at

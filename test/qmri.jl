@@ -240,6 +240,7 @@ end
     # noisy signals still find nearby atoms; compressed matching agrees on noiseless ones
     rr = Q.match(d, KmmArray(sig); params = p, rank = 20)
     @test vec(Array(rr.index)) == pick
+    @test all(isapprox.(Array(rr.PD), 2.5; rtol = 1e-4))  # PD on the norms the library used
     # pSSFP dictionaries match the same way
     sq = Q.PSSFPSequence(FLIPS; TR = 0.006, rf_shape = fill(0.25, 4), dt_ex = 0.0002, z = [0.0, 0.1],
                          gz_ex = 1.0, gz_pr = -2.0)

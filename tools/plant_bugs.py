@@ -351,9 +351,14 @@ PLANTS = [
     # Issue 18: compressed scores normalised by the projected signal (as before): each one-atom
     # batch's own rank-1 basis holds its atom, every score is 1 and the first batch wins.
     ("match-norms-of-projected-signal", "rust/kmm/src/qmri/run.rs",
-     "                        Some(u) => cpu::match_columns(&svd::project(&u, ntr, rank, dict), rank, &svd::project(&u, ntr, rank, sig), &dn, &xn),\n",
-     "                        Some(u) => { let (pd, px) = (svd::project(&u, ntr, rank, dict), svd::project(&u, ntr, rank, sig)); cpu::match_columns(&pd, rank, &px, &cpu::column_norms(&pd, rank), &cpu::column_norms(&px, rank)) }\n",
+     "                            cpu::match_columns(&dc, rank, &svd::project(&u, ntr, rank, sig), &cpu::column_norms(&dc, rank), &xn)\n",
+     "                            { let px = svd::project(&u, ntr, rank, sig); cpu::match_columns(&dc, rank, &px, &cpu::column_norms(&dc, rank), &cpu::column_norms(&px, rank)) }\n",
      ["qmri_compressed"]),
+    # The argmax kernel's signal norms from the compressed signals (the GPU's form of the above).
+    ("match-kernel-norms-of-projected-signal", "rust/kmm/src/qmri/gpu.rs",
+     "                    sig + (v0 * ntr * 8) as u64,\n                    ntr as u64,\n",
+     "                    csig + (v0 * k * 8) as u64,\n                    k as u64,\n",
+     ["gpu:qmri_compressed"]),
     # The Julia batches each compressed on their own subspace again (no shared basis).
     ("jl-match-batches-own-basis", "src/qmri/match.jl",
      "    if u === nothing && 0 < rank < ntr\n",

@@ -8,8 +8,8 @@ KmmArrays on the signals' manager.
 
 - `index`: the best atom of each voxel (1-based column of the dictionary / parameters), `Int32`;
   0 where no atom matches (a zero or non-finite signal), with score, PD and parameters 0 there
-- `score`: |dᴴx| / (‖d‖ ‖x‖), 1 for a perfect match, `Float32`; compressed, the cosine of the
-  atom and the signal in the full TR space for atoms in the basis' span
+- `score`: |dᴴx| / (‖d‖ ‖x‖), 1 for a perfect match, `Float32`; compressed on a basis U, d is
+  the atom's projection UUᴴd and x the whole signal (scores of batches and bases compare)
 - `PD`: complex proton density: the scale with x ≈ PD · d of the simulated (unnormalised)
   atom d, `ComplexF32`
 - `pd_normalized`: dᴴx / ‖d‖, the scale of the unit-norm atom (what the C ABI reports)
@@ -158,8 +158,8 @@ atoms of `dict` (`ntr x natoms`, e.g. from `simulate_fisp`) on the dictionary's 
 atom with the largest |dᴴx|/‖d‖ wins (ties: the lower index). With `params` (`4 x natoms`)
 the maps include T1, T2, B1, B0. `rank > 0` first compresses dictionary and signals to the
 dominant rank-`rank` subspace of the dictionary (SVD); `basis` (from `compression_basis`)
-compresses on a given basis instead. Scores and PD use the norms of the uncompressed atoms and
-signals either way. Host arrays are uploaded.
+compresses on a given basis instead. Compressed, each atom is matched as its projection on
+the basis and scores use the norm of the whole signal; `PD` is relative to the projection.
 
     match(seq, params, signals; rank = 0, batch_atoms = nothing, max_bytes = nothing) -> MatchResult
 
@@ -186,12 +186,16 @@ function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::In
         "params describe $(size(p, 2)) atoms but the dictionary has $natoms"))
     s, vdims, nvox = prepare_signals(signals, ntr, m)
     d = whole_buffer(dict)
+    checked = u !== nothing
+    if u === nothing && 0 < rank < ntr    # the dictionary's own basis, kept for the PD's norms
+        u = compression_basis(d; rank = rank)
+    end
     o = RawOutputs(m, nvox, p !== nothing)
     t = @elapsed begin
-        match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, true)
+        match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, checked)
         timings && Kmm.synchronize(m)
     end
-    finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx),
+    finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx, u),
            timings ? Dict(:match => t) : Dict{Symbol,Float64}())
 end
 
@@ -245,7 +249,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
         verbose && println("QMRI.match: batch $batches: atoms $(first + 1):$(first + n) of $natoms")
         first += n
     end
-    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx),
+    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx, u),
            timings ? Dict(:simulate => tsim, :match => tmatch, :basis => tbasis) : Dict{Symbol,Float64}())
 end
 
@@ -261,24 +265,31 @@ end
 
 cnorm(v) = sqrt(sum(z -> abs2(ComplexF64(z)), v))
 
-"‖d_j‖ for the 0-based atoms `idx` of a dictionary in memory (copies those columns only)."
-function dictionary_norms(d::KmmArray{ComplexF32,2}, idx::Vector{Int})
+# The norm of an atom as the library matched it: of its coordinates U'd in the basis U when the
+# match was compressed (the library's PD is relative to that), else of the atom.
+atom_norm(col, U) = U === nothing ? cnorm(col) : cnorm(U' * ComplexF64.(col))
+host_basis(u) = u === nothing ? nothing : ComplexF64.(Array(u))
+
+"‖d_j‖ (in the basis `u`, if any) for the 0-based atoms `idx` of a dictionary in memory."
+function dictionary_norms(d::KmmArray{ComplexF32,2}, idx::Vector{Int}, u = nothing)
     ntr = size(d, 1)
     col = Vector{ComplexF32}(undef, ntr)
+    U = host_basis(u)
     map(idx) do j
         copyto!(col, 1, d, j * ntr + 1, ntr)
-        cnorm(col)
+        atom_norm(col, U)
     end
 end
 
-"‖d_j‖ for the 0-based atoms `idx`, simulated again (only those atoms)."
-function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vector{Int})
+"‖d_j‖ (in the basis `u`, if any) for the 0-based atoms `idx`, simulated again (only those)."
+function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vector{Int}, u = nothing)
     ph = Array(p)
     sub = KmmArray(ph[:, idx .+ 1]; manager = Kmm.manager(p))
     sig = Array(simulate_raw!(KmmArray{ComplexF32}(undef, length(seq), length(idx);
                                                    manager = Kmm.manager(p)), seq, sub, 0,
                               length(idx), false))
-    [cnorm(view(sig, :, k)) for k in 1:length(idx)]
+    U = host_basis(u)
+    [atom_norm(view(sig, :, k), U) for k in 1:length(idx)]
 end
 
 # Raw outputs -> maps: 1-based index, PD of the unnormalised atom, parameter maps.

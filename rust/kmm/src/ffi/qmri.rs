@@ -34,10 +34,11 @@ pub struct KmmMatchOutputs {
     /// int32: 0-based index of the best atom, counting from the start of the whole dictionary
     /// (`atom_offset` added), or -1 when no atom matches. Required.
     pub index: KmmBuffer,
-    /// float: |d^H x| / (||d|| ||x||) with the norms of the uncompressed atom and signal: 1 for
-    /// a perfect match, 0 when nothing matches.
+    /// float: |d^H x| / (||d|| ||x||), 1 for a perfect match, 0 when nothing matches. Compressed
+    /// on a basis U, d is the atom's projection U U^H d and x the whole (uncompressed) signal.
     pub score: KmmBuffer,
-    /// complex float: d^H x / ||d||, the proton density relative to the normalised atom.
+    /// complex float: d^H x / ||d||, the proton density relative to the normalised atom (its
+    /// projection when compressed).
     pub pd: KmmBuffer,
     /// Four floats (T1, T2, B1, B0): the best atom's record from `params`.
     pub params: KmmBuffer,
@@ -276,8 +277,9 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
 /// whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
 /// `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
 /// `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
-/// subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Scores
-/// and PD use the norms of the uncompressed atoms and signals either way. A dictionary matched
+/// subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+/// each atom is matched as its projection on the basis, and scores use the norm of the whole
+/// signal, so that they are cosines comparable between batches. A dictionary matched
 /// in batches should share one basis: `kmm_qmri_compression_basis` once, then
 /// `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
 /// batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at

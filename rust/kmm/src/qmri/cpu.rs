@@ -245,9 +245,9 @@ pub fn match_dictionary(dict: &[[f32; 2]], ntr: usize, signals: &[[f32; 2]]) -> 
 }
 
 /// Matching on `k`-long columns: the data themselves, or their coordinates in an orthonormal
-/// basis (compressed matching). `dict_norms` and `signal_norms` are the norms of the
-/// uncompressed atoms and signals: scores are then cosines in the full TR space, comparable
-/// between dictionary batches, and the PD is relative to the whole atom.
+/// basis (compressed matching). `dict_norms` are the norms of these atom columns;
+/// `signal_norms` those of the uncompressed signals, so that a score is the cosine between the
+/// whole signal and the (projected) atom, comparable between dictionary batches and bases.
 pub fn match_columns(dict: &[[f32; 2]], k: usize, signals: &[[f32; 2]], dict_norms: &[f64], signal_norms: &[f64]) -> Vec<Match> {
     // 1/||d||, 0 for zero and non-finite atoms (their scores are then 0 and never win).
     let inv: Vec<f64> = dict_norms.iter().map(|&n| if n > 0.0 && n.is_finite() { 1.0 / n } else { 0.0 }).collect();

@@ -346,17 +346,14 @@ pub fn compression_basis_into(m: &Manager, dict: u64, ntr: usize, natoms: usize,
 }
 
 /// Matching on the device. Compressed, the dictionary and signals are first projected on the
-/// basis (D <- U^H D, X <- U^H X by CGEMM); the norms in the scores are those of the
-/// uncompressed atoms and signals either way.
+/// basis (D <- U^H D, X <- U^H X by CGEMM) and atoms are normalised in the basis; the signal
+/// norms in the scores are those of the uncompressed signals either way.
 #[allow(clippy::too_many_arguments)]
 pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: u64, nvoxels: usize, compression: MappedCompression, a: MatchAddrs) -> Result<()> {
     use cb::cublasOperation_t::*;
     let norms_fn = function(m, &[], "kmm_inv_norms")?;
     let argmax_fn = function(m, &[], "kmm_argmax")?;
     with_solver(m, |h, solver| {
-        let inv = Scratch::new(m, (natoms * 4) as u64)?;
-        let mut p = [dict, ntr as u64, natoms as u64, inv.addr];
-        unsafe { norms_fn.launch(m.raw_stream(), grid_for(natoms as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)? };
         let (_own, basis) = match compression {
             MappedCompression::Full => (None, None),
             MappedCompression::OwnBasis(rank) => {
@@ -380,6 +377,10 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
             }
             None => (None, None, dict, sig, ntr),
         };
+        // 1/||d|| of the atoms as matched (projected when compressed).
+        let inv = Scratch::new(m, (natoms * 4) as u64)?;
+        let mut p = [cdict, k as u64, natoms as u64, inv.addr];
+        unsafe { norms_fn.launch(m.raw_stream(), grid_for(natoms as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)? };
         let chunk = match_chunk(m, natoms, nvoxels)?;
         let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
         let at = |base: u64, v0: usize, each: usize| if base == 0 { 0 } else { base + (v0 * each) as u64 };

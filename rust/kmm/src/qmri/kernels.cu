@@ -223,8 +223,8 @@ extern "C" __global__ void kmm_inv_norms(const float2* __restrict__ dict, int nt
 }
 
 // One block per voxel of the chunk: the best atom by |c| / ||d||, c = (D^H x) from the GEMM
-// (on compressed columns when the match is compressed). `inv` and `sig` are the uncompressed
-// atoms' 1/||d|| and the uncompressed signals, so scores are cosines in the full TR space.
+// (on compressed columns when the match is compressed; `inv` is then 1/||U^H d||). `sig` are the
+// uncompressed signals: scores are cosines between the whole signal and the (projected) atom.
 // Only a strictly positive score matches: a zero or NaN signal, or a batch of zero or NaN
 // atoms, matches nothing (index -1, or the earlier result kept when accumulating).
 extern "C" __global__ void __launch_bounds__(256) kmm_argmax(

@@ -291,10 +291,11 @@ fn check_basis(m: &Manager, basis: u64, ntr: usize, rank: usize) -> Result<()> {
 }
 
 /// Matches `nvoxels` signals (`ntr x nvoxels` complex f32) against a dictionary (`ntr x
-/// natoms`), compressed as `compression` says. Scores are |d^H P x| / (||d|| ||x||) with P the
-/// projection on the basis (the identity when uncompressed) and the norms of the uncompressed
-/// atom and signal: the cosine of the angle between them when the atom lies in the basis'
-/// span, comparable between batches. `check_basis` reads a given basis first and refuses one
+/// natoms`), compressed as `compression` says. With U the basis (the identity when
+/// uncompressed), an atom d and a signal x, the atom is matched as its projection U U^H d: the
+/// score |(U^H d)^H (U^H x)| / (||U^H d|| ||x||) is the cosine between x and that projection
+/// (with the norm of the uncompressed signal, so that batches and bases compare), and the PD is
+/// (U^H d)^H (U^H x) / ||U^H d||. `check_basis_first` reads a given basis first and refuses one
 /// whose columns are not orthonormal.
 #[allow(clippy::too_many_arguments)]
 pub fn match_dictionary(
@@ -376,7 +377,7 @@ pub fn match_dictionary(
                 Box::new(move || unsafe {
                     let dict = d.slice::<[f32; 2]>(ntr * natoms);
                     let sig = s.slice::<[f32; 2]>(ntr * nvoxels);
-                    let (dn, xn) = (cpu::column_norms(dict, ntr), cpu::column_norms(sig, ntr));
+                    let xn = cpu::column_norms(sig, ntr);
                     let (u, rank) = match mapped {
                         MappedCompression::Full => (None, ntr),
                         MappedCompression::OwnBasis(rank) => (Some(svd::compression_basis(dict, ntr, rank)), rank),
@@ -386,8 +387,11 @@ pub fn match_dictionary(
                         }
                     };
                     let found = match u {
-                        None => cpu::match_columns(dict, ntr, sig, &dn, &xn),
-                        Some(u) => cpu::match_columns(&svd::project(&u, ntr, rank, dict), rank, &svd::project(&u, ntr, rank, sig), &dn, &xn),
+                        None => cpu::match_columns(dict, ntr, sig, &cpu::column_norms(dict, ntr), &xn),
+                        Some(u) => {
+                            let dc = svd::project(&u, ntr, rank, dict);
+                            cpu::match_columns(&dc, rank, &svd::project(&u, ntr, rank, sig), &cpu::column_norms(&dc, rank), &xn)
+                        }
                     };
                     write_matches(&found, a);
                 }),
