@@ -217,10 +217,14 @@ fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) 
     with_handle(m, |h| f(h.blas))
 }
 
-/// Runs `f` with the cuBLAS handle and a cuSOLVER handle (created on first use) of the
-/// manager's device, both bound to the manager's stream; `None` when cuSOLVER is not found.
-pub(super) fn with_solver<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t, Option<cs::cusolverDnHandle_t>) -> Result<R>) -> Result<R> {
+/// Runs `f` with the cuBLAS handle and, when `need_solver`, a cuSOLVER handle (created on first
+/// use) of the manager's device, both bound to the manager's stream; `None` when not needed or
+/// cuSOLVER is not found.
+pub(super) fn with_solver<R>(m: &Manager, need_solver: bool, f: impl FnOnce(cb::cublasHandle_t, Option<cs::cusolverDnHandle_t>) -> Result<R>) -> Result<R> {
     with_handle(m, |h| {
+        if !need_solver {
+            return f(h.blas, None);
+        }
         if h.solver.is_none() && unsafe { cs::is_culib_present() } {
             let mut s = std::ptr::null_mut();
             if unsafe { cs::cusolverDnCreate(&mut s) } == cs::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
@@ -342,7 +346,7 @@ fn compression_basis(m: &Manager, h: cb::cublasHandle_t, solver: Option<cs::cuso
 
 /// Writes the compression basis of a dictionary to the device address `basis`.
 pub fn compression_basis_into(m: &Manager, dict: u64, ntr: usize, natoms: usize, rank: usize, basis: u64) -> Result<()> {
-    with_solver(m, |h, s| compression_basis(m, h, s, dict, ntr, natoms, rank, basis))
+    with_solver(m, true, |h, s| compression_basis(m, h, s, dict, ntr, natoms, rank, basis))
 }
 
 /// Matching on the device. Compressed, the dictionary and signals are first projected on the
@@ -353,7 +357,7 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
     use cb::cublasOperation_t::*;
     let norms_fn = function(m, &[], "kmm_inv_norms")?;
     let argmax_fn = function(m, &[], "kmm_argmax")?;
-    with_solver(m, |h, solver| {
+    with_solver(m, matches!(compression, MappedCompression::OwnBasis(_)), |h, solver| {
         let (_own, basis) = match compression {
             MappedCompression::Full => (None, None),
             MappedCompression::OwnBasis(rank) => {
