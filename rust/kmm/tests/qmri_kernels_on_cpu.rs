@@ -223,3 +223,91 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
     println!("argmax kernel on the CPU: {nvox} voxels as the reference, ties, zero atom, offset, accumulate");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The fused compressed-matching kernel (no GEMM scratch), run on the CPU: the same atoms,
+/// scores, PD and parameters as the reference on the same coordinates, across partial voxel
+/// blocks and atom tiles, with a zero atom, a NaN atom, a duplicate (tie), a zero voxel, and
+/// accumulating over earlier results.
+#[test]
+fn fused_match_kernel_run_on_the_cpu_equals_the_reference() {
+    if Command::new("c++").arg("--version").output().is_err() {
+        eprintln!("skipped: no C++ compiler");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("kmm-fused-harness-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let Some(exe) = compile("fused_harness.cpp", 32, 4, &dir) else { return };
+    let (k, natoms, nvox, offset) = (20usize, 150usize, 300usize, 7u64);
+    let mut dict: Vec<[f32; 2]> = (0..k * natoms).map(|i| [((i * 7919) % 97) as f32 / 50.0 - 1.0, ((i * 104729) % 89) as f32 / 45.0 - 1.0]).collect();
+    for t in 0..k {
+        dict[5 * k + t] = [0.0, 0.0];
+        dict[100 * k + t] = [dict[99 * k + t][0] * 2.0, dict[99 * k + t][1] * 2.0];
+    }
+    dict[70 * k + 2] = [f32::NAN, 0.0];
+    let mut xs: Vec<[f32; 2]> = Vec::with_capacity(k * nvox);
+    for v in 0..nvox {
+        let j = (v * 37) % natoms;
+        for t in 0..k {
+            let c = dict[j * k + t];
+            let noise = ((v * 31 + t * 17) % 23) as f32 / 23.0 - 0.5;
+            xs.push([0.7 * c[0] - 0.1 * c[1] + 0.05 * noise, 0.7 * c[1] + 0.1 * c[0] - 0.03 * noise]);
+        }
+    }
+    for t in 0..k {
+        xs[4 * k + t] = [0.0, 0.0];
+    }
+    let dn = cpu::column_norms(&dict, k);
+    // Whole-signal norms: larger than the coordinates' (the part outside the basis).
+    let xn: Vec<f64> = cpu::column_norms(&xs, k).iter().enumerate().map(|(v, n)| n * (1.0 + (v % 5) as f64 * 0.1)).collect();
+    let inv: Vec<f32> = dn.iter().map(|&n| if n > 0.0 && n.is_finite() { (1.0 / n) as f32 } else { 0.0 }).collect();
+    let inv_x: Vec<f32> = xn.iter().map(|&n| if n > 0.0 { (1.0 / n) as f32 } else { 0.0 }).collect();
+    let params: Vec<[f32; 4]> = (0..offset as usize + natoms).map(|i| [i as f32, 0.5, 1.0, 0.0]).collect();
+    let want = cpu::match_columns(&dict, k, &xs, &dn, &xn);
+    let run = |accumulate: i64, score0: &[f32]| {
+        let mut buf = Vec::new();
+        for v in [k as i64, natoms as i64, nvox as i64, offset as i64, accumulate] {
+            buf.extend(v.to_le_bytes());
+        }
+        buf.extend(bytes_of(&dict));
+        buf.extend(bytes_of(&xs));
+        buf.extend(bytes_of(&inv));
+        buf.extend(bytes_of(&inv_x));
+        buf.extend(bytes_of(&params));
+        buf.extend(bytes_of(&vec![-7i32; nvox]));
+        buf.extend(bytes_of(score0));
+        buf.extend(bytes_of(&vec![[0f32; 2]; nvox]));
+        buf.extend(bytes_of(&vec![[0f32; 4]; nvox]));
+        let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
+        std::fs::write(&input, &buf).unwrap();
+        assert!(Command::new(&exe).arg(&input).arg(&output).status().unwrap().success());
+        let raw = std::fs::read(&output).unwrap();
+        let f = |i: usize| f32::from_le_bytes(raw[i..i + 4].try_into().unwrap());
+        let index: Vec<i32> = (0..nvox).map(|v| f(4 * v).to_bits() as i32).collect();
+        let score: Vec<f32> = (0..nvox).map(|v| f(4 * nvox + 4 * v)).collect();
+        let pd: Vec<[f32; 2]> = (0..nvox).map(|v| [f(8 * nvox + 8 * v), f(8 * nvox + 8 * v + 4)]).collect();
+        let outp: Vec<f32> = (0..nvox).map(|v| f(16 * nvox + 16 * v)).collect();
+        (index, score, pd, outp)
+    };
+    let (index, score, pd, outp) = run(0, &vec![0.0; nvox]);
+    assert_eq!(want[4].index, -1, "the zero voxel matches nothing");
+    for v in 0..nvox {
+        let global = if want[v].index < 0 { -1 } else { want[v].index as i64 + offset as i64 };
+        assert_eq!(index[v] as i64, global, "voxel {v}");
+        assert_eq!(outp[v], global.max(0) as f32, "voxel {v}: parameters of the global index");
+        assert!((score[v] - want[v].score).abs() < 1e-5, "voxel {v}: score {} vs {}", score[v], want[v].score);
+        let d = ((pd[v][0] - want[v].pd[0]).powi(2) + (pd[v][1] - want[v].pd[1]).powi(2)).sqrt();
+        assert!(d <= 1e-4 * want[v].pd[0].hypot(want[v].pd[1]).max(1e-30), "voxel {v}: pd {:?} vs {:?}", pd[v], want[v].pd);
+    }
+    let ties = (0..nvox).filter(|&v| (v * 37) % natoms == 100).count();
+    assert!(ties > 0 && (0..nvox).filter(|&v| (v * 37) % natoms == 100).all(|v| want[v].index == 99), "atom 100 (2x atom 99) loses the tie");
+    // Accumulate: earlier scores of 2 are kept, -1 replaced, the zero voxel keeps its result.
+    let score0: Vec<f32> = (0..nvox).map(|v| if v % 2 == 0 { 2.0 } else { -1.0 }).collect();
+    let (index, _, _, _) = run(1, &score0);
+    for v in 0..nvox {
+        let kept = v % 2 == 0 || want[v].index < 0;
+        let expect = if kept { -7 } else { want[v].index + offset as i32 };
+        assert_eq!(index[v], expect, "voxel {v}, accumulating");
+    }
+    println!("fused matching kernel on the CPU: {nvox} voxels x {natoms} atoms at rank {k} as the reference");
+    let _ = std::fs::remove_dir_all(&dir);
+}

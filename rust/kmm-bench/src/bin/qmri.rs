@@ -292,6 +292,15 @@ fn main() {
             });
             row(&format!("  bare rank-{rank} GEMM"), &shape, tbare, "", "projections + compressed CGEMM, same chunks");
             row(&format!("  match in the basis, rank {rank}"), &shape, ti, &format!("{:.2}x bare rank-{rank} GEMM", ti / tbare), &format!("{exact}/{m_vox} exact"));
+            if rank <= 32 {
+                // The fused kernel against GEMM + argmax over the same coordinates.
+                std::env::set_var("KMM_MATCH_FUSED", "0");
+                m.time(1, run_in);
+                let tg = m.time(3, run_in);
+                std::env::remove_var("KMM_MATCH_FUSED");
+                let exact = count_exact();
+                row(&format!("  same, GEMM + argmax, rank {rank}"), &shape, tg, &format!("{:.2}x bare rank-{rank} GEMM", tg / tbare), &format!("{exact}/{m_vox} exact; KMM_MATCH_FUSED=0"));
+            }
         } else {
             row(&format!("  match in the basis, rank {rank}"), &shape, ti, "", &format!("{exact}/{m_vox} exact"));
         }

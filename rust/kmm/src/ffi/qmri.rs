@@ -284,7 +284,9 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
 /// `kmm_qmri_match_in_basis` per batch. `flags`: `KMM_MATCH_ACCUMULATE` to merge with earlier
 /// batches. On CUDA: cuBLAS CGEMM in voxel chunks (scratch of natoms x chunk complex values, at
 /// most half the free memory and `$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then a reduction
-/// kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Queued on the manager's
+/// kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Compressed to rank 32 or
+/// less, one fused kernel computes the inner products and keeps the best atom, with no scratch
+/// (`KMM_MATCH_FUSED=0` uses GEMM and reduction instead). Queued on the manager's
 /// stream (a compressed match waits once, for the Gram matrix). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_match(

@@ -314,6 +314,46 @@ pub(super) unsafe fn cgemm(
     )
 }
 
+/// Largest rank the fused kernel takes (its shared-memory tile, `MATCH_K` in kernels.cu).
+const FUSED_MAX_RANK: usize = 32;
+/// Voxels per block of the fused kernel (`MATCH_V`).
+const FUSED_VOXELS: u64 = 128;
+
+/// `KMM_MATCH_FUSED=0` matches compressed problems with GEMM and argmax instead of the fused
+/// kernel (for comparison).
+fn fused_enabled() -> bool {
+    std::env::var("KMM_MATCH_FUSED").map_or(true, |v| v != "0")
+}
+
+/// Compressed matching in one kernel (kmm_match_fused): no GEMM scratch, no chunks.
+#[allow(clippy::too_many_arguments)]
+fn match_fused(m: &Manager, norms_fn: &Function, cdict: u64, k: usize, natoms: usize, inv: u64, csig: u64, sig: u64, ntr: usize, nvoxels: usize, a: MatchAddrs) -> Result<()> {
+    let fused_fn = function(m, &[], "kmm_match_fused")?;
+    let inv_x = Scratch::new(m, (nvoxels * 4) as u64)?;
+    let mut p = [sig, ntr as u64, nvoxels as u64, inv_x.addr];
+    let mut q = [
+        cdict,
+        k as u64,
+        natoms as u64,
+        inv,
+        csig,
+        inv_x.addr,
+        nvoxels as u64,
+        a.index,
+        a.score,
+        a.pd,
+        a.params,
+        a.out_params,
+        a.atom_offset,
+        a.accumulate as u64,
+    ];
+    // SAFETY: the buffers hold the sizes checked in run::match_dictionary; one stream orders them.
+    unsafe {
+        norms_fn.launch(m.raw_stream(), grid_for(nvoxels as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)?;
+        fused_fn.launch(m.raw_stream(), grid_for(nvoxels as u64, FUSED_VOXELS as u32)?, [256, 1, 1], 0, &mut q)
+    }
+}
+
 /// Voxels per GEMM chunk: the scratch of natoms x chunk complex values takes at most half the
 /// free memory, and at most `KMM_MATCH_SCRATCH_BYTES` (default 2 GiB).
 pub fn match_chunk(m: &Manager, natoms: usize, nvoxels: usize) -> Result<usize> {
@@ -385,6 +425,9 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
         let inv = Scratch::new(m, (natoms * 4) as u64)?;
         let mut p = [cdict, k as u64, natoms as u64, inv.addr];
         unsafe { norms_fn.launch(m.raw_stream(), grid_for(natoms as u64 * 32, 256)?, [256, 1, 1], 0, &mut p)? };
+        if k < ntr && k <= FUSED_MAX_RANK && fused_enabled() {
+            return match_fused(m, &norms_fn, cdict, k, natoms, inv.addr, csig, sig, ntr, nvoxels, a);
+        }
         let chunk = match_chunk(m, natoms, nvoxels)?;
         let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
         let at = |base: u64, v0: usize, each: usize| if base == 0 { 0 } else { base + (v0 * each) as u64 };

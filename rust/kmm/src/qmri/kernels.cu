@@ -285,3 +285,107 @@ extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
         if (out_params) out_params[v] = params[j];
     }
 }
+
+// ---- fused compressed matching ------------------------------------------------------------
+
+// Compressed matching without the GEMM's scratch: each block keeps MATCH_V voxels' coordinates
+// (k <= MATCH_K values each) in shared memory and streams the atoms through in tiles of
+// MATCH_A, each thread computing 8 voxels x 4 atoms of inner products in registers and keeping
+// its best atom per voxel; the 16 threads that share a voxel then reduce (ties: the lower
+// index). `dict` and `xs` are k x natoms and k x nvox complex (coordinates in the basis), `inv`
+// 1/||U^H d|| per atom, `inv_x` 1/||x|| of the uncompressed signals. Outputs as kmm_argmax.
+#define MATCH_V 128
+#define MATCH_A 64
+#define MATCH_K 32
+extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
+    const float2* __restrict__ dict, int k, int natoms, const float* __restrict__ inv,
+    const float2* __restrict__ xs, const float* __restrict__ inv_x, int nvox,
+    int* __restrict__ index, float* __restrict__ score, float2* __restrict__ pd,
+    const float4* __restrict__ params, float4* __restrict__ out_params, long long atom_offset, int accumulate)
+{
+    __shared__ float2 X[MATCH_K][MATCH_V];
+    __shared__ float2 A[MATCH_K][MATCH_A];
+    const int t = threadIdx.x;
+    const int vg = t % 16, ag = t / 16;   // voxels vg + 16 j (j < 8), atoms ag + 16 i (i < 4)
+    const long long v0 = (long long)blockIdx.x * MATCH_V;
+    for (int e = t; e < k * MATCH_V; e += 256) {
+        const int v = e / k, kk = e % k;
+        X[kk][v] = v0 + v < nvox ? xs[(v0 + v) * k + kk] : make_float2(0.f, 0.f);
+    }
+    float best[8];
+    int bi[8];
+    for (int j = 0; j < 8; ++j) { best[j] = 0.f; bi[j] = -1; }
+    for (int a0 = 0; a0 < natoms; a0 += MATCH_A) {
+        __syncthreads();  // the previous tile is read (and X is written, the first time)
+        for (int e = t; e < k * MATCH_A; e += 256) {
+            const int a = e / k, kk = e % k;
+            A[kk][a] = a0 + a < natoms ? dict[(long long)(a0 + a) * k + kk] : make_float2(0.f, 0.f);
+        }
+        __syncthreads();
+        float2 acc[8][4];
+        for (int j = 0; j < 8; ++j)
+            for (int i = 0; i < 4; ++i) acc[j][i] = make_float2(0.f, 0.f);
+        for (int kk = 0; kk < k; ++kk) {
+            float2 xv[8], av[4];
+            for (int j = 0; j < 8; ++j) xv[j] = X[kk][vg + 16 * j];
+            for (int i = 0; i < 4; ++i) av[i] = A[kk][ag + 16 * i];
+            for (int j = 0; j < 8; ++j)
+                for (int i = 0; i < 4; ++i) {
+                    // conj(a) * x
+                    acc[j][i].x += av[i].x * xv[j].x + av[i].y * xv[j].y;
+                    acc[j][i].y += av[i].x * xv[j].y - av[i].y * xv[j].x;
+                }
+        }
+        // Atoms in increasing order within the thread: a strict > keeps the first of ties.
+        for (int i = 0; i < 4; ++i) {
+            const int a = a0 + ag + 16 * i;
+            const float w = a < natoms ? inv[a] : 0.f;
+            for (int j = 0; j < 8; ++j) {
+                const float s = (acc[j][i].x * acc[j][i].x + acc[j][i].y * acc[j][i].y) * (w * w);
+                if (s > best[j]) { best[j] = s; bi[j] = a; }
+            }
+        }
+    }
+    // Reduce over the 16 atom groups of each voxel, in the atom tile's shared memory.
+    __syncthreads();
+    float* rv = (float*)&A[0][0];                 // [16][MATCH_V]
+    int* ri = (int*)(rv + 16 * MATCH_V);          // [16][MATCH_V]
+    for (int j = 0; j < 8; ++j) {
+        rv[ag * MATCH_V + vg + 16 * j] = best[j];
+        ri[ag * MATCH_V + vg + 16 * j] = bi[j];
+    }
+    __syncthreads();
+    if (t >= MATCH_V) return;
+    const long long v = v0 + t;
+    if (v >= nvox) return;
+    float bv = rv[t];
+    int b = ri[t];
+    for (int g = 1; g < 16; ++g) {
+        const float ov = rv[g * MATCH_V + t];
+        const int oi = ri[g * MATCH_V + t];
+        if (ov > bv || (ov == bv && oi >= 0 && (b < 0 || oi < b))) { bv = ov; b = oi; }
+    }
+    const float sc = sqrtf(bv) * inv_x[v];
+    const bool matched = b >= 0 && isfinite(sc);
+    if (accumulate && (!matched || score[v] >= sc)) return;
+    if (!matched) {
+        index[v] = -1;
+        if (score) score[v] = 0.f;
+        if (pd) pd[v] = make_float2(0.f, 0.f);
+        if (out_params) out_params[v] = make_float4(0.f, 0.f, 0.f, 0.f);
+        return;
+    }
+    const long long j = b + atom_offset;
+    index[v] = (int)j;
+    if (score) score[v] = sc;
+    if (pd) {
+        float2 c = make_float2(0.f, 0.f);
+        const float2* d = dict + (long long)b * k;
+        for (int kk = 0; kk < k; ++kk) {
+            c.x += d[kk].x * X[kk][t].x + d[kk].y * X[kk][t].y;
+            c.y += d[kk].x * X[kk][t].y - d[kk].y * X[kk][t].x;
+        }
+        pd[v] = make_float2(c.x * inv[b], c.y * inv[b]);
+    }
+    if (out_params) out_params[v] = params[j];
+}
