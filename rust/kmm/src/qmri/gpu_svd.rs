@@ -18,7 +18,12 @@ use cudarc::cusolver::sys as cs;
 /// (lambda_{rank + OVERSAMPLE} / lambda_rank) per iteration instead of lambda_{rank+1} / lambda_rank.
 const OVERSAMPLE: usize = 8;
 /// Orthogonal iterations on the device. MRF dictionaries have fast-decaying spectra.
+/// `KMM_BASIS_ITERATIONS` overrides it (1 to 100), for tuning.
 const ITERATIONS: usize = 10;
+
+fn iterations() -> usize {
+    std::env::var("KMM_BASIS_ITERATIONS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|n| (1..=100).contains(n)).unwrap_or(ITERATIONS)
+}
 
 fn solver_check(status: cs::cusolverStatus_t, call: &str) -> Result<()> {
     if status == cs::cusolverStatus_t::CUSOLVER_STATUS_SUCCESS {
@@ -117,7 +122,7 @@ pub fn compression_basis(
     let lwork = lq.max(lg).max(1);
     let work = Scratch::new(m, lwork as u64 * 8)?;
     let (mut cur, mut next) = (&v, &w);
-    for _ in 0..ITERATIONS {
+    for _ in 0..iterations() {
         // SAFETY: all buffers are on the device with the sizes above; one stream orders them.
         unsafe {
             hemm(h, g.addr, cur.addr, next.addr, ntr, l)?;

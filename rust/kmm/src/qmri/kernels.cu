@@ -304,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
     const float4* __restrict__ params, float4* __restrict__ out_params, long long atom_offset, int accumulate)
 {
     __shared__ float2 X[MATCH_K][MATCH_V];
-    __shared__ float2 A[MATCH_K][MATCH_A];
+    __shared__ float2 A[MATCH_A][MATCH_K];   // atom-major: stored without bank conflicts, read as broadcasts
     const int t = threadIdx.x;
     const int vg = t % 16, ag = t / 16;   // voxels vg + 16 j (j < 8), atoms ag + 16 i (i < 4)
     const long long v0 = (long long)blockIdx.x * MATCH_V;
@@ -319,16 +319,17 @@ extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
         __syncthreads();  // the previous tile is read (and X is written, the first time)
         for (int e = t; e < k * MATCH_A; e += 256) {
             const int a = e / k, kk = e % k;
-            A[kk][a] = a0 + a < natoms ? dict[(long long)(a0 + a) * k + kk] : make_float2(0.f, 0.f);
+            A[a][kk] = a0 + a < natoms ? dict[(long long)(a0 + a) * k + kk] : make_float2(0.f, 0.f);
         }
         __syncthreads();
         float2 acc[8][4];
         for (int j = 0; j < 8; ++j)
             for (int i = 0; i < 4; ++i) acc[j][i] = make_float2(0.f, 0.f);
+#pragma unroll 4
         for (int kk = 0; kk < k; ++kk) {
             float2 xv[8], av[4];
             for (int j = 0; j < 8; ++j) xv[j] = X[kk][vg + 16 * j];
-            for (int i = 0; i < 4; ++i) av[i] = A[kk][ag + 16 * i];
+            for (int i = 0; i < 4; ++i) av[i] = A[ag + 16 * i][kk];
             for (int j = 0; j < 8; ++j)
                 for (int i = 0; i < 4; ++i) {
                     // conj(a) * x
@@ -348,7 +349,7 @@ extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
     }
     // Reduce over the 16 atom groups of each voxel, in the atom tile's shared memory.
     __syncthreads();
-    float* rv = (float*)&A[0][0];                 // [16][MATCH_V]
+    float* rv = (float*)&A[0][0];                 // [16][MATCH_V]: A's 16 KiB again
     int* ri = (int*)(rv + 16 * MATCH_V);          // [16][MATCH_V]
     for (int j = 0; j < 8; ++j) {
         rv[ag * MATCH_V + vg + 16 * j] = best[j];
