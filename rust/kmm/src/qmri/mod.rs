@@ -7,6 +7,7 @@
 //! are records of four f32 (T1, T2, B1, B0); signals are complex f32, TR index fastest.
 
 pub mod cpu;
+pub mod mrstat;
 pub mod gpu;
 mod gpu_svd;
 mod run;
