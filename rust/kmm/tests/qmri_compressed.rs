@@ -257,8 +257,10 @@ fn the_backend_basis_captures_what_the_reference_basis_captures() {
     let m = Mgr::new();
     let ntr = 300;
     let seq = FispSpec::mrf(ntr, 12);
-    let params = grid(16, 16);
+    // Over 4096 atoms: the CUDA basis splits its products over slices of 2048 atoms, and a rest.
+    let params: Vec<[f32; 4]> = (0..11).flat_map(|b| grid(24, 24).into_iter().map(move |a| [a[0], a[1], 0.8 + 0.04 * b as f32, a[3]])).collect();
     let natoms = params.len();
+    assert!(natoms > 2 * 2048 && natoms % 2048 != 0, "{natoms} atoms");
     let dict = fisp(&m, &seq, &params);
     for rank in [8usize, 24] {
         let d = upload(&m, &dict);

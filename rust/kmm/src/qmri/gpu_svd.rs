@@ -36,6 +36,55 @@ fn solver_check(status: cs::cusolverStatus_t, call: &str) -> Result<()> {
     }
 }
 
+/// Atoms per slice of a split product over atoms: enough slices to fill the GPU, since a
+/// product with a small `ntr x l` output and `natoms` terms gets few thread blocks.
+const SPLIT_ATOMS: usize = 2048;
+
+/// Y = D Z (`ntr x l`) for D `ntr x natoms` and Z `natoms x l` (ld natoms): partial products
+/// over slices of atoms in one strided-batched CGEMM, then their sum by one more CGEMM.
+#[allow(clippy::too_many_arguments)]
+unsafe fn gemm_over_atoms(m: &Manager, h: cb::cublasHandle_t, dict: u64, ntr: usize, natoms: usize, z: u64, l: usize, y: u64) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    let slices = natoms / SPLIT_ATOMS;
+    if slices < 2 {
+        return gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, l, natoms, dict, ntr, z, natoms, y, ntr);
+    }
+    let rest = natoms - slices * SPLIT_ATOMS;
+    let parts = slices + (rest > 0) as usize;
+    let partial = Scratch::new(m, (parts * ntr * l * 8) as u64)?;
+    let (one, zero) = (cb::cuComplex { x: 1.0, y: 0.0 }, cb::cuComplex { x: 0.0, y: 0.0 });
+    let status = cb::cublasCgemmStridedBatched(
+        h,
+        CUBLAS_OP_N,
+        CUBLAS_OP_N,
+        ntr as i32,
+        l as i32,
+        SPLIT_ATOMS as i32,
+        &one,
+        dict as *const cb::cuComplex,
+        ntr as i32,
+        (ntr * SPLIT_ATOMS) as i64,
+        z as *const cb::cuComplex,
+        natoms as i32,
+        SPLIT_ATOMS as i64,
+        &zero,
+        partial.addr as *mut cb::cuComplex,
+        ntr as i32,
+        (ntr * l) as i64,
+        slices as i32,
+    );
+    if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        fail!(KMM_ERROR_BACKEND, "cublasCgemmStridedBatched failed: {status:?}");
+    }
+    if rest > 0 {
+        let at = slices * SPLIT_ATOMS;
+        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, l, rest, dict + (at * ntr * 8) as u64, ntr, z + (at * 8) as u64, natoms, partial.addr + (slices * ntr * l * 8) as u64, ntr)?;
+    }
+    // Y = [partials] (ntr*l x parts) times a vector of ones.
+    let ones = Scratch::upload(m, &vec![[1f32, 0.0]; parts])?;
+    gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr * l, 1, parts, partial.addr, ntr * l, ones.addr, parts, y, ntr * l)
+}
+
 /// Writes the compression basis (`ntr x rank` complex f32, orthonormal columns) of the
 /// dictionary at `dict` to the device address `out`, on the manager's stream.
 #[allow(clippy::too_many_arguments)]
@@ -70,19 +119,21 @@ pub fn compression_basis(
         // SAFETY: all buffers are on the device with the sizes above; one stream orders them.
         unsafe {
             gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, l, ntr, dict, ntr, q.addr, ntr, z.addr, natoms)?; // Z = D^H Q
-            gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, l, natoms, dict, ntr, z.addr, natoms, q.addr, ntr)?; // Y = D Z
+            gemm_over_atoms(m, h, dict, ntr, natoms, z.addr, l, q.addr)?; // Y = D Z
             let a = q.addr as *mut cs::cuComplex;
             let (t, wk, inf) = (tau.addr as *mut cs::cuComplex, work.addr as *mut cs::cuComplex, info.addr as *mut i32);
             solver_check(cs::cusolverDnCgeqrf(solver, ntr as i32, l as i32, a, ntr as i32, t, wk, lwork, inf), "cusolverDnCgeqrf")?;
             solver_check(cs::cusolverDnCungqr(solver, ntr as i32, l as i32, l as i32, a, ntr as i32, t, wk, lwork, inf), "cusolverDnCungqr")?;
         }
     }
-    // Rayleigh-Ritz: H = (D^H Q)^H (D^H Q) = Q^H D D^H Q (l x l) on the host; its dominant
-    // rank-dimensional subspace R gives the basis Q R.
+    // Rayleigh-Ritz: H = Q^H (D (D^H Q)) (l x l) on the host; its dominant rank-dimensional
+    // subspace R gives the basis Q R.
     let small = Scratch::new(m, (l * l * 8) as u64)?;
+    let y = Scratch::new(m, (ntr * l * 8) as u64)?;
     unsafe {
         gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, l, ntr, dict, ntr, q.addr, ntr, z.addr, natoms)?;
-        gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, l, l, natoms, z.addr, natoms, z.addr, natoms, small.addr, l)?;
+        gemm_over_atoms(m, h, dict, ntr, natoms, z.addr, l, y.addr)?;
+        gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, l, l, ntr, q.addr, ntr, y.addr, ntr, small.addr, l)?;
     }
     let mut host = vec![[0f32; 2]; l * l];
     // SAFETY: `host` has room for l x l values; the copy completes before return.
