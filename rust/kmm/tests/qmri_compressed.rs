@@ -288,8 +288,12 @@ fn the_backend_basis_captures_what_the_reference_basis_captures() {
         let w = |r: usize, t: usize| (want[r * ntr + t].re, want[r * ntr + t].im);
         let worst = (0..natoms).map(|j| (kept(&g, j) - kept(&w, j)).abs()).fold(0f64, f64::max);
         let lost = (0..natoms).map(|j| 1.0 - kept(&g, j)).fold(0f64, f64::max);
-        println!("rank {rank}: energy kept differs from the reference's by at most {worst:.2e}; at most {lost:.2e} of an atom lost");
-        assert!(worst < 1e-4, "rank {rank}: the basis keeps {worst} less or more of some atom than the reference's");
+        // The dominant subspace keeps the most energy summed over atoms: the backend's must keep
+        // as much as the reference's (to f32 rounding); single atoms may shift a little.
+        let (total_g, total_w) = ((0..natoms).map(|j| kept(&g, j)).sum::<f64>(), (0..natoms).map(|j| kept(&w, j)).sum::<f64>());
+        println!("rank {rank}: per-atom energy kept differs from the reference's by at most {worst:.2e}; at most {lost:.2e} of an atom lost; total kept {total_g:.6} vs {total_w:.6} of {natoms}");
+        assert!(total_g >= total_w * (1.0 - 1e-6), "rank {rank}: the basis keeps {total_g} of the atoms' energy, the reference's {total_w}");
+        assert!(worst < 1e-3, "rank {rank}: the basis keeps {worst} less or more of some atom than the reference's");
         for a in 0..rank {
             for c in a..rank {
                 let (mut re, mut im) = (0f64, 0f64);
