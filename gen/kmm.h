@@ -20,6 +20,18 @@
 #define KMM_MAX_KERNEL_ARGS 256
 
 /**
+ * `KmmMrstatModel::trajectory`: readouts along straight lines, `kspace` holding per readout
+ * its start k0 and step dk, (kx, ky) each: `k0[0], dk[0], k0[1], dk[1], ...`.
+ */
+#define KMM_TRAJECTORY_CARTESIAN 0
+
+/**
+ * `KmmMrstatModel::trajectory`: every sample's (kx, ky) given, `nsamples x nreadouts`,
+ * sample fastest (spiral, radial, ...).
+ */
+#define KMM_TRAJECTORY_SPIRAL 1
+
+/**
  * `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
  * and B0 finite). The check copies the parameters to the host and waits for the stream; skip
  * it in tight loops over parameters already checked. Bad atoms then give NaN signals.
@@ -581,6 +593,44 @@ typedef struct {
 } KmmFispSequence;
 
 /**
+ * An MR-STAT acquisition on a manager's buffers. The signal of voxel v in coil c at sample s
+ * of readout r is C[c,v] ρ_v m_v(r) exp(-t_s/T2_v) exp(i 2π B0_v t_s) exp(-i (kx x_v + ky y_v)),
+ * with t_s = (s - nsamples/2) dt the time from the echo. Units: m, s, Hz, rad/m.
+ */
+typedef struct {
+  uint64_t nvoxels;
+  /**
+   * One readout per TR.
+   */
+  uint64_t nreadouts;
+  /**
+   * Samples per readout.
+   */
+  uint64_t nsamples;
+  uint64_t ncoils;
+  /**
+   * `nvoxels` records of six floats: x (m), y (m), T2 (s), B0 (Hz), Re ρ, Im ρ.
+   */
+  KmmBuffer voxels;
+  /**
+   * Coil sensitivities: `nvoxels x ncoils` complex float, voxel fastest.
+   */
+  KmmBuffer coils;
+  /**
+   * `KMM_TRAJECTORY_CARTESIAN` or `KMM_TRAJECTORY_SPIRAL`.
+   */
+  uint32_t trajectory;
+  /**
+   * Time between samples (s).
+   */
+  float dt;
+  /**
+   * k-space positions (complex float pairs (kx, ky), rad/m), laid out as `trajectory` says.
+   */
+  KmmBuffer kspace;
+} KmmMrstatModel;
+
+/**
  * A balanced pSSFP sequence (BlochSimulators' pSSFP2D) simulated with isochromats: B1-scaled
  * inversion, an alpha/2 prepulse, then per TR an RF pulse in `nrf` hard-pulse sub-steps with
  * slice-select gradient, precession to TE, a sample of m_x + i m_y, precession to the next RF.
@@ -1028,6 +1078,59 @@ KmmStatus kmm_module_launch(KmmManager manager,
  * the same source is instant). A second destroy is `KMM_ERROR_INVALID_HANDLE`.
  */
 KmmStatus kmm_module_destroy(KmmModule module);
+
+/**
+ * The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `params`
+ * (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
+ * its exact derivatives (forward-mode automatic differentiation, not finite differences) with
+ * respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
+ * f64. `flags` must be 0. Host backend; thread-safe.
+ */
+KmmStatus kmm_qmri_fisp_derivatives(KmmManager manager,
+                                    const KmmFispSequence *seq,
+                                    KmmBuffer params,
+                                    uint64_t first_atom,
+                                    uint64_t natoms,
+                                    KmmBuffer m,
+                                    KmmBuffer dm_dt1,
+                                    KmmBuffer dm_dt2,
+                                    uint32_t flags);
+
+/**
+ * The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
+ * fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
+ * Host backend; thread-safe.
+ */
+KmmStatus kmm_qmri_mrstat_signal(KmmManager manager,
+                                 const KmmMrstatModel *model,
+                                 KmmBuffer m,
+                                 KmmBuffer out);
+
+/**
+ * J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
+ * to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
+ * and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
+ * Host backend; thread-safe.
+ */
+KmmStatus kmm_qmri_jacobian_mul(KmmManager manager,
+                                const KmmMrstatModel *model,
+                                KmmBuffer m,
+                                KmmBuffer dm_dt1,
+                                KmmBuffer dm_dt2,
+                                KmmBuffer v,
+                                KmmBuffer out);
+
+/**
+ * Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
+ * signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+ */
+KmmStatus kmm_qmri_jacobian_adjoint_mul(KmmManager manager,
+                                        const KmmMrstatModel *model,
+                                        KmmBuffer m,
+                                        KmmBuffer dm_dt1,
+                                        KmmBuffer dm_dt2,
+                                        KmmBuffer w,
+                                        KmmBuffer out);
 
 /**
  * For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's

@@ -16,6 +16,16 @@ Most kernel arguments of one launch.
 """
 const KMM_MAX_KERNEL_ARGS = 256
 """
+`KmmMrstatModel::trajectory`: readouts along straight lines, `kspace` holding per readout
+its start k0 and step dk, (kx, ky) each: `k0[0], dk[0], k0[1], dk[1], ...`.
+"""
+const KMM_TRAJECTORY_CARTESIAN = 0
+"""
+`KmmMrstatModel::trajectory`: every sample's (kx, ky) given, `nsamples x nreadouts`,
+sample fastest (spiral, radial, ...).
+"""
+const KMM_TRAJECTORY_SPIRAL = 1
+"""
 `flags` bit of the simulation calls: skip the check of the atom parameters (T1, T2 > 0, B1
 and B0 finite). The check copies the parameters to the host and waits for the stream; skip
 it in tight loops over parameters already checked. Bad atoms then give NaN signals.
@@ -254,6 +264,23 @@ struct KmmFispSequence
 end
 
 """
+An MR-STAT acquisition on a manager's buffers. The signal of voxel v in coil c at sample s
+of readout r is C[c,v] ρ_v m_v(r) exp(-t_s/T2_v) exp(i 2π B0_v t_s) exp(-i (kx x_v + ky y_v)),
+with t_s = (s - nsamples/2) dt the time from the echo. Units: m, s, Hz, rad/m.
+"""
+struct KmmMrstatModel
+    nvoxels::UInt64
+    nreadouts::UInt64
+    nsamples::UInt64
+    ncoils::UInt64
+    voxels::KmmBuffer
+    coils::KmmBuffer
+    trajectory::UInt32
+    dt::Cfloat
+    kspace::KmmBuffer
+end
+
+"""
 A balanced pSSFP sequence (BlochSimulators' pSSFP2D) simulated with isochromats: B1-scaled
 inversion, an alpha/2 prepulse, then per TR an RF pulse in `nrf` hard-pulse sub-steps with
 slice-select gradient, precession to TE, a sample of m_x + i m_y, precession to the next RF.
@@ -335,6 +362,10 @@ const _fp_kmm_event_destroy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_module_compile = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_module_launch = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_module_destroy = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_fisp_derivatives = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_mrstat_signal = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_jacobian_mul = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_qmri_jacobian_adjoint_mul = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_alloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_plugin_malloc = Ref{Ptr{Cvoid}}(C_NULL)
@@ -352,7 +383,7 @@ const _fp_kmm_torch_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
 
 """
     load!(path) -> handle
@@ -407,6 +438,10 @@ function load!(path::AbstractString)
     _fp_kmm_module_compile[] = something(Libdl.dlsym(lib, :kmm_module_compile; throw_error = false), C_NULL)
     _fp_kmm_module_launch[] = something(Libdl.dlsym(lib, :kmm_module_launch; throw_error = false), C_NULL)
     _fp_kmm_module_destroy[] = something(Libdl.dlsym(lib, :kmm_module_destroy; throw_error = false), C_NULL)
+    _fp_kmm_qmri_fisp_derivatives[] = something(Libdl.dlsym(lib, :kmm_qmri_fisp_derivatives; throw_error = false), C_NULL)
+    _fp_kmm_qmri_mrstat_signal[] = something(Libdl.dlsym(lib, :kmm_qmri_mrstat_signal; throw_error = false), C_NULL)
+    _fp_kmm_qmri_jacobian_mul[] = something(Libdl.dlsym(lib, :kmm_qmri_jacobian_mul; throw_error = false), C_NULL)
+    _fp_kmm_qmri_jacobian_adjoint_mul[] = something(Libdl.dlsym(lib, :kmm_qmri_jacobian_adjoint_mul; throw_error = false), C_NULL)
     _fp_kmm_plugin_alloc[] = something(Libdl.dlsym(lib, :kmm_plugin_alloc; throw_error = false), C_NULL)
     _fp_kmm_plugin_free[] = something(Libdl.dlsym(lib, :kmm_plugin_free; throw_error = false), C_NULL)
     _fp_kmm_plugin_malloc[] = something(Libdl.dlsym(lib, :kmm_plugin_malloc; throw_error = false), C_NULL)
@@ -1392,6 +1427,102 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_module_destroy(module_)
     check_status(unchecked_kmm_module_destroy(module_))
+end
+
+"""
+The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `params`
+(records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
+its exact derivatives (forward-mode automatic differentiation, not finite differences) with
+respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
+f64. `flags` must be 0. Host backend; thread-safe.
+
+Returns the status; `kmm_qmri_fisp_derivatives` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_fisp_derivatives(manager, seq, params, first_atom, natoms, m, dm_dt1, dm_dt2, flags)
+    fp = _fp_kmm_qmri_fisp_derivatives[]
+    fp == C_NULL && throw_missing(:kmm_qmri_fisp_derivatives)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmFispSequence}, KmmBuffer, UInt64, UInt64, KmmBuffer, KmmBuffer, KmmBuffer, UInt32), manager, seq, params, first_atom, natoms, m, dm_dt1, dm_dt2, flags)
+end
+"""
+The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `params`
+(records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
+its exact derivatives (forward-mode automatic differentiation, not finite differences) with
+respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
+f64. `flags` must be 0. Host backend; thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_fisp_derivatives(manager, seq, params, first_atom, natoms, m, dm_dt1, dm_dt2, flags)
+    check_status(unchecked_kmm_qmri_fisp_derivatives(manager, seq, params, first_atom, natoms, m, dm_dt1, dm_dt2, flags))
+end
+
+"""
+The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
+fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
+Host backend; thread-safe.
+
+Returns the status; `kmm_qmri_mrstat_signal` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_mrstat_signal(manager, model, m, out)
+    fp = _fp_kmm_qmri_mrstat_signal[]
+    fp == C_NULL && throw_missing(:kmm_qmri_mrstat_signal)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmMrstatModel}, KmmBuffer, KmmBuffer), manager, model, m, out)
+end
+"""
+The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
+fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
+Host backend; thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_mrstat_signal(manager, model, m, out)
+    check_status(unchecked_kmm_qmri_mrstat_signal(manager, model, m, out))
+end
+
+"""
+J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
+to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
+and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
+Host backend; thread-safe.
+
+Returns the status; `kmm_qmri_jacobian_mul` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_jacobian_mul(manager, model, m, dm_dt1, dm_dt2, v, out)
+    fp = _fp_kmm_qmri_jacobian_mul[]
+    fp == C_NULL && throw_missing(:kmm_qmri_jacobian_mul)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmMrstatModel}, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer), manager, model, m, dm_dt1, dm_dt2, v, out)
+end
+"""
+J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
+to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
+and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
+Host backend; thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_jacobian_mul(manager, model, m, dm_dt1, dm_dt2, v, out)
+    check_status(unchecked_kmm_qmri_jacobian_mul(manager, model, m, dm_dt1, dm_dt2, v, out))
+end
+
+"""
+Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
+signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+
+Returns the status; `kmm_qmri_jacobian_adjoint_mul` is the checked form.
+"""
+@inline function unchecked_kmm_qmri_jacobian_adjoint_mul(manager, model, m, dm_dt1, dm_dt2, w, out)
+    fp = _fp_kmm_qmri_jacobian_adjoint_mul[]
+    fp == C_NULL && throw_missing(:kmm_qmri_jacobian_adjoint_mul)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmMrstatModel}, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer), manager, model, m, dm_dt1, dm_dt2, w, out)
+end
+"""
+Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
+signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_qmri_jacobian_adjoint_mul(manager, model, m, dm_dt1, dm_dt2, w, out)
+    check_status(unchecked_kmm_qmri_jacobian_adjoint_mul(manager, model, m, dm_dt1, dm_dt2, w, out))
 end
 
 """

@@ -11,6 +11,8 @@ from ctypes import (POINTER, Structure, c_bool, c_char_p, c_float, c_int32, c_si
 # constants (#define)
 KMM_IPC_HANDLE_BYTES = 64
 KMM_MAX_KERNEL_ARGS = 256
+KMM_TRAJECTORY_CARTESIAN = 0
+KMM_TRAJECTORY_SPIRAL = 1
 KMM_QMRI_SKIP_CHECKS = 1
 KMM_MATCH_ACCUMULATE = 1
 KMM_MATCH_SKIP_CHECKS = 2
@@ -161,6 +163,20 @@ class KmmFispSequence(Structure):
     ]
 
 
+class KmmMrstatModel(Structure):
+    _fields_ = [
+        ("nvoxels", c_uint64),
+        ("nreadouts", c_uint64),
+        ("nsamples", c_uint64),
+        ("ncoils", c_uint64),
+        ("voxels", KmmBuffer),
+        ("coils", KmmBuffer),
+        ("trajectory", c_uint32),
+        ("dt", c_float),
+        ("kspace", KmmBuffer),
+    ]
+
+
 class KmmPssfpSequence(Structure):
     _fields_ = [
         ("flip_angle", POINTER(c_float)),
@@ -208,8 +224,8 @@ ENUMS = {
 #: Every struct of the header, by name.
 STRUCTS = {"KmmBufferInfo": KmmBufferInfo, "KmmConfig": KmmConfig, "KmmManagerInfo": KmmManagerInfo,
     "KmmMemoryStats": KmmMemoryStats, "KmmKernelArg": KmmKernelArg,
-    "KmmFispSequence": KmmFispSequence, "KmmPssfpSequence": KmmPssfpSequence,
-    "KmmMatchOutputs": KmmMatchOutputs}
+    "KmmFispSequence": KmmFispSequence, "KmmMrstatModel": KmmMrstatModel,
+    "KmmPssfpSequence": KmmPssfpSequence, "KmmMatchOutputs": KmmMatchOutputs}
 
 #: Every function of the header: name -> (restype, argtypes), in the header's order.
 FUNCTIONS = {
@@ -265,6 +281,14 @@ FUNCTIONS = {
     "kmm_module_launch": (KmmStatus, [KmmManager, KmmModule, c_char_p, POINTER(c_uint32),
         POINTER(c_uint32), c_uint32, POINTER(KmmKernelArg), c_uint32]),
     "kmm_module_destroy": (KmmStatus, [KmmModule]),
+    "kmm_qmri_fisp_derivatives": (KmmStatus, [KmmManager, POINTER(KmmFispSequence), KmmBuffer,
+        c_uint64, c_uint64, KmmBuffer, KmmBuffer, KmmBuffer, c_uint32]),
+    "kmm_qmri_mrstat_signal": (KmmStatus, [KmmManager, POINTER(KmmMrstatModel), KmmBuffer,
+        KmmBuffer]),
+    "kmm_qmri_jacobian_mul": (KmmStatus, [KmmManager, POINTER(KmmMrstatModel), KmmBuffer, KmmBuffer,
+        KmmBuffer, KmmBuffer, KmmBuffer]),
+    "kmm_qmri_jacobian_adjoint_mul": (KmmStatus, [KmmManager, POINTER(KmmMrstatModel), KmmBuffer,
+        KmmBuffer, KmmBuffer, KmmBuffer, KmmBuffer]),
     "kmm_plugin_alloc": (KmmStatus, [KmmManager, c_uint64, c_uint32, c_uint64, POINTER(KmmBuffer),
         POINTER(c_uint64)]),
     "kmm_plugin_free": (KmmStatus, [KmmManager, KmmBuffer, c_uint64]),

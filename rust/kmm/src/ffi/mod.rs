@@ -11,6 +11,7 @@ pub mod cupy;
 pub mod ipc;
 pub mod manager;
 pub mod module;
+pub mod mrstat;
 pub mod plugin;
 pub mod qmri;
 pub mod registry;

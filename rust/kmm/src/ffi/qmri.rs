@@ -139,7 +139,7 @@ impl KmmFispSequence {
 
     /// # Safety
     /// The pointers hold the counts the fields give.
-    unsafe fn read(&self) -> Result<Fisp> {
+    pub(crate) unsafe fn read(&self) -> Result<Fisp> {
         if self.ntr == 0 || self.ntr > qmri::MAX_TRS {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "seq.ntr = {} must be in 1..={}", self.ntr, qmri::MAX_TRS);
         }

@@ -8,6 +8,7 @@
 
 pub mod cpu;
 pub mod mrstat;
+pub mod mrstat_run;
 pub mod gpu;
 mod gpu_svd;
 mod run;

@@ -1,0 +1,230 @@
+//! MR-STAT operations on a manager's buffers: the magnetization and its derivatives, the k-space
+//! signal, the Jacobian J·v and its adjoint Re(Jᴴw). The math is [`super::mrstat`] (f64).
+//!
+//! On the host backend each call reads its inputs in the order of the manager's stream (it waits
+//! for the work queued before it), computes in f64 on the calling thread (rayon inside), and
+//! writes its outputs in stream order: the call returns once they are written, and every error
+//! is reported by the call. The CUDA kernels are not wired yet: on the
+//! CUDA backend these calls return `KMM_ERROR_BACKEND_UNAVAILABLE`.
+
+use super::mrstat::{self, AtomF64, Cartesian, Model, Param, Spiral, Trajectory, VoxelParam, Voxels};
+use super::{Atom, Fisp};
+use crate::backend::BackendKind;
+use crate::error::Result;
+use crate::fail;
+use crate::manager::copy::Completion;
+use crate::manager::Manager;
+
+/// Floats per voxel record of a model: x (m), y (m), T2 (s), B0 (Hz), Re ρ, Im ρ.
+const VOXEL_FLOATS: u64 = 6;
+
+/// The parameters of the Jacobian, in the order of a parameter vector (fastest per voxel).
+const JACOBIAN_PARAMS: [VoxelParam; 4] = [VoxelParam::T1, VoxelParam::T2, VoxelParam::RhoRe, VoxelParam::RhoIm];
+
+/// How readouts move through k-space.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrajectoryKind {
+    /// `kspace` holds per readout the start k0 and the step dk along the readout (2 x nreadouts
+    /// (kx, ky) pairs: k0[0], dk[0], k0[1], dk[1], ...).
+    Cartesian,
+    /// `kspace` holds every sample's position (nsamples x nreadouts (kx, ky) pairs).
+    Spiral,
+}
+
+/// An acquisition on a manager's buffers (the C ABI's `KmmMrstatModel`).
+#[derive(Debug, Clone, Copy)]
+pub struct ModelBuffers {
+    pub nvoxels: u64,
+    pub nreadouts: u64,
+    pub nsamples: u64,
+    pub ncoils: u64,
+    /// `nvoxels` records of [`VOXEL_FLOATS`] floats.
+    pub voxels: u64,
+    /// `nvoxels x ncoils` complex float, voxel fastest.
+    pub coils: u64,
+    pub trajectory: TrajectoryKind,
+    /// Time between samples (s).
+    pub dt: f32,
+    pub kspace: u64,
+}
+
+fn host_only(m: &Manager, what: &str) -> Result<()> {
+    if m.backend_kind() == BackendKind::Cuda {
+        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "{what} runs on the host backend only in this version: its CUDA kernels are not wired yet");
+    }
+    Ok(())
+}
+
+/// Reads `count` values of `T` from the start of `handle`, in stream order (waits).
+fn read<T: Copy + Default>(m: &Manager, handle: u64, count: u64, name: &str) -> Result<Vec<T>> {
+    let each = std::mem::size_of::<T>() as u64;
+    let bytes = count.checked_mul(each).filter(|&b| b <= crate::manager::MAX_BUFFER_BYTES);
+    let Some(bytes) = bytes else { fail!(KMM_ERROR_SIZE_OVERFLOW, "{name}: {count} x {each} bytes exceeds the largest buffer") };
+    let (_, size, _, _) = m.buffer_info(handle)?;
+    if size < bytes {
+        fail!(KMM_ERROR_OUT_OF_RANGE, "{name} holds {size} bytes but needs {bytes} ({count} x {each})");
+    }
+    let mut v = vec![T::default(); count as usize];
+    // SAFETY: `v` has room for `bytes`; the copy completes before return.
+    unsafe { m.copy_to_host(v.as_mut_ptr() as *mut u8, handle, 0, bytes, Completion::Wait)? };
+    Ok(v)
+}
+
+/// Checks that `handle` holds `count` values of `T`.
+fn check_room<T>(m: &Manager, handle: u64, count: u64, name: &str) -> Result<()> {
+    let bytes = count.saturating_mul(std::mem::size_of::<T>() as u64);
+    let (_, size, _, _) = m.buffer_info(handle)?;
+    if size < bytes {
+        fail!(KMM_ERROR_OUT_OF_RANGE, "{name} holds {size} bytes but needs {bytes}");
+    }
+    Ok(())
+}
+
+/// Writes `data` to the start of `handle` in stream order and waits for the copy: the host
+/// stream copies from `data` when it runs, after this function has dropped it otherwise.
+fn write<T: Copy>(m: &Manager, handle: u64, data: &[T]) -> Result<()> {
+    // SAFETY: `data` is valid for its bytes; the copy completes before return.
+    unsafe { m.copy_to_device(handle, 0, data.as_ptr() as *const u8, std::mem::size_of_val(data) as u64, Completion::Wait)? };
+    Ok(())
+}
+
+fn c64(v: &[[f32; 2]]) -> Vec<[f64; 2]> {
+    v.iter().map(|c| [c[0] as f64, c[1] as f64]).collect()
+}
+
+fn c32(v: &[[f64; 2]]) -> Vec<[f32; 2]> {
+    v.iter().map(|c| [c[0] as f32, c[1] as f32]).collect()
+}
+
+fn nonzero(name: &str, n: u64) -> Result<()> {
+    if n == 0 || n > i32::MAX as u64 {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {n} must be in 1..={}", i32::MAX);
+    }
+    Ok(())
+}
+
+/// The model read from its buffers (in stream order) and checked.
+struct HostModel {
+    voxels: Voxels,
+    coils: Vec<[f64; 2]>,
+    traj: Trajectory,
+}
+
+impl HostModel {
+    fn read(m: &Manager, b: &ModelBuffers) -> Result<HostModel> {
+        nonzero("model->nvoxels", b.nvoxels)?;
+        nonzero("model->nreadouts", b.nreadouts)?;
+        nonzero("model->nsamples", b.nsamples)?;
+        nonzero("model->ncoils", b.ncoils)?;
+        if !(b.dt.is_finite() && b.dt > 0.0) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "model->dt = {} must be finite and > 0 (s)", b.dt);
+        }
+        let rec: Vec<f32> = read(m, b.voxels, b.nvoxels.saturating_mul(VOXEL_FLOATS), "model->voxels")?;
+        let field = |i: usize| rec.iter().skip(i).step_by(VOXEL_FLOATS as usize).map(|&x| x as f64).collect::<Vec<_>>();
+        let (re, im) = (field(4), field(5));
+        let voxels = Voxels { x: field(0), y: field(1), t2: field(2), b0: field(3), rho: re.iter().zip(&im).map(|(&a, &b)| [a, b]).collect() };
+        let coils = c64(&read::<[f32; 2]>(m, b.coils, b.nvoxels.saturating_mul(b.ncoils), "model->coils")?);
+        let (nr, ns, dt) = (b.nreadouts as usize, b.nsamples as usize, b.dt as f64);
+        let traj = match b.trajectory {
+            TrajectoryKind::Cartesian => {
+                let k = c64(&read::<[f32; 2]>(m, b.kspace, 2 * b.nreadouts, "model->kspace")?);
+                Trajectory::Cartesian(Cartesian { nsamples: ns, dt, k0: k.iter().step_by(2).copied().collect(), dk: k.iter().skip(1).step_by(2).copied().collect() })
+            }
+            TrajectoryKind::Spiral => {
+                let k = c64(&read::<[f32; 2]>(m, b.kspace, b.nreadouts.saturating_mul(b.nsamples), "model->kspace")?);
+                Trajectory::Spiral(Spiral { nsamples: ns, dt, k })
+            }
+        };
+        let hm = HostModel { voxels, coils, traj };
+        hm.model().validate().map_err(|mut e| {
+            e.message = format!("model: {}", e.message);
+            e
+        })?;
+        debug_assert_eq!(hm.traj.nreadouts(), nr);
+        Ok(hm)
+    }
+    fn model(&self) -> Model<'_> {
+        Model { voxels: &self.voxels, coils: &self.coils, traj: &self.traj }
+    }
+}
+
+/// The FISP magnetization of atoms `first_atom .. first_atom + natoms` of `params` (records of
+/// T1, T2, B1, B0) into `m` (`ntr x natoms` complex float) and, where the handle is not 0, its
+/// exact derivatives with respect to T1 and T2 into `dm_dt1` and `dm_dt2` (same shape).
+#[allow(clippy::too_many_arguments)]
+pub fn fisp_derivatives(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, natoms: u64, out_m: u64, dm_dt1: u64, dm_dt2: u64) -> Result<()> {
+    seq.validate()?;
+    host_only(m, "kmm_qmri_fisp_derivatives")?;
+    nonzero("natoms", natoms)?;
+    let end = first_atom.checked_add(natoms).ok_or_else(|| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "first_atom + natoms overflows"))?;
+    let ntr = seq.ntr() as u64;
+    let count = ntr.saturating_mul(natoms);
+    check_room::<[f32; 2]>(m, out_m, count, "m")?;
+    for (h, name) in [(dm_dt1, "dm_dt1"), (dm_dt2, "dm_dt2")] {
+        if h != 0 {
+            check_room::<[f32; 2]>(m, h, count, name)?;
+        }
+    }
+    let all: Vec<Atom> = read(m, params, end, "params")?;
+    let atoms: Vec<AtomF64> = all[first_atom as usize..].iter().map(|&a| a.into()).collect();
+    mrstat::validate_atoms_f64(&atoms)?;
+    let n = count as usize;
+    let (mut mm, mut dm) = (vec![[0f64; 2]; n], vec![[0f64; 2]; n]);
+    for (h, p) in [(dm_dt1, Param::T1), (dm_dt2, Param::T2)] {
+        if h != 0 {
+            mrstat::fisp_derivatives_batch(seq, &atoms, p, &mut mm, &mut dm)?;
+            write(m, h, &c32(&dm))?;
+        }
+    }
+    if dm_dt1 == 0 && dm_dt2 == 0 {
+        mrstat::simulate_fisp_f64(seq, &atoms, &mut mm)?;
+    }
+    write(m, out_m, &c32(&mm))
+}
+
+/// Reads the magnetization and its T1 and T2 derivatives (`nreadouts x nvoxels` complex each).
+fn read_magnetization(m: &Manager, b: &ModelBuffers, handles: [u64; 3]) -> Result<[Vec<[f64; 2]>; 3]> {
+    let n = b.nreadouts.saturating_mul(b.nvoxels);
+    let [a, d1, d2] = handles;
+    Ok([c64(&read(m, a, n, "m")?), c64(&read(m, d1, n, "dm_dt1")?), c64(&read(m, d2, n, "dm_dt2")?)])
+}
+
+fn signal_len(b: &ModelBuffers) -> u64 {
+    b.ncoils.saturating_mul(b.nreadouts).saturating_mul(b.nsamples)
+}
+
+/// The k-space signal of the magnetization `mag` (`nreadouts x nvoxels` complex float) into
+/// `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
+pub fn signal(m: &Manager, b: &ModelBuffers, mag: u64, out: u64) -> Result<()> {
+    host_only(m, "kmm_qmri_mrstat_signal")?;
+    let hm = HostModel::read(m, b)?;
+    check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
+    let mm = c64(&read(m, mag, b.nreadouts.saturating_mul(b.nvoxels), "m")?);
+    let mut s = vec![[0f64; 2]; signal_len(b) as usize];
+    mrstat::signal(&hm.model(), &mm, &mut s)?;
+    write(m, out, &c32(&s))
+}
+
+/// J·v: `v` holds `4 x nvoxels` floats (T1, T2, Re ρ, Im ρ per voxel); `out` is signal-shaped.
+pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u64) -> Result<()> {
+    host_only(m, "kmm_qmri_jacobian_mul")?;
+    let hm = HostModel::read(m, b)?;
+    check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
+    let [mm, d1, d2] = read_magnetization(m, b, mag)?;
+    let vv: Vec<f64> = read::<f32>(m, v, 4 * b.nvoxels, "v")?.iter().map(|&x| x as f64).collect();
+    let mut s = vec![[0f64; 2]; signal_len(b) as usize];
+    mrstat::jacobian_mul(&hm.model(), &mm, &JACOBIAN_PARAMS, &[&d1, &d2, &[], &[]], &vv, &mut s)?;
+    write(m, out, &c32(&s))
+}
+
+/// Re(Jᴴw): `w` is signal-shaped complex float; `out` holds `4 x nvoxels` floats.
+pub fn jacobian_adjoint_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], w: u64, out: u64) -> Result<()> {
+    host_only(m, "kmm_qmri_jacobian_adjoint_mul")?;
+    let hm = HostModel::read(m, b)?;
+    check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
+    let [mm, d1, d2] = read_magnetization(m, b, mag)?;
+    let ww = c64(&read(m, w, signal_len(b), "w")?);
+    let mut g = vec![0f64; 4 * b.nvoxels as usize];
+    mrstat::jacobian_adjoint_mul(&hm.model(), &mm, &JACOBIAN_PARAMS, &[&d1, &d2, &[], &[]], &ww, &mut g)?;
+    write(m, out, &g.iter().map(|&x| x as f32).collect::<Vec<_>>())
+}
