@@ -22,13 +22,16 @@ module QMRI
 
 using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
              default_manager, handles
+import LinearAlgebra
 
 export FISPSequence, PSSFPSequence, MatchResult, parameter_grid, tissue_parameters,
-       simulate_fisp, simulate_pssfp, log_grid, compression_basis
+       simulate_fisp, simulate_pssfp, log_grid, compression_basis,
+       CartesianTrajectory, SpiralTrajectory, MRSTATModel, Jacobian, magnetization
 
 include("sequences.jl")
 include("parameters.jl")
 include("simulate.jl")
 include("match.jl")
+include("mrstat.jl")
 
 end # module QMRI

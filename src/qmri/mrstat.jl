@@ -1,0 +1,228 @@
+# MR-STAT: the magnetization with its T1/T2 derivatives, the k-space signal, and the Jacobian
+# of that signal as a matrix-free operator (kmm_qmri_fisp_derivatives, kmm_qmri_mrstat_signal,
+# kmm_qmri_jacobian_mul, kmm_qmri_jacobian_adjoint_mul). Host backend in this version.
+
+"""
+    CartesianTrajectory(k0, dk; nsamples, dt)
+
+Readout `r` samples k0[r] + s·dk[r] for s = 0 … nsamples-1 (k-space in rad/m, `(kx, ky)`
+tuples or complex numbers kx + i·ky), `dt` seconds apart; the echo is at the middle sample.
+"""
+struct CartesianTrajectory
+    k0::Vector{ComplexF32}
+    dk::Vector{ComplexF32}
+    nsamples::Int
+    dt::Float32
+end
+function CartesianTrajectory(k0::AbstractVector, dk::AbstractVector; nsamples::Integer, dt::Real)
+    length(k0) == length(dk) >= 1 || throw(DimensionMismatch(
+        "CartesianTrajectory: $(length(k0)) starts k0 and $(length(dk)) steps dk; need one of each per readout"))
+    nsamples >= 1 || throw(ArgumentError("CartesianTrajectory: nsamples = $nsamples must be >= 1"))
+    isfinite(dt) && dt > 0 || throw(ArgumentError("CartesianTrajectory: dt = $dt must be finite and > 0 (s)"))
+    CartesianTrajectory(kvec(k0), kvec(dk), Int(nsamples), Float32(dt))
+end
+
+"""
+    SpiralTrajectory(k::AbstractMatrix; dt)
+
+Any trajectory: `k[s, r]` the position of sample `s` of readout `r` (rad/m, `(kx, ky)` tuples or
+kx + i·ky), `dt` seconds apart.
+"""
+struct SpiralTrajectory
+    k::Matrix{ComplexF32}
+    dt::Float32
+end
+function SpiralTrajectory(k::AbstractMatrix; dt::Real)
+    isfinite(dt) && dt > 0 || throw(ArgumentError("SpiralTrajectory: dt = $dt must be finite and > 0 (s)"))
+    SpiralTrajectory(reshape(kvec(vec(k)), size(k)), Float32(dt))
+end
+
+kvec(k) = ComplexF32[p isa Tuple ? complex(p[1], p[2]) : p for p in k]
+
+nreadouts(t::CartesianTrajectory) = length(t.k0)
+nreadouts(t::SpiralTrajectory) = size(t.k, 2)
+nsamples(t::CartesianTrajectory) = t.nsamples
+nsamples(t::SpiralTrajectory) = size(t.k, 1)
+kspace_data(t::CartesianTrajectory) = vec(permutedims(hcat(t.k0, t.dk)))   # k0[1], dk[1], k0[2], ...
+kspace_data(t::SpiralTrajectory) = vec(t.k)
+trajectory_kind(::CartesianTrajectory) = LibKmm.KMM_TRAJECTORY_CARTESIAN
+trajectory_kind(::SpiralTrajectory) = LibKmm.KMM_TRAJECTORY_SPIRAL
+
+"""
+    MRSTATModel(x, y, T2, B0, ρ, coils, trajectory; manager = default_manager())
+
+An MR-STAT acquisition: `nvoxels` voxels at positions `x`, `y` (m) with T2 (s), B0 (Hz) and
+complex proton density ρ, receive coil sensitivities `coils` (`nvoxels x ncoils`), and a
+`CartesianTrajectory` or `SpiralTrajectory` with one readout per TR. The signal of voxel v in
+coil c at sample s of readout r is C[v,c] ρ_v m_v(r) exp(-t_s/T2_v) exp(i2πB0_v t_s)
+exp(-i(kx x_v + ky y_v)), t_s the time from the echo. The data live on `manager`.
+"""
+struct MRSTATModel
+    nvoxels::Int
+    nreadouts::Int
+    nsamples::Int
+    ncoils::Int
+    voxels::KmmArray{Float32,2}
+    coils::KmmArray{ComplexF32,2}
+    kspace::KmmArray{ComplexF32,1}
+    trajectory::Union{CartesianTrajectory,SpiralTrajectory}
+end
+
+function MRSTATModel(x, y, T2, B0, ρ, coils::AbstractMatrix, traj::Union{CartesianTrajectory,SpiralTrajectory};
+                     manager::KmmManager = default_manager())
+    n = length(x)
+    n >= 1 || throw(ArgumentError("MRSTATModel: no voxels"))
+    for (name, a) in (("y", y), ("T2", T2), ("B0", B0), ("ρ", ρ))
+        length(a) == n || throw(DimensionMismatch("MRSTATModel: $name has $(length(a)) entries, x has $n"))
+    end
+    size(coils, 1) == n || throw(DimensionMismatch("MRSTATModel: coils has $(size(coils, 1)) rows; need one per voxel ($n)"))
+    rec = Float32[f for v in 1:n for f in (x[v], y[v], T2[v], B0[v], real(ρ[v]), imag(ρ[v]))]
+    MRSTATModel(n, nreadouts(traj), nsamples(traj), size(coils, 2),
+                KmmArray(reshape(rec, 6, n); manager = manager),
+                KmmArray{ComplexF32}(Matrix{ComplexF32}(coils); manager = manager),
+                KmmArray(kspace_data(traj); manager = manager), traj)
+end
+
+Kmm.manager(model::MRSTATModel) = Kmm.manager(model.voxels)
+
+"The model with new T2 and ρ (the values a Gauss-Newton step changes), on the same manager."
+function with_tissue(model::MRSTATModel, T2, ρ)
+    rec = Array(model.voxels)
+    length(T2) == length(ρ) == model.nvoxels || throw(DimensionMismatch("with_tissue: need $(model.nvoxels) values"))
+    rec[3, :] .= T2
+    rec[5, :] .= real.(ρ)
+    rec[6, :] .= imag.(ρ)
+    MRSTATModel(model.nvoxels, model.nreadouts, model.nsamples, model.ncoils,
+                KmmArray(rec; manager = Kmm.manager(model)), model.coils, model.kspace, model.trajectory)
+end
+
+function cmodel(model::MRSTATModel)
+    LibKmm.KmmMrstatModel(model.nvoxels, model.nreadouts, model.nsamples, model.ncoils,
+                          handles(model.voxels.storage)[2], handles(model.coils.storage)[2],
+                          trajectory_kind(model.trajectory), model.trajectory.dt,
+                          handles(model.kspace.storage)[2])
+end
+
+"""
+    magnetization(seq::FISPSequence, params; derivatives = true, manager) -> (m, ∂m/∂T1, ∂m/∂T2)
+
+The echo magnetization of each atom of `params` (`4 x n`: T1, T2, B1, B0), `ntr x n`
+`ComplexF32`, and its exact derivatives with respect to T1 and T2 (forward-mode automatic
+differentiation in f64; `nothing` with `derivatives = false`).
+"""
+function magnetization(seq::FISPSequence, params; derivatives::Bool = true,
+                       manager::KmmManager = default_manager_of(params))
+    p = as_params(params, manager)
+    n = size(p, 2)
+    output() = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
+    m = output()
+    d1, d2 = derivatives ? (output(), output()) : (nothing, nothing)
+    h(a) = a === nothing ? UInt64(0) : handles(a.storage)[2]
+    GC.@preserve seq p m d1 d2 begin
+        cs = Ref(cstruct(seq))
+        mh, ph = handles(p.storage)
+        LibKmm.kmm_qmri_fisp_derivatives(mh, cs, ph, UInt64(0), UInt64(n), h(m), h(d1), h(d2), UInt32(0))
+    end
+    (m, d1, d2)
+end
+
+function check_magnetization(model::MRSTATModel, m::KmmArray)
+    size(m) == (model.nreadouts, model.nvoxels) || throw(DimensionMismatch(
+        "the magnetization is $(size(m)); the model needs nreadouts x nvoxels = $((model.nreadouts, model.nvoxels))"))
+    Kmm.manager(m) === Kmm.manager(model) || throw(ArgumentError("the magnetization is on another manager than the model"))
+    whole_buffer(m)
+end
+
+signal_size(model::MRSTATModel) = (model.nsamples, model.nreadouts, model.ncoils)
+
+"""
+    signal(model::MRSTATModel, m) -> KmmArray{ComplexF32,3}
+
+The k-space signal (`nsamples x nreadouts x ncoils`) of the magnetization `m`
+(`nreadouts x nvoxels`, e.g. from `magnetization`).
+"""
+function signal(model::MRSTATModel, m::KmmArray{ComplexF32,2})
+    mm = check_magnetization(model, m)
+    out = KmmArray{ComplexF32}(undef, signal_size(model)...; manager = Kmm.manager(model))
+    GC.@preserve model mm out LibKmm.kmm_qmri_mrstat_signal(handles(model.voxels.storage)[1], Ref(cmodel(model)),
+                                                             handles(mm.storage)[2], handles(out.storage)[2])
+    out
+end
+
+"""
+    J = Jacobian(model, m, ∂m/∂T1, ∂m/∂T2)
+
+The Jacobian of `signal(model, m)` with respect to the parameters (T1, T2, Re ρ, Im ρ) of every
+voxel, as a matrix-free operator: `J * v` (`v`: `4 x nvoxels` or a vector of `4 nvoxels`
+Float32, parameter fastest) gives a signal-shaped `KmmArray`, `J' * w` gives Re(Jᴴw) as
+`4 x nvoxels`; `mul!(y, J, v)` and `mul!(g, J', w)` write into given KmmArrays.
+"""
+struct Jacobian
+    model::MRSTATModel
+    m::KmmArray{ComplexF32,2}
+    dT1::KmmArray{ComplexF32,2}
+    dT2::KmmArray{ComplexF32,2}
+    function Jacobian(model::MRSTATModel, m, dT1, dT2)
+        new(model, check_magnetization(model, m), check_magnetization(model, dT1), check_magnetization(model, dT2))
+    end
+end
+
+struct AdjointJacobian
+    J::Jacobian
+end
+
+Base.adjoint(J::Jacobian) = AdjointJacobian(J)
+Base.adjoint(A::AdjointJacobian) = A.J
+Base.size(J::Jacobian) = (prod(signal_size(J.model)), 4 * J.model.nvoxels)
+Base.size(A::AdjointJacobian) = reverse(size(A.J))
+Base.size(J::Union{Jacobian,AdjointJacobian}, d::Integer) = size(J)[d]
+Base.show(io::IO, J::Jacobian) = print(io, "Jacobian(", join(signal_size(J.model), "x"), " signal, ",
+                                       J.model.nvoxels, " voxels x (T1, T2, Re ρ, Im ρ))")
+
+function operands(J::Jacobian, x::KmmArray, xlen::Int, y::KmmArray, ylen::Int)
+    length(x) == xlen || throw(DimensionMismatch("the input has $(length(x)) entries; need $xlen"))
+    length(y) == ylen || throw(DimensionMismatch("the output has $(length(y)) entries; need $ylen"))
+    m = Kmm.manager(J.model)
+    Kmm.manager(x) === m && Kmm.manager(y) === m || throw(ArgumentError("the arrays must be on the model's manager"))
+    whole_buffer(x), y
+end
+
+function LinearAlgebra.mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::KmmArray{Float32})
+    vv, _ = operands(J, v, 4 * J.model.nvoxels, y, size(J, 1))
+    y.offset == 0 || throw(ArgumentError("mul!: the output must start at the start of its buffer (not a view)"))
+    GC.@preserve J vv y LibKmm.kmm_qmri_jacobian_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
+        handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
+        handles(vv.storage)[2], handles(y.storage)[2])
+    y
+end
+
+function LinearAlgebra.mul!(g::KmmArray{Float32}, A::AdjointJacobian, w::KmmArray{ComplexF32})
+    J = A.J
+    ww, _ = operands(J, w, size(J, 1), g, 4 * J.model.nvoxels)
+    g.offset == 0 || throw(ArgumentError("mul!: the output must start at the start of its buffer (not a view)"))
+    GC.@preserve J ww g LibKmm.kmm_qmri_jacobian_adjoint_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
+        handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
+        handles(ww.storage)[2], handles(g.storage)[2])
+    g
+end
+
+Base.:*(J::Jacobian, v::KmmArray{Float32}) =
+    LinearAlgebra.mul!(KmmArray{ComplexF32}(undef, signal_size(J.model)...; manager = Kmm.manager(J.model)), J, v)
+Base.:*(A::AdjointJacobian, w::KmmArray{ComplexF32}) =
+    LinearAlgebra.mul!(KmmArray{Float32}(undef, 4, A.J.model.nvoxels; manager = Kmm.manager(A.J.model)), A, w)
+Base.:*(J::Jacobian, v::AbstractArray{<:Real}) = J * KmmArray{Float32}(Array{Float32}(v); manager = Kmm.manager(J.model))
+Base.:*(A::AdjointJacobian, w::AbstractArray{<:Complex}) =
+    A * KmmArray{ComplexF32}(Array{ComplexF32}(w); manager = Kmm.manager(A.J.model))
+
+"""
+    residual(model, m, data) -> (r, ‖r‖²)
+
+The residual `signal(model, m) - data` (a signal-shaped KmmArray) and its squared norm.
+"""
+function residual(model::MRSTATModel, m::KmmArray{ComplexF32,2}, data)
+    s = Array(signal(model, m))
+    d = data isa KmmArray ? Array(data) : data
+    size(d) == size(s) || throw(DimensionMismatch("data is $(size(d)); the signal is $(size(s))"))
+    r = s .- ComplexF32.(d)
+    (KmmArray(r; manager = Kmm.manager(model)), sum(abs2, ComplexF64.(r)))
+end
