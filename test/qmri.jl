@@ -4,6 +4,7 @@
 
 using Test
 using Kmm
+import LinearAlgebra
 const Q = Kmm.QMRI
 
 # ---- plain-Julia references (Float64) -------------------------------------------------------
@@ -413,8 +414,8 @@ include(joinpath(ROOT, "examples", "figures.jl"))
                                                   scale = :sqrt)
 end
 
-@testset "MRF notebook: Pluto file format" begin
-    text = read(joinpath(ROOT, "examples", "mrf_pipeline.jl"), String)
+@testset "notebooks: Pluto file format ($name)" for name in ("mrf_pipeline.jl", "mrstat_pipeline.jl")
+    text = read(joinpath(ROOT, "examples", name), String)
     @test startswith(text, "### A Pluto.jl notebook ###\n")
     body, order = split(text, "# ╔═╡ Cell order:\n")
     cells = [m[1] for m in eachmatch(r"^# ╔═╡ ([0-9a-f-]{36})$"m, body)]
@@ -445,3 +446,72 @@ end
         @test occursin(p, text)
     end
 end
+
+@testset "MR-STAT operators" begin
+    n = 5; nv = n * n; nr = 20; ns = 6; nc = 3; fov = 0.2; dk = 2pi / fov
+    x = [((i - 1) % n - n / 2) * fov / n for i in 1:nv]; y = [((i - 1) ÷ n - n / 2) * fov / n for i in 1:nv]
+    traj = Q.CartesianTrajectory([(-ns / 2 * dk, ((r - 1) % n - n / 2) * dk) for r in 1:nr], [(dk, 0.0) for r in 1:nr];
+                                 nsamples = ns, dt = 5e-6)
+    coils = ComplexF32[1 + 0.2 * c * v / nv + 0.1im * c for v in 1:nv, c in 1:nc]
+    T1 = Float32[0.5 + 0.05 * (i % 7) for i in 1:nv]; T2 = Float32[0.05 + 0.01 * (i % 4) for i in 1:nv]
+    p = vcat(T1', T2', ones(Float32, 1, nv), zeros(Float32, 1, nv))
+    seq = Q.FISPSequence([deg2rad(10 + 40 * sin(pi * k / nr)^2) for k in 1:nr]; TR = 0.01, TE = 0.005, Ns = 8)
+    m, d1, d2 = Q.magnetization(seq, p)
+    @test Array(m) ≈ Array(Q.simulate_fisp(seq, p)) rtol = 1e-5
+    # exact derivatives against central differences of the magnetization
+    h = 1f-3
+    fd(k) = (Array(Q.magnetization(seq, p .+ h .* ((1:4) .== k); derivatives = false)[1]) .-
+             Array(Q.magnetization(seq, p .- h .* ((1:4) .== k); derivatives = false)[1])) ./ (2h)
+    @test isapprox(Array(d1), fd(1); rtol = 1e-2)
+    @test isapprox(Array(d2), fd(2); rtol = 1e-2)
+    ρ = ComplexF32[0.8 + 0.1im * (i % 2) for i in 1:nv]
+    model = Q.MRSTATModel(x, y, T2, zeros(nv), ρ, coils, traj)
+    s = Q.signal(model, m)
+    @test size(s) == (ns, nr, nc)
+    J = Q.Jacobian(model, m, d1, d2)
+    @test size(J) == (ns * nr * nc, 4nv) && size(J') == (4nv, ns * nr * nc)
+    v = randn(Float32, 4, nv); w = randn(ComplexF32, ns, nr, nc)
+    jv = Array(J * v); jw = Array(J' * w)
+    lhs, rhs = sum(real.(conj.(ComplexF64.(jv)) .* w)), sum(Float64.(v) .* jw)
+    @test abs(lhs - rhs) <= 1e-5 * max(abs(lhs), abs(rhs))          # the adjoint test
+    out = KmmArray{ComplexF32}(undef, ns, nr, nc); g = KmmArray{Float32}(undef, 4, nv)
+    @test Array(LinearAlgebra.mul!(out, J, KmmArray(v))) == jv
+    @test Array(LinearAlgebra.mul!(g, J', KmmArray(w))) == jw
+    # J v against central differences of the signal in the proton density (linear: exact)
+    e = zeros(Float32, 4, nv); e[3, 4] = 1
+    s2 = Array(Q.signal(Q.MRSTATModel(x, y, T2, zeros(nv), ρ .+ (1:nv .== 4), coils, traj), m))
+    @test Array(J * e) ≈ s2 .- Array(s) rtol = 1e-4
+    r, r2 = Q.residual(model, m, s)
+    @test r2 == 0 && all(iszero, Array(r))
+    @test Q.residual(model, m, zeros(ComplexF32, ns, nr, nc))[2] ≈ sum(abs2, ComplexF64.(Array(s))) rtol = 1e-5
+    # bad input
+    @test_throws DimensionMismatch Q.MRSTATModel(x, y[1:end-1], T2, zeros(nv), ρ, coils, traj)
+    @test_throws DimensionMismatch Q.Jacobian(model, KmmArray{ComplexF32}(undef, nr + 1, nv), d1, d2)
+    @test_throws DimensionMismatch J * randn(Float32, 3, nv)
+    @test_throws ArgumentError Q.CartesianTrajectory([(0.0, 0.0)], [(1.0, 0.0)]; nsamples = 4, dt = 0)
+    bad = Q.MRSTATModel(x, y, -T2, zeros(nv), ρ, coils, traj)
+    err = try Q.signal(bad, m); nothing catch ex; ex end
+    @test err isa KmmError && occursin("t2", err.message)
+end
+
+@testset "MR-STAT notebook end to end (tiny): T1 and T2 of every tissue within 5%" begin
+    out = mktempdir()
+    script = joinpath(ROOT, "examples", "mrstat_pipeline.jl")
+    env = copy(ENV)
+    for (k, v) in ("KMM_MRSTAT_N" => "10", "KMM_MRSTAT_OUTPUT" => out)
+        env[k] = v
+    end
+    cmd = setenv(`$(Base.julia_cmd()) --project=$ROOT $script`, env)
+    text = read(pipeline(cmd; stderr = stdout), String)
+    table = isfile(joinpath(out, "mrstat_errors.txt")) ? read(joinpath(out, "mrstat_errors.txt"), String) : ""
+    for name in ("white matter", "grey matter", "fat")
+        line = filter(l -> startswith(l, name), split(table, '\n'))
+        @test length(line) == 1
+        errs = [parse(Float64, e[1]) for e in eachmatch(r"(-?[0-9.]+)%", isempty(line) ? "" : line[1])]
+        @test length(errs) == 3 && abs(errs[1]) < 5 && abs(errs[2]) < 5
+    end
+    for name in ("T1", "T2", "PD")
+        @test isfile(joinpath(out, "mrstat_$(name)_true_vs_estimated.svg"))
+    end
+end
+
