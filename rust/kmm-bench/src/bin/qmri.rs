@@ -101,6 +101,51 @@ impl Mgr {
     }
 }
 
+/// The MR-STAT operations at issue 18's size: an `n x n` object (50,176 voxels at n = 224),
+/// `nr` readouts of `n` samples (Cartesian), one coil; magnetization and derivatives, signal,
+/// J·v and Jᴴw, each timed (best of 3).
+fn mrstat_ops(m: &Mgr, n: usize, nr: usize) {
+    use kmm::ffi::mrstat::*;
+    let nv = n * n;
+    let fov = 0.2f32;
+    let dk = 2.0 * std::f32::consts::PI / fov;
+    let recs: Vec<[f32; 6]> = (0..nv).map(|i| [((i % n) as f32 - n as f32 / 2.0) * fov / n as f32, ((i / n) as f32 - n as f32 / 2.0) * fov / n as f32, 0.05 + 0.001 * (i % 50) as f32, 0.0, 0.8, 0.0]).collect();
+    let kspace: Vec<[f32; 2]> = (0..nr).flat_map(|r| [[-(n as f32) / 2.0 * dk, ((r % n) as f32 - n as f32 / 2.0) * dk], [dk, 0.0]]).collect();
+    let model = KmmMrstatModel {
+        nvoxels: nv as u64,
+        nreadouts: nr as u64,
+        nsamples: n as u64,
+        ncoils: 1,
+        voxels: m.upload(&recs),
+        coils: m.upload(&vec![[1f32, 0.0]; nv]),
+        trajectory: KMM_TRAJECTORY_CARTESIAN,
+        dt: 5e-6,
+        kspace: m.upload(&kspace),
+    };
+    let seq = fisp_seq(nr, 16);
+    let raw = KmmFispSequence::view(&seq);
+    let at: Vec<Atom> = (0..nv).map(|i| Atom { t1: 0.5 + 0.01 * (i % 100) as f32, t2: recs[i][2], b1: 1.0, b0: 0.0 }).collect();
+    let p = m.upload(&at);
+    let len = (nr * nv * 8) as u64;
+    let (mb, d1, d2) = (m.alloc(len), m.alloc(len), m.alloc(len));
+    let td = m.time(3, || ok(kmm_qmri_fisp_derivatives(m.0, &raw, p, 0, nv as u64, mb, d1, d2, 0)));
+    row("magnetization + dT1 + dT2", &format!("{nv} atoms x {nr} TRs"), td, "", "FISP Ns 16, exact derivatives");
+    let ns = nr * n;
+    let out = m.alloc(ns as u64 * 8);
+    let shape = format!("{nv} vox, {nr} x {n} samples");
+    let ts = m.time(3, || ok(kmm_qmri_mrstat_signal(m.0, &model, mb, out)));
+    row("signal", &shape, ts, "", "target <= 2.0 ms on an H200");
+    let v = m.upload(&vec![0.01f32; 4 * nv]);
+    let tj = m.time(3, || ok(kmm_qmri_jacobian_mul(m.0, &model, mb, d1, d2, v, out)));
+    row("J v", &shape, tj, "", "target <= 4.0 ms on an H200");
+    let g = m.alloc(16 * nv as u64);
+    let ta = m.time(3, || ok(kmm_qmri_jacobian_adjoint_mul(m.0, &model, mb, d1, d2, out, g)));
+    row("J^H w", &shape, ta, "", "target <= 4.5 ms on an H200");
+    for b in [model.voxels, model.coils, model.kspace, p, mb, d1, d2, out, v, g] {
+        m.free(b);
+    }
+}
+
 /// `n` atoms x 1000 TRs against `n` voxels (every atom, noiseless) at rank 32: simulation, the
 /// basis, and the match in it, each timed once.
 fn big_match(m: &Mgr, n: usize) {
@@ -150,6 +195,15 @@ fn main() {
     ok(kmm_manager_info(m.0, &mut info));
     let cuda = info.backend == KmmBackend::KMM_BACKEND_CUDA as u32;
     let name = with_manager(m.0, |mm| Ok(mm.device_name())).unwrap();
+    if args.iter().any(|a| a == "--mrstat") {
+        println!("# Kmm qMRI benchmark on {name}: MR-STAT operations");
+        println!();
+        println!("| {:<28} | {:<30} | {:>10} | {:>22} | note |", "what", "shape", "ms", "rate");
+        println!("|{}|{}|{}|{}|---|", "-".repeat(30), "-".repeat(32), "-".repeat(12), "-".repeat(24));
+        mrstat_ops(&m, if quick { 64 } else { 224 }, if quick { 320 } else { 1120 });
+        ok(kmm_manager_destroy(m.0, 0));
+        return;
+    }
     if let Some(i) = args.iter().position(|a| a == "--big") {
         let n = args.get(i + 1).and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
         println!("# Kmm qMRI benchmark on {name}: the large compressed match");

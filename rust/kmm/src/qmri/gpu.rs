@@ -84,7 +84,7 @@ impl Drop for Scratch<'_> {
     }
 }
 
-fn rf_table(flip: &[f32], phase: &[f32], scale: impl Fn(usize) -> f32) -> Vec<[f32; 4]> {
+pub(super) fn rf_table(flip: &[f32], phase: &[f32], scale: impl Fn(usize) -> f32) -> Vec<[f32; 4]> {
     flip.iter()
         .zip(phase)
         .enumerate()
@@ -95,7 +95,7 @@ fn rf_table(flip: &[f32], phase: &[f32], scale: impl Fn(usize) -> f32) -> Vec<[f
         .collect()
 }
 
-fn grid_for(threads: u64, block: u32) -> Result<[u32; 3]> {
+pub(super) fn grid_for(threads: u64, block: u32) -> Result<[u32; 3]> {
     let blocks = threads.div_ceil(block as u64);
     if blocks > i32::MAX as u64 {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "too many atoms for one launch: {threads} threads");

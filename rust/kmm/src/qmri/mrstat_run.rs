@@ -1,13 +1,17 @@
 //! MR-STAT operations on a manager's buffers: the magnetization and its derivatives, the k-space
 //! signal, the Jacobian J·v and its adjoint Re(Jᴴw). The math is [`super::mrstat`] (f64).
 //!
-//! On the host backend each call reads its inputs in the order of the manager's stream (it waits
-//! for the work queued before it), computes in f64 on the calling thread (rayon inside), and
-//! writes its outputs in stream order: the call returns once they are written, and every error
-//! is reported by the call. The CUDA kernels are not wired yet: on the
-//! CUDA backend these calls return `KMM_ERROR_BACKEND_UNAVAILABLE`.
+//! Every call first reads and checks the model (voxels, coils, trajectory) and the atom records
+//! on the host, in the order of the manager's stream (it waits for the work queued before it).
+//! On the host backend it then computes in f64 on the calling thread (rayon inside) and writes
+//! its outputs in stream order before returning. On CUDA it queues the kernels of
+//! [`super::gpu_mrstat`] (f32 data, double where sums need it) on the manager's stream and
+//! returns.
 
 use super::mrstat::{self, AtomF64, Cartesian, Model, Param, Spiral, Trajectory, VoxelParam, Voxels};
+use super::gpu::Scratch;
+use super::gpu_mrstat;
+use super::run::Pins;
 use super::{Atom, Fisp};
 use crate::backend::BackendKind;
 use crate::error::Result;
@@ -48,11 +52,8 @@ pub struct ModelBuffers {
     pub kspace: u64,
 }
 
-fn host_only(m: &Manager, what: &str) -> Result<()> {
-    if m.backend_kind() == BackendKind::Cuda {
-        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "{what} runs on the host backend only in this version: its CUDA kernels are not wired yet");
-    }
-    Ok(())
+fn on_cuda(m: &Manager) -> bool {
+    m.backend_kind() == BackendKind::Cuda
 }
 
 /// Reads `count` values of `T` from the start of `handle`, in stream order (waits).
@@ -154,7 +155,6 @@ impl HostModel {
 #[allow(clippy::too_many_arguments)]
 pub fn fisp_derivatives(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, natoms: u64, out_m: u64, dm_dt1: u64, dm_dt2: u64) -> Result<()> {
     seq.validate()?;
-    host_only(m, "kmm_qmri_fisp_derivatives")?;
     nonzero("natoms", natoms)?;
     let end = first_atom.checked_add(natoms).ok_or_else(|| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "first_atom + natoms overflows"))?;
     let ntr = seq.ntr() as u64;
@@ -168,6 +168,23 @@ pub fn fisp_derivatives(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, n
     let all: Vec<Atom> = read(m, params, end, "params")?;
     let atoms: Vec<AtomF64> = all[first_atom as usize..].iter().map(|&a| a.into()).collect();
     mrstat::validate_atoms_f64(&atoms)?;
+    if on_cuda(m) {
+        let mut pins = Pins::new(m);
+        let p = pins.map(params, end * 16, "params")? + first_atom * 16;
+        let bytes = count * 8;
+        let mut outs = [pins.map(out_m, bytes, "m")?, 0, 0];
+        // The kernel writes all three: a left-out derivative goes to scratch.
+        let mut scratch = Vec::new();
+        for (i, h) in [(1, dm_dt1), (2, dm_dt2)] {
+            outs[i] = if h != 0 {
+                pins.map(h, bytes, if i == 1 { "dm_dt1" } else { "dm_dt2" })?
+            } else {
+                scratch.push(Scratch::new(m, bytes)?);
+                scratch.last().expect("just pushed").addr
+            };
+        }
+        return gpu_mrstat::fisp_derivatives(m, seq, p, natoms as usize, outs);
+    }
     let n = count as usize;
     let (mut mm, mut dm) = (vec![[0f64; 2]; n], vec![[0f64; 2]; n]);
     for (h, p) in [(dm_dt1, Param::T1), (dm_dt2, Param::T2)] {
@@ -196,20 +213,44 @@ fn signal_len(b: &ModelBuffers) -> u64 {
 /// The k-space signal of the magnetization `mag` (`nreadouts x nvoxels` complex float) into
 /// `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
 pub fn signal(m: &Manager, b: &ModelBuffers, mag: u64, out: u64) -> Result<()> {
-    host_only(m, "kmm_qmri_mrstat_signal")?;
     let hm = HostModel::read(m, b)?;
+    let mag_len = b.nreadouts.saturating_mul(b.nvoxels);
     check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
-    let mm = c64(&read(m, mag, b.nreadouts.saturating_mul(b.nvoxels), "m")?);
+    if on_cuda(m) {
+        let mut pins = Pins::new(m);
+        let dm = device_model(m, &mut pins, b, &hm)?;
+        let (mg, o) = (pins.map(mag, mag_len * 8, "m")?, pins.map(out, signal_len(b) * 8, "out")?);
+        return dm.signal(m, mg, o);
+    }
+    let mm = c64(&read(m, mag, mag_len, "m")?);
     let mut s = vec![[0f64; 2]; signal_len(b) as usize];
     mrstat::signal(&hm.model(), &mm, &mut s)?;
     write(m, out, &c32(&s))
 }
 
+/// The checked model on the device (its coil buffer mapped through `pins`).
+fn device_model<'a>(m: &'a Manager, pins: &mut Pins<'a>, b: &ModelBuffers, hm: &HostModel) -> Result<gpu_mrstat::DeviceModel<'a>> {
+    let coils = pins.map(b.coils, b.nvoxels * b.ncoils * 8, "model->coils")?;
+    gpu_mrstat::DeviceModel::new(m, &hm.voxels, &hm.traj, coils, b.ncoils)
+}
+
+/// Maps the magnetization and its derivatives for a kernel.
+fn map_magnetization(pins: &mut Pins, b: &ModelBuffers, mag: [u64; 3]) -> Result<[u64; 3]> {
+    let bytes = b.nreadouts.saturating_mul(b.nvoxels) * 8;
+    Ok([pins.map(mag[0], bytes, "m")?, pins.map(mag[1], bytes, "dm_dt1")?, pins.map(mag[2], bytes, "dm_dt2")?])
+}
+
 /// J·v: `v` holds `4 x nvoxels` floats (T1, T2, Re ρ, Im ρ per voxel); `out` is signal-shaped.
 pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u64) -> Result<()> {
-    host_only(m, "kmm_qmri_jacobian_mul")?;
     let hm = HostModel::read(m, b)?;
     check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
+    if on_cuda(m) {
+        let mut pins = Pins::new(m);
+        let dm = device_model(m, &mut pins, b, &hm)?;
+        let mg = map_magnetization(&mut pins, b, mag)?;
+        let (vv, o) = (pins.map(v, 16 * b.nvoxels, "v")?, pins.map(out, signal_len(b) * 8, "out")?);
+        return dm.jacobian(m, mg, vv, o);
+    }
     let [mm, d1, d2] = read_magnetization(m, b, mag)?;
     let vv: Vec<f64> = read::<f32>(m, v, 4 * b.nvoxels, "v")?.iter().map(|&x| x as f64).collect();
     let mut s = vec![[0f64; 2]; signal_len(b) as usize];
@@ -219,9 +260,15 @@ pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u
 
 /// Re(Jᴴw): `w` is signal-shaped complex float; `out` holds `4 x nvoxels` floats.
 pub fn jacobian_adjoint_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], w: u64, out: u64) -> Result<()> {
-    host_only(m, "kmm_qmri_jacobian_adjoint_mul")?;
     let hm = HostModel::read(m, b)?;
     check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
+    if on_cuda(m) {
+        let mut pins = Pins::new(m);
+        let dm = device_model(m, &mut pins, b, &hm)?;
+        let mg = map_magnetization(&mut pins, b, mag)?;
+        let (ww, o) = (pins.map(w, signal_len(b) * 8, "w")?, pins.map(out, 16 * b.nvoxels, "out")?);
+        return dm.jacobian_adjoint(m, mg, ww, o);
+    }
     let [mm, d1, d2] = read_magnetization(m, b, mag)?;
     let ww = c64(&read(m, w, signal_len(b), "w")?);
     let mut g = vec![0f64; 4 * b.nvoxels as usize];

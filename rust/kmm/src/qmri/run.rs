@@ -34,17 +34,17 @@ pub struct MatchBuffers {
 }
 
 /// Pins buffers for the duration of queueing; unpins on drop.
-struct Pins<'a> {
+pub(super) struct Pins<'a> {
     m: &'a Manager,
     handles: Vec<u64>,
 }
 
 impl<'a> Pins<'a> {
-    fn new(m: &'a Manager) -> Self {
+    pub(super) fn new(m: &'a Manager) -> Self {
         Pins { m, handles: Vec::new() }
     }
     /// Checks that `handle` holds at least `bytes` and maps it.
-    fn map(&mut self, handle: u64, bytes: u64, name: &str) -> Result<u64> {
+    pub(super) fn map(&mut self, handle: u64, bytes: u64, name: &str) -> Result<u64> {
         let (_, size, _, _) = self.m.buffer_info(handle)?;
         if size < bytes {
             fail!(KMM_ERROR_OUT_OF_RANGE, "{name} holds {size} bytes but needs {bytes}");
