@@ -20,7 +20,7 @@ output folder come from environment variables: `KMM_MRSTAT_N` (phantom N x N, de
 `KMM_MRSTAT_NOISE` (noise σ relative to the RMS signal, 0.01), `KMM_MRSTAT_ITERATIONS`
 (Gauss-Newton steps at most, 10), `KMM_MRSTAT_OUTPUT` (default `examples/output`).
 The magnetization, its exact T1 and T2 derivatives, the signal and the Jacobian products run in
-libkmm: in this version on the host backend (f64 inside); their CUDA kernels are not wired yet.
+libkmm: CUDA kernels on a GPU, the f64 reference on the host backend.
 """
 
 # ╔═╡ f3f49249-dc28-4f90-a5ae-c7978306d03b

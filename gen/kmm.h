@@ -1084,7 +1084,8 @@ KmmStatus kmm_module_destroy(KmmModule module);
  * (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
  * its exact derivatives (forward-mode automatic differentiation, not finite differences) with
  * respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
- * f64. `flags` must be 0. Host backend; thread-safe.
+ * f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
+ * Thread-safe.
  */
 KmmStatus kmm_qmri_fisp_derivatives(KmmManager manager,
                                     const KmmFispSequence *seq,
@@ -1099,7 +1100,7 @@ KmmStatus kmm_qmri_fisp_derivatives(KmmManager manager,
 /**
  * The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
  * fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
- * Host backend; thread-safe.
+ * Thread-safe.
  */
 KmmStatus kmm_qmri_mrstat_signal(KmmManager manager,
                                  const KmmMrstatModel *model,
@@ -1110,7 +1111,7 @@ KmmStatus kmm_qmri_mrstat_signal(KmmManager manager,
  * J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
  * to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
  * and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
- * Host backend; thread-safe.
+ * Thread-safe.
  */
 KmmStatus kmm_qmri_jacobian_mul(KmmManager manager,
                                 const KmmMrstatModel *model,
@@ -1122,7 +1123,7 @@ KmmStatus kmm_qmri_jacobian_mul(KmmManager manager,
 
 /**
  * Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
- * signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+ * signal-shaped `w`, into `out` (`4 x nvoxels` float). Thread-safe.
  */
 KmmStatus kmm_qmri_jacobian_adjoint_mul(KmmManager manager,
                                         const KmmMrstatModel *model,

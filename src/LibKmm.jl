@@ -1434,7 +1434,8 @@ The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `par
 (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
 its exact derivatives (forward-mode automatic differentiation, not finite differences) with
 respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
-f64. `flags` must be 0. Host backend; thread-safe.
+f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
+Thread-safe.
 
 Returns the status; `kmm_qmri_fisp_derivatives` is the checked form.
 """
@@ -1448,7 +1449,8 @@ The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `par
 (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
 its exact derivatives (forward-mode automatic differentiation, not finite differences) with
 respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
-f64. `flags` must be 0. Host backend; thread-safe.
+f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
+Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1459,7 +1461,7 @@ end
 """
 The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
 fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
-Host backend; thread-safe.
+Thread-safe.
 
 Returns the status; `kmm_qmri_mrstat_signal` is the checked form.
 """
@@ -1471,7 +1473,7 @@ end
 """
 The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
 fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
-Host backend; thread-safe.
+Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1483,7 +1485,7 @@ end
 J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
 to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
 and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
-Host backend; thread-safe.
+Thread-safe.
 
 Returns the status; `kmm_qmri_jacobian_mul` is the checked form.
 """
@@ -1496,7 +1498,7 @@ end
 J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
 to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
 and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
-Host backend; thread-safe.
+Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1506,7 +1508,7 @@ end
 
 """
 Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
-signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+signal-shaped `w`, into `out` (`4 x nvoxels` float). Thread-safe.
 
 Returns the status; `kmm_qmri_jacobian_adjoint_mul` is the checked form.
 """
@@ -1517,7 +1519,7 @@ Returns the status; `kmm_qmri_jacobian_adjoint_mul` is the checked form.
 end
 """
 Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
-signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+signal-shaped `w`, into `out` (`4 x nvoxels` float). Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

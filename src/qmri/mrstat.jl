@@ -1,6 +1,6 @@
 # MR-STAT: the magnetization with its T1/T2 derivatives, the k-space signal, and the Jacobian
 # of that signal as a matrix-free operator (kmm_qmri_fisp_derivatives, kmm_qmri_mrstat_signal,
-# kmm_qmri_jacobian_mul, kmm_qmri_jacobian_adjoint_mul). Host backend in this version.
+# kmm_qmri_jacobian_mul, kmm_qmri_jacobian_adjoint_mul): f64 on the host backend, f32 kernels on CUDA.
 
 """
     CartesianTrajectory(k0, dk; nsamples, dt)

@@ -1,8 +1,9 @@
 //! Exported MR-STAT operations: the FISP magnetization with its exact T1 and T2 derivatives, the
 //! k-space signal of a magnetization, and the Jacobian of that signal (J·v and Re(Jᴴw)) with
-//! respect to T1, T2 and the proton density of every voxel. Host backend in this version (the
-//! CUDA kernels are not wired yet: `KMM_ERROR_BACKEND_UNAVAILABLE` there). See
-//! `qmri::mrstat` for the model and its sign conventions.
+//! respect to T1, T2 and the proton density of every voxel. Each call reads and checks the model
+//! on the host first (it waits for the manager's stream); the host backend then computes in
+//! f64, the CUDA backend queues f32 kernels. See `qmri::mrstat` for the model and its sign
+//! conventions.
 
 use super::qmri::KmmFispSequence;
 use super::registry::with_manager;
@@ -71,7 +72,8 @@ fn model(model: *const KmmMrstatModel) -> Result<ModelBuffers> {
 /// (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
 /// its exact derivatives (forward-mode automatic differentiation, not finite differences) with
 /// respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
-/// f64. `flags` must be 0. Host backend; thread-safe.
+/// f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
+/// Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_fisp_derivatives(
     manager: KmmManager,
@@ -97,7 +99,7 @@ pub extern "C" fn kmm_qmri_fisp_derivatives(
 
 /// The k-space signal of the magnetization `m` (`nreadouts x nvoxels` complex float, readout
 /// fastest) into `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
-/// Host backend; thread-safe.
+/// Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_mrstat_signal(manager: KmmManager, model: *const KmmMrstatModel, m: KmmBuffer, out: KmmBuffer) -> KmmStatus {
     boundary(|| {
@@ -109,7 +111,7 @@ pub extern "C" fn kmm_qmri_mrstat_signal(manager: KmmManager, model: *const KmmM
 /// J·v, the Jacobian of the signal with respect to (T1, T2, Re ρ, Im ρ) of every voxel applied
 /// to `v` (`4 x nvoxels` float, parameter fastest), into `out` (signal-shaped). `m`, `dm_dt1`
 /// and `dm_dt2` are the magnetization and its derivatives (from `kmm_qmri_fisp_derivatives`).
-/// Host backend; thread-safe.
+/// Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_jacobian_mul(
     manager: KmmManager,
@@ -127,7 +129,7 @@ pub extern "C" fn kmm_qmri_jacobian_mul(
 }
 
 /// Re(Jᴴw): the adjoint of `kmm_qmri_jacobian_mul` (in the real sense) applied to a
-/// signal-shaped `w`, into `out` (`4 x nvoxels` float). Host backend; thread-safe.
+/// signal-shaped `w`, into `out` (`4 x nvoxels` float). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_jacobian_adjoint_mul(
     manager: KmmManager,
