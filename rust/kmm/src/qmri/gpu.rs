@@ -213,7 +213,7 @@ impl Drop for TakenHandle<'_> {
 }
 
 /// Runs `f` with a cuBLAS handle of the manager's device bound to the manager's stream.
-fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
+pub(super) fn with_cublas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
     with_handle(m, |h| f(h.blas))
 }
 
