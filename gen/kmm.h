@@ -40,8 +40,10 @@
 
 /**
  * `flags` bit of `kmm_qmri_match`: the outputs already hold the results of earlier dictionary
- * batches; a voxel's results are replaced only where this batch scores strictly higher. Needs
- * `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
+ * batches; a voxel's results are replaced only where this batch scores strictly higher, and a
+ * voxel this batch matches nothing in keeps them (one whose score is still negative gets the
+ * no-match record: index -1, score 0). Needs `outputs->score`. Start with `score` filled with
+ * -1 (or run the first batch without it).
  */
 #define KMM_MATCH_ACCUMULATE 1
 
@@ -1084,8 +1086,8 @@ KmmStatus kmm_module_destroy(KmmModule module);
  * (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
  * its exact derivatives (forward-mode automatic differentiation, not finite differences) with
  * respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
- * f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
- * Thread-safe.
+ * f64 on the host backend, in f32 kernels with dual numbers on CUDA (there `seq.max_state`
+ * at most 64). `flags` must be 0. Thread-safe.
  */
 KmmStatus kmm_qmri_fisp_derivatives(KmmManager manager,
                                     const KmmFispSequence *seq,
@@ -1219,7 +1221,7 @@ KmmStatus kmm_qmri_simulate_pssfp(KmmManager manager,
  * kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Compressed to rank 32 or
  * less, one fused kernel computes the inner products and keeps the best atom, with no scratch
  * (`KMM_MATCH_FUSED=0` uses GEMM and reduction instead). Queued on the manager's
- * stream (a compressed match waits once, for the Gram matrix). Thread-safe.
+ * stream (a compressed match that computes its own basis waits once). Thread-safe.
  */
 KmmStatus kmm_qmri_match(KmmManager manager,
                          KmmBuffer dictionary,
@@ -1239,7 +1241,8 @@ KmmStatus kmm_qmri_match(KmmManager manager,
  * rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
  * whole dictionary or a representative sample of its atoms (a few thousand spread over the
  * parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
- * manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+ * manager's stream; on CUDA the call waits once (for the small matrix of its last step, or
+ * for the Gram matrix where cuSOLVER is missing). Thread-safe.
  */
 KmmStatus kmm_qmri_compression_basis(KmmManager manager,
                                      KmmBuffer dictionary,

@@ -33,8 +33,10 @@ it in tight loops over parameters already checked. Bad atoms then give NaN signa
 const KMM_QMRI_SKIP_CHECKS = 1
 """
 `flags` bit of `kmm_qmri_match`: the outputs already hold the results of earlier dictionary
-batches; a voxel's results are replaced only where this batch scores strictly higher. Needs
-`outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
+batches; a voxel's results are replaced only where this batch scores strictly higher, and a
+voxel this batch matches nothing in keeps them (one whose score is still negative gets the
+no-match record: index -1, score 0). Needs `outputs->score`. Start with `score` filled with
+-1 (or run the first batch without it).
 """
 const KMM_MATCH_ACCUMULATE = 1
 """
@@ -1434,8 +1436,8 @@ The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `par
 (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
 its exact derivatives (forward-mode automatic differentiation, not finite differences) with
 respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
-f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
-Thread-safe.
+f64 on the host backend, in f32 kernels with dual numbers on CUDA (there `seq.max_state`
+at most 64). `flags` must be 0. Thread-safe.
 
 Returns the status; `kmm_qmri_fisp_derivatives` is the checked form.
 """
@@ -1449,8 +1451,8 @@ The FISP echo magnetization of atoms `first_atom .. first_atom + natoms` of `par
 (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
 its exact derivatives (forward-mode automatic differentiation, not finite differences) with
 respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
-f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
-Thread-safe.
+f64 on the host backend, in f32 kernels with dual numbers on CUDA (there `seq.max_state`
+at most 64). `flags` must be 0. Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1688,7 +1690,7 @@ most half the free memory and `\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then 
 kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Compressed to rank 32 or
 less, one fused kernel computes the inner products and keeps the best atom, with no scratch
 (`KMM_MATCH_FUSED=0` uses GEMM and reduction instead). Queued on the manager's
-stream (a compressed match waits once, for the Gram matrix). Thread-safe.
+stream (a compressed match that computes its own basis waits once). Thread-safe.
 
 Returns the status; `kmm_qmri_match` is the checked form.
 """
@@ -1715,7 +1717,7 @@ most half the free memory and `\$KMM_MATCH_SCRATCH_BYTES`, default 2 GiB), then 
 kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Compressed to rank 32 or
 less, one fused kernel computes the inner products and keeps the best atom, with no scratch
 (`KMM_MATCH_FUSED=0` uses GEMM and reduction instead). Queued on the manager's
-stream (a compressed match waits once, for the Gram matrix). Thread-safe.
+stream (a compressed match that computes its own basis waits once). Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1729,7 +1731,8 @@ Writes the compression basis of a dictionary (`ntr x natoms` complex float) into
 rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
 whole dictionary or a representative sample of its atoms (a few thousand spread over the
 parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
-manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+manager's stream; on CUDA the call waits once (for the small matrix of its last step, or
+for the Gram matrix where cuSOLVER is missing). Thread-safe.
 
 Returns the status; `kmm_qmri_compression_basis` is the checked form.
 """
@@ -1744,7 +1747,8 @@ Writes the compression basis of a dictionary (`ntr x natoms` complex float) into
 rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
 whole dictionary or a representative sample of its atoms (a few thousand spread over the
 parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
-manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+manager's stream; on CUDA the call waits once (for the small matrix of its last step, or
+for the Gram matrix where cuSOLVER is missing). Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

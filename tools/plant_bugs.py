@@ -376,8 +376,14 @@ PLANTS = [
      ["qmri_kernels_on_cpu"]),
     # Accumulating, a batch that matches nothing overwrites the earlier result.
     ("match-unmatched-batch-overwrites", "rust/kmm/src/qmri/run.rs",
-     "        if a.accumulate && (f.index < 0 || score.as_ref().is_some_and(|s| s[v] >= f.score)) {\n",
-     "        if a.accumulate && score.as_ref().is_some_and(|s| s[v] >= f.score) && f.index >= 0 {\n",
+     "            if if f.index >= 0 { earlier >= f.score } else { earlier >= 0.0 } {\n",
+     "            if f.index >= 0 && earlier >= f.score {\n",
+     ["qmri_compressed"]),
+    # Review (issue 18): accumulating, a voxel a batch matches nothing in is always skipped, so
+    # one that never matches keeps the caller's uninitialised index (score still -1).
+    ("match-unmatched-from-start-keeps-garbage", "rust/kmm/src/qmri/run.rs",
+     "            if if f.index >= 0 { earlier >= f.score } else { earlier >= 0.0 } {\n",
+     "            if if f.index >= 0 { earlier >= f.score } else { true } {\n",
      ["qmri_compressed"]),
     # A given basis is not checked: a basis of ones is accepted.
     ("match-basis-not-checked", "rust/kmm/src/qmri/run.rs",

@@ -108,7 +108,7 @@ end
 
 The echo magnetization of each atom of `params` (`4 x n`: T1, T2, B1, B0), `ntr x n`
 `ComplexF32`, and its exact derivatives with respect to T1 and T2 (forward-mode automatic
-differentiation in f64; `nothing` with `derivatives = false`).
+differentiation: in f64 on the host backend, f32 on CUDA; `nothing` with `derivatives = false`).
 """
 function magnetization(seq::FISPSequence, params; derivatives::Bool = true,
                        manager::KmmManager = default_manager_of(params))

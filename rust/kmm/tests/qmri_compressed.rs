@@ -206,6 +206,17 @@ fn nothing_matches_zero_or_nan_signals_or_batches() {
             assert_eq!(r.score, vec![0.0; 3]);
             assert_eq!(r.pd, vec![[0.0; 2]; 3]);
         }
+        // Every batch accumulated from the documented start (score -1, index garbage): the zero
+        // and NaN voxels end with the no-match record, not the garbage.
+        let outs = Outs::new(&m, 3);
+        for (j, atom) in [&good, &zero].into_iter().enumerate() {
+            let d = upload(&m, atom);
+            ok(kmm_qmri_match(m.0, d, ntr as u64, 1, j as u64, sig, 3, rank, p, &outs.o, KMM_MATCH_ACCUMULATE));
+            m.free(d);
+        }
+        let r = outs.read(&m);
+        assert_eq!(r.index, vec![0, -1, -1], "rank {rank}: accumulated from score -1");
+        assert_eq!(&r.score[1..], &[0.0, 0.0]);
         // Accumulating after a zero batch (score 0 written): the good atom replaces it.
         let outs = Outs::new(&m, 3);
         for (j, atom) in [&zero, &good].into_iter().enumerate() {

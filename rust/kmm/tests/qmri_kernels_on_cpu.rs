@@ -206,20 +206,24 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
         assert!(d <= 1e-4 * (want[v].pd[0].hypot(want[v].pd[1])), "voxel {v}: pd {:?} vs {:?}", pd[v], want[v].pd);
     }
     assert_eq!(want[4].index, 8, "the duplicate atom 9 loses the tie to atom 8");
-    // Accumulate: earlier scores of 2 (above any real score) are kept; -1 are replaced, except
-    // by voxels that match nothing.
-    let (_, index, _, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0, -1.0, -1.0], &dict, &c);
+    // Accumulate: earlier scores of 2 (above any real score) are kept; -1 are replaced. A voxel
+    // that matches nothing keeps an earlier match (score 0.5) and gets the no-match record
+    // where it has none yet (score -1).
+    let (_, index, score, _, _) = run(1, &[2.0, -1.0, 2.0, -1.0, -1.0, 0.5, -1.0], &dict, &c);
     assert_eq!(index[0], -7);
     assert_eq!(index[2], -7);
     assert_eq!(index[1] as u64, want[1].index as u64 + offset);
-    assert_eq!((index[5], index[6]), (-7, -7), "an unmatched voxel keeps the earlier result");
+    assert_eq!(index[5], -7, "an unmatched voxel keeps the earlier match");
+    assert_eq!((index[6], score[6]), (-1, 0.0), "an unmatched voxel with no match yet gets the no-match record");
     // A batch of zero atoms matches no voxel: index -1 and score 0 alone, nothing accumulated.
     let (zd, zc) = (vec![[0f32; 2]; ntr * natoms], vec![[0f32; 2]; natoms * nvox]);
     let (_, index, score, _, _) = run(0, &vec![0.0; nvox], &zd, &zc);
     assert_eq!(index, vec![-1; nvox], "a zero batch matches nothing");
     assert_eq!(score, vec![0.0; nvox]);
-    let (_, index, _, _, _) = run(1, &vec![-1.0; nvox], &zd, &zc);
+    let (_, index, _, _, _) = run(1, &vec![0.25; nvox], &zd, &zc);
     assert_eq!(index, vec![-7; nvox], "accumulated, a zero batch keeps every earlier result");
+    let (_, index, _, _, _) = run(1, &vec![-1.0; nvox], &zd, &zc);
+    assert_eq!(index, vec![-1; nvox], "accumulated from no result, a zero batch writes the no-match record");
     println!("argmax kernel on the CPU: {nvox} voxels as the reference, ties, zero atom, offset, accumulate");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,8 +2,9 @@
 //! k-space signal of a magnetization, and the Jacobian of that signal (J·v and Re(Jᴴw)) with
 //! respect to T1, T2 and the proton density of every voxel. Each call reads and checks the model
 //! on the host first (it waits for the manager's stream); the host backend then computes in
-//! f64, the CUDA backend queues f32 kernels. See `qmri::mrstat` for the model and its sign
-//! conventions.
+//! f64 (and refuses non-finite magnetizations and vectors), the CUDA backend queues f32 kernels
+//! (non-finite inputs there give non-finite outputs). See `qmri::mrstat` for the model and its
+//! sign conventions.
 
 use super::qmri::KmmFispSequence;
 use super::registry::with_manager;
@@ -72,8 +73,8 @@ fn model(model: *const KmmMrstatModel) -> Result<ModelBuffers> {
 /// (records of four floats: T1 s, T2 s, B1, B0 Hz) into `m` (`ntr x natoms` complex float), and
 /// its exact derivatives (forward-mode automatic differentiation, not finite differences) with
 /// respect to T1 into `dm_dt1` and T2 into `dm_dt2` (same shape; 0 leaves one out). Computed in
-/// f64 on the host backend, in f32 kernels with dual numbers on CUDA. `flags` must be 0.
-/// Thread-safe.
+/// f64 on the host backend, in f32 kernels with dual numbers on CUDA (there `seq.max_state`
+/// at most 64). `flags` must be 0. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_fisp_derivatives(
     manager: KmmManager,

@@ -17,8 +17,10 @@ use crate::qmri::{self, Compression, Fisp, MatchBuffers, Pssfp};
 pub const KMM_QMRI_SKIP_CHECKS: u32 = 1;
 
 /// `flags` bit of `kmm_qmri_match`: the outputs already hold the results of earlier dictionary
-/// batches; a voxel's results are replaced only where this batch scores strictly higher. Needs
-/// `outputs->score`. Start with `score` filled with -1 (or run the first batch without it).
+/// batches; a voxel's results are replaced only where this batch scores strictly higher, and a
+/// voxel this batch matches nothing in keeps them (one whose score is still negative gets the
+/// no-match record: index -1, score 0). Needs `outputs->score`. Start with `score` filled with
+/// -1 (or run the first batch without it).
 pub const KMM_MATCH_ACCUMULATE: u32 = 1;
 
 /// `flags` bit of `kmm_qmri_match_in_basis`: skip the check that the basis' columns are
@@ -287,7 +289,7 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
 /// kernel; `KMM_MATCH_MATH=tf32` lets cuBLAS use TF32 tensor cores. Compressed to rank 32 or
 /// less, one fused kernel computes the inner products and keeps the best atom, with no scratch
 /// (`KMM_MATCH_FUSED=0` uses GEMM and reduction instead). Queued on the manager's
-/// stream (a compressed match waits once, for the Gram matrix). Thread-safe.
+/// stream (a compressed match that computes its own basis waits once). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_match(
     manager: KmmManager,
@@ -315,7 +317,8 @@ pub extern "C" fn kmm_qmri_match(
 /// rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
 /// whole dictionary or a representative sample of its atoms (a few thousand spread over the
 /// parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
-/// manager's stream; on CUDA the call waits once, for the Gram matrix. Thread-safe.
+/// manager's stream; on CUDA the call waits once (for the small matrix of its last step, or
+/// for the Gram matrix where cuSOLVER is missing). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_qmri_compression_basis(
     manager: KmmManager,

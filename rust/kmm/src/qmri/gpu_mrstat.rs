@@ -20,6 +20,8 @@ pub const CARTESIAN_KERNELS: &str = include_str!("mrstat_cartesian.cu");
 const BLOCK: u32 = 256;
 /// Coils per thread of the signal and Jacobian kernels (`MS_CG`).
 const COILS_PER_THREAD: u64 = 4;
+/// Most EPG states of the derivative kernel (one thread per atom).
+const MAX_DERIVATIVE_STATES: u32 = 64;
 /// Largest grid y and z dimension.
 const GRID_YZ: u64 = 65535;
 
@@ -29,6 +31,17 @@ fn function(m: &Manager, extra: &[String], name: &str) -> Result<Function> {
 
 fn cartesian_function(m: &Manager, name: &str) -> Result<Function> {
     module::compile(m.device(), CARTESIAN_KERNELS, &options(&[]))?.function(name)
+}
+
+/// Runs `f` with a cuBLAS handle on the manager's stream in full FP32 (not the TF32 that
+/// `KMM_MATCH_MATH` may ask of matching).
+fn with_fp32_blas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R>) -> Result<R> {
+    super::gpu::with_cublas(m, |h| {
+        if unsafe { cb::cublasSetMathMode(h, cb::cublasMath_t::CUBLAS_DEFAULT_MATH) } != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            crate::fail!(KMM_ERROR_BACKEND, "cublasSetMathMode failed");
+        }
+        f(h)
+    })
 }
 
 /// C = op(A) op(B) + beta C in complex f32, column-major.
@@ -85,7 +98,9 @@ impl<'a> DeviceModel<'a> {
             Trajectory::Cartesian(c) => (c32s(&c.k0), c32s(&c.dk), true),
             Trajectory::Spiral(s) => (c32s(&s.k), vec![[0f32; 2]], false),
         };
-        let uniform_dk = (cartesian && dk.iter().all(|d| *d == dk[0]) && fast_path_enabled()).then(|| dk[0]);
+        // The fast path needs cuBLAS; without it the direct kernels still run.
+        let blas = unsafe { cb::is_culib_present() };
+        let uniform_dk = (cartesian && blas && dk.iter().all(|d| *d == dk[0]) && fast_path_enabled()).then(|| dk[0]);
         Ok(DeviceModel {
             x: Scratch::upload(m, &f32s(&voxels.x))?,
             y: Scratch::upload(m, &f32s(&voxels.y))?,
@@ -196,7 +211,7 @@ impl DeviceModel<'_> {
         let a1 = Scratch::new(m, nr * nv * 8)?;
         let a2 = if v.is_some() { Some(Scratch::new(m, nr * nv * 8)?) } else { None };
         let f = cartesian_function(m, "kmm_cart_a")?;
-        super::gpu::with_cublas(m, |h| {
+        with_fp32_blas(m, |h| {
             for c in 0..self.ncoils {
                 let mut p = [
                     self.coils + c * nv * 8,
@@ -238,7 +253,7 @@ impl DeviceModel<'_> {
         let z2 = z2.expect("asked for");
         let (q, q2) = (Scratch::new(m, nr * nv * 8)?, Scratch::new(m, nr * nv * 8)?);
         let f = cartesian_function(m, "kmm_cart_adjoint")?;
-        super::gpu::with_cublas(m, |h| {
+        with_fp32_blas(m, |h| {
             for c in 0..self.ncoils {
                 let wc = w + c * nr * ns * 8;
                 let mut p = [
@@ -273,6 +288,14 @@ impl DeviceModel<'_> {
 /// The FISP magnetization and its T1 and T2 derivatives of `natoms` atom records at `atoms`,
 /// one thread per atom, into `out` = [m, dm/dT1, dm/dT2] (`ntr x natoms` complex float each).
 pub fn fisp_derivatives(m: &Manager, seq: &Fisp, atoms: u64, natoms: usize, out: [u64; 3]) -> Result<()> {
+    // One thread keeps every state with its two tangents in local memory: cap the states.
+    if seq.max_state > MAX_DERIVATIVE_STATES {
+        crate::fail!(
+            KMM_ERROR_INVALID_ARGUMENT,
+            "seq.max_state = {} must be at most {MAX_DERIVATIVE_STATES} for derivatives on CUDA (one thread per atom keeps every state)",
+            seq.max_state
+        );
+    }
     let f = function(m, &[format!("-DNS={}", seq.max_state)], "kmm_mrstat_fisp_derivatives")?;
     let ntr = seq.ntr();
     let mut table = Vec::with_capacity(ntr * seq.positions());

@@ -267,8 +267,9 @@ extern "C" __global__ void __launch_bounds__(256) kmm_argmax(
         }
         const float sc = sqrtf(bv) * rsqrtf(xs);
         const bool matched = bi >= 0 && isfinite(sc);
-        // An earlier dictionary batch did better, or this one matches nothing.
-        if (accumulate && (!matched || score[v] >= sc)) return;
+        // An earlier dictionary batch did better, or this one matches nothing (an earlier
+        // match is kept; a voxel that has none yet, score < 0, gets the no-match record).
+        if (accumulate && (matched ? score[v] >= sc : score[v] >= 0.f)) return;
         if (!matched) {
             index[v] = -1;
             if (score) score[v] = 0.f;
@@ -315,11 +316,11 @@ extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
     float best[8];
     int bi[8];
     for (int j = 0; j < 8; ++j) { best[j] = 0.f; bi[j] = -1; }
-    for (int a0 = 0; a0 < natoms; a0 += MATCH_A) {
+    for (long long a0 = 0; a0 < natoms; a0 += MATCH_A) {
         __syncthreads();  // the previous tile is read (and X is written, the first time)
         for (int e = t; e < k * MATCH_A; e += 256) {
             const int a = e / k, kk = e % k;
-            A[a][kk] = a0 + a < natoms ? dict[(long long)(a0 + a) * k + kk] : make_float2(0.f, 0.f);
+            A[a][kk] = a0 + a < natoms ? dict[(a0 + a) * k + kk] : make_float2(0.f, 0.f);
         }
         __syncthreads();
         float2 acc[8][4];
@@ -339,11 +340,11 @@ extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
         }
         // Atoms in increasing order within the thread: a strict > keeps the first of ties.
         for (int i = 0; i < 4; ++i) {
-            const int a = a0 + ag + 16 * i;
+            const long long a = a0 + ag + 16 * i;
             const float w = a < natoms ? inv[a] : 0.f;
             for (int j = 0; j < 8; ++j) {
                 const float s = (acc[j][i].x * acc[j][i].x + acc[j][i].y * acc[j][i].y) * (w * w);
-                if (s > best[j]) { best[j] = s; bi[j] = a; }
+                if (s > best[j]) { best[j] = s; bi[j] = (int)a; }
             }
         }
     }
@@ -368,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) kmm_match_fused(
     }
     const float sc = sqrtf(bv) * inv_x[v];
     const bool matched = b >= 0 && isfinite(sc);
-    if (accumulate && (!matched || score[v] >= sc)) return;
+    if (accumulate && (matched ? score[v] >= sc : score[v] >= 0.f)) return;   // as kmm_argmax
     if (!matched) {
         index[v] = -1;
         if (score) score[v] = 0.f;

@@ -410,9 +410,13 @@ unsafe fn write_matches(found: &[cpu::Match], a: MatchAddrs) {
     let mut out_params = (a.out_params != 0).then(|| Addr(a.out_params).slice_mut::<Atom>(n));
     for (v, f) in found.iter().enumerate() {
         // Accumulating, a batch replaces only a strictly better result, and a voxel that
-        // matches nothing in it keeps the earlier one.
-        if a.accumulate && (f.index < 0 || score.as_ref().is_some_and(|s| s[v] >= f.score)) {
-            continue;
+        // matches nothing in it keeps the earlier one (or, with none yet, score < 0, gets the
+        // no-match record).
+        if a.accumulate {
+            let earlier = score.as_ref().map_or(f32::NEG_INFINITY, |s| s[v]);
+            if if f.index >= 0 { earlier >= f.score } else { earlier >= 0.0 } {
+                continue;
+            }
         }
         let matched = f.index >= 0;
         let j = f.index as i64 + a.atom_offset as i64;
