@@ -41,6 +41,21 @@ fn problem() -> Problem {
     Problem { nvox, nr, ns, nc, records, coils, kspace, dt: 4e-6 }
 }
 
+/// The problem's model (Cartesian) on `m`'s buffers.
+fn upload_model(m: &Mgr, p: &Problem) -> KmmMrstatModel {
+    KmmMrstatModel {
+        nvoxels: p.nvox as u64,
+        nreadouts: p.nr as u64,
+        nsamples: p.ns as u64,
+        ncoils: p.nc as u64,
+        voxels: upload(m, &p.records),
+        coils: upload(m, &p.coils),
+        trajectory: KMM_TRAJECTORY_CARTESIAN,
+        dt: p.dt,
+        kspace: upload(m, &p.kspace),
+    }
+}
+
 fn atoms(p: &Problem) -> Vec<[f32; 4]> {
     (0..p.nvox).map(|i| [0.4 + 0.1 * (i % 7) as f32, p.records[i][2], 1.0, p.records[i][3]]).collect()
 }
@@ -88,17 +103,7 @@ fn mrstat_operations_through_the_abi_equal_the_reference() {
     assert!(errs.iter().all(|&e| e < tol), "{errs:?}");
 
     // The model.
-    let kmodel = KmmMrstatModel {
-        nvoxels: p.nvox as u64,
-        nreadouts: p.nr as u64,
-        nsamples: p.ns as u64,
-        ncoils: p.nc as u64,
-        voxels: upload(&m, &p.records),
-        coils: upload(&m, &p.coils),
-        trajectory: KMM_TRAJECTORY_CARTESIAN,
-        dt: p.dt,
-        kspace: upload(&m, &p.kspace),
-    };
+    let kmodel = upload_model(&m, &p);
     let (voxels, coils, traj) = reference_model(&p);
     let model = Model { voxels: &voxels, coils: &coils, traj: &traj };
     let ns = p.nc * p.nr * p.ns;
@@ -174,17 +179,7 @@ fn bad_mrstat_arguments_are_rejected() {
     let p = problem();
     let n = (p.nr * p.nvox) as u64;
     let mb = m.alloc(n * 8, DEVICE);
-    let good = KmmMrstatModel {
-        nvoxels: p.nvox as u64,
-        nreadouts: p.nr as u64,
-        nsamples: p.ns as u64,
-        ncoils: p.nc as u64,
-        voxels: upload(&m, &p.records),
-        coils: upload(&m, &p.coils),
-        trajectory: KMM_TRAJECTORY_CARTESIAN,
-        dt: p.dt,
-        kspace: upload(&m, &p.kspace),
-    };
+    let good = upload_model(&m, &p);
     let out = m.alloc((p.nc * p.nr * p.ns) as u64 * 8, DEVICE);
     let before: Vec<u8> = m.download(out, 0, 64);
     expect_err(kmm_qmri_mrstat_signal(m.0, std::ptr::null(), mb, out), KMM_ERROR_NULL_POINTER, &["model"]);

@@ -9,10 +9,9 @@
 //! differences.
 
 use super::dual::{relax, Cx, Dual, Real};
-use super::{check_len, validate_atoms_f64, AtomF64, Param};
+use super::{each_atom, each_atom_with_derivative, AtomF64, Param};
 use crate::error::Result;
 use crate::qmri::Fisp;
-use rayon::prelude::*;
 use std::f64::consts::PI;
 
 /// The echo magnetization of one tissue with parameters (T1, T2, B1, B0) over scalar `T`.
@@ -129,25 +128,13 @@ pub fn fisp_derivatives(seq: &Fisp, atom: impl Into<AtomF64>, wrt: Param, m: &mu
 /// [`fisp_f64`] of every atom (rayon), `m` is `ntr x atoms.len()`, TR fastest.
 pub fn simulate_fisp_f64(seq: &Fisp, atoms: &[AtomF64], m: &mut [[f64; 2]]) -> Result<()> {
     seq.validate()?;
-    validate_atoms_f64(atoms)?;
-    let ntr = seq.ntr();
-    check_len("m", m, ntr * atoms.len(), "ntr x natoms")?;
-    m.par_chunks_mut(ntr).zip(atoms.par_iter()).for_each(|(o, &a)| fisp_f64(seq, a, o));
-    Ok(())
+    each_atom(seq.ntr(), atoms, m, |a, o| fisp_f64(seq, a, o))
 }
 
 /// [`fisp_derivatives`] of every atom (rayon): `m` and `dm` are `ntr x atoms.len()`, TR fastest.
 pub fn fisp_derivatives_batch(seq: &Fisp, atoms: &[AtomF64], wrt: Param, m: &mut [[f64; 2]], dm: &mut [[f64; 2]]) -> Result<()> {
     seq.validate()?;
-    validate_atoms_f64(atoms)?;
-    let ntr = seq.ntr();
-    check_len("m", m, ntr * atoms.len(), "ntr x natoms")?;
-    check_len("dm", dm, ntr * atoms.len(), "ntr x natoms")?;
-    m.par_chunks_mut(ntr)
-        .zip(dm.par_chunks_mut(ntr))
-        .zip(atoms.par_iter())
-        .for_each(|((mo, dmo), &a)| fisp_derivatives(seq, a, wrt, mo, dmo));
-    Ok(())
+    each_atom_with_derivative(seq.ntr(), atoms, m, dm, |a, mo, dmo| fisp_derivatives(seq, a, wrt, mo, dmo))
 }
 
 #[cfg(test)]

@@ -120,6 +120,32 @@ pub fn validate_atoms_f64(atoms: &[AtomF64]) -> Result<()> {
 }
 
 /// Checks that `name` holds `want` entries.
+/// Runs `one` for every atom in parallel (rayon) after checking the atoms and that `m` holds
+/// `ntr x atoms.len()` values: one `ntr`-long column of `m` per atom, TR fastest.
+fn each_atom(ntr: usize, atoms: &[AtomF64], m: &mut [[f64; 2]], one: impl Fn(AtomF64, &mut [[f64; 2]]) + Sync + Send) -> Result<()> {
+    use rayon::prelude::*;
+    validate_atoms_f64(atoms)?;
+    check_len("m", m, ntr * atoms.len(), "ntr x natoms")?;
+    m.par_chunks_mut(ntr).zip(atoms.par_iter()).for_each(|(o, &a)| one(a, o));
+    Ok(())
+}
+
+/// [`each_atom`] with a second output of the same shape (a derivative).
+fn each_atom_with_derivative(
+    ntr: usize,
+    atoms: &[AtomF64],
+    m: &mut [[f64; 2]],
+    dm: &mut [[f64; 2]],
+    one: impl Fn(AtomF64, &mut [[f64; 2]], &mut [[f64; 2]]) + Sync + Send,
+) -> Result<()> {
+    use rayon::prelude::*;
+    validate_atoms_f64(atoms)?;
+    check_len("m", m, ntr * atoms.len(), "ntr x natoms")?;
+    check_len("dm", dm, ntr * atoms.len(), "ntr x natoms")?;
+    m.par_chunks_mut(ntr).zip(dm.par_chunks_mut(ntr)).zip(atoms.par_iter()).for_each(|((mo, dmo), &a)| one(a, mo, dmo));
+    Ok(())
+}
+
 pub(crate) fn check_len<T>(name: &str, v: &[T], want: usize, what: &str) -> Result<()> {
     if v.len() != want {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} has {} entries but must have {what} = {want}", v.len());

@@ -9,11 +9,10 @@
 //! differentiation), not finite differences.
 
 use super::dual::{relax, Cx, Dual, Real};
-use super::{check_len, validate_atoms_f64, AtomF64, Param};
+use super::{each_atom, each_atom_with_derivative, AtomF64, Param};
 use crate::error::Result;
 use crate::qmri::cpu::C64;
 use crate::qmri::Pssfp;
-use rayon::prelude::*;
 use std::f64::consts::PI;
 
 /// The echo magnetization of one tissue with parameters (T1, T2, B1, B0) over scalar `T`.
@@ -127,25 +126,13 @@ pub fn pssfp_derivatives(seq: &Pssfp, atom: impl Into<AtomF64>, wrt: Param, m: &
 /// [`pssfp_f64`] of every atom (rayon), `m` is `ntr x atoms.len()`, TR fastest.
 pub fn simulate_pssfp_f64(seq: &Pssfp, atoms: &[AtomF64], m: &mut [[f64; 2]]) -> Result<()> {
     seq.validate()?;
-    validate_atoms_f64(atoms)?;
-    let ntr = seq.ntr();
-    check_len("m", m, ntr * atoms.len(), "ntr x natoms")?;
-    m.par_chunks_mut(ntr).zip(atoms.par_iter()).for_each(|(o, &a)| pssfp_f64(seq, a, o));
-    Ok(())
+    each_atom(seq.ntr(), atoms, m, |a, o| pssfp_f64(seq, a, o))
 }
 
 /// [`pssfp_derivatives`] of every atom (rayon): `m` and `dm` are `ntr x atoms.len()`, TR fastest.
 pub fn pssfp_derivatives_batch(seq: &Pssfp, atoms: &[AtomF64], wrt: Param, m: &mut [[f64; 2]], dm: &mut [[f64; 2]]) -> Result<()> {
     seq.validate()?;
-    validate_atoms_f64(atoms)?;
-    let ntr = seq.ntr();
-    check_len("m", m, ntr * atoms.len(), "ntr x natoms")?;
-    check_len("dm", dm, ntr * atoms.len(), "ntr x natoms")?;
-    m.par_chunks_mut(ntr)
-        .zip(dm.par_chunks_mut(ntr))
-        .zip(atoms.par_iter())
-        .for_each(|((mo, dmo), &a)| pssfp_derivatives(seq, a, wrt, mo, dmo));
-    Ok(())
+    each_atom_with_derivative(seq.ntr(), atoms, m, dm, |a, mo, dmo| pssfp_derivatives(seq, a, wrt, mo, dmo))
 }
 
 #[cfg(test)]
