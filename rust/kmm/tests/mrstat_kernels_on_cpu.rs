@@ -13,30 +13,12 @@ use std::f64::consts::PI;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn compile(source: &str, ns: u32, dir: &Path) -> Option<PathBuf> {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join(format!("{source}_{ns}"));
-    let status = Command::new("c++")
-        .args(["-O2", "-std=c++14", "-D_GNU_SOURCE", "-Wno-unused-result"])
-        .arg(format!("-DNS={ns}"))
-        .arg(format!("-DKERNELS_CU=\"{}\"", here.join("src/qmri/mrstat_kernels.cu").display()))
-        .arg(format!("-I{}", here.join("tests/qmri_common").display()))
-        .arg(here.join("tests/qmri_common").join(source))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-lpthread")
-        .status()
-        .ok()?;
-    assert!(status.success(), "the kernel harness did not compile");
-    Some(exe)
-}
+#[path = "qmri_common/harness.rs"]
+mod harness;
+use harness::have_cxx;
 
-fn have_cxx() -> bool {
-    if Command::new("c++").arg("--version").output().is_err() {
-        eprintln!("skipped: no C++ compiler");
-        return false;
-    }
-    true
+fn compile(source: &str, ns: u32, dir: &Path) -> Option<PathBuf> {
+    harness::compile(source, "mrstat_kernels.cu", &[("NS", ns)], dir)
 }
 
 /// SplitMix64.

@@ -3,6 +3,9 @@
 //! Rust reference. Guards the kernels' math and lane exchange in CI, where there is no GPU.
 //! Skipped when no C++ compiler (`c++`) is found.
 
+#[path = "qmri_common/harness.rs"]
+mod harness;
+use harness::have_cxx;
 use kmm::qmri::{cpu, Atom, Fisp, Pssfp};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -12,22 +15,7 @@ fn build(ns: u32, lanes: u32, dir: &Path) -> Option<PathBuf> {
 }
 
 fn compile(source: &str, ns: u32, lanes: u32, dir: &Path) -> Option<PathBuf> {
-    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let exe = dir.join(format!("{source}_{ns}_{lanes}"));
-    let status = Command::new("c++")
-        .args(["-O2", "-std=c++14", "-D_GNU_SOURCE", "-Wno-unused-result"])
-        .arg(format!("-DNS={ns}"))
-        .arg(format!("-DLANES={lanes}"))
-        .arg(format!("-DKERNELS_CU=\"{}\"", here.join("src/qmri/kernels.cu").display()))
-        .arg(format!("-I{}", here.join("tests/qmri_common").display()))
-        .arg(here.join("tests/qmri_common").join(source))
-        .arg("-o")
-        .arg(&exe)
-        .arg("-lpthread")
-        .status()
-        .ok()?;
-    assert!(status.success(), "the kernel harness did not compile");
-    Some(exe)
+    harness::compile(source, "kernels.cu", &[("NS", ns), ("LANES", lanes)], dir)
 }
 
 fn f32s(buf: &mut Vec<u8>, vals: impl IntoIterator<Item = f32>) {
@@ -52,8 +40,7 @@ fn worst(g: &[[f32; 2]], w: &[[f32; 2]], ntr: usize) -> f64 {
 
 #[test]
 fn kernels_run_on_the_cpu_equal_the_reference() {
-    if Command::new("c++").arg("--version").output().is_err() {
-        eprintln!("skipped: no C++ compiler");
+    if !have_cxx() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("kmm-kernel-harness-{}", std::process::id()));
@@ -133,8 +120,7 @@ fn bytes_of<T: Copy>(v: &[T]) -> &[u8] {
 
 #[test]
 fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
-    if Command::new("c++").arg("--version").output().is_err() {
-        eprintln!("skipped: no C++ compiler");
+    if !have_cxx() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("kmm-argmax-harness-{}", std::process::id()));
@@ -234,8 +220,7 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
 /// accumulating over earlier results.
 #[test]
 fn fused_match_kernel_run_on_the_cpu_equals_the_reference() {
-    if Command::new("c++").arg("--version").output().is_err() {
-        eprintln!("skipped: no C++ compiler");
+    if !have_cxx() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("kmm-fused-harness-{}", std::process::id()));

@@ -47,3 +47,18 @@ static inline int __shfl_down_sync(unsigned, int v, int d, int w = 32) {
     unsigned l = threadIdx.x; islots[l] = v; barrier();
     int r = (l % w + d < (unsigned)w) ? islots[l + d] : v; barrier(); return r; }
 static inline void __syncthreads() { barrier(); }
+static dim gridDim;
+// Runs `body` as a kernel launch: the blocks of `grid` one after the other, each with `threads`
+// std::threads standing in for its CUDA threads.
+static void run_blocks(dim grid, unsigned threads, const std::function<void()>& body) {
+    gridDim = grid;
+    blockDim = {threads, 1, 1}; nthreads = threads;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                blockIdx = {x, y, z};
+                std::vector<std::thread> ts;
+                for (unsigned t = 0; t < threads; ++t) ts.emplace_back([&, t] { threadIdx = {t, 0, 0}; body(); });
+                for (auto& t : ts) t.join();
+            }
+}

@@ -5,13 +5,7 @@
 #include "cuda_shim.h"
 #include KERNELS_CU
 static void run(unsigned threads, unsigned blocks, const std::function<void()>& body) {
-    blockDim = {threads, 1, 1}; nthreads = threads;
-    for (unsigned b = 0; b < blocks; ++b) {
-        blockIdx = {b, 0, 0};
-        std::vector<std::thread> ts;
-        for (unsigned t = 0; t < threads; ++t) ts.emplace_back([&, t] { threadIdx = {t, 0, 0}; body(); });
-        for (auto& t : ts) t.join();
-    }
+    run_blocks({blocks, 1, 1}, threads, body);
 }
 int main(int, char** argv) {
     FILE* f = fopen(argv[1], "rb");

@@ -10,21 +10,9 @@
 // Mode 1 (FISP derivatives): int64 mode natoms ntr nprof block, float tr te ti; then atoms
 // (natoms float4) and table (nprof*ntr float4). Writes m, dm/dT1, dm/dT2 (ntr*natoms complex each).
 #include "cuda_shim.h"
-static dim gridDim;
 #include KERNELS_CU
 
-static void run(dim grid, unsigned threads, const std::function<void()>& body) {
-    gridDim = grid;
-    blockDim = {threads, 1, 1}; nthreads = threads;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                blockIdx = {x, y, z};
-                std::vector<std::thread> ts;
-                for (unsigned t = 0; t < threads; ++t) ts.emplace_back([&, t] { threadIdx = {t, 0, 0}; body(); });
-                for (auto& t : ts) t.join();
-            }
-}
+static void run(dim grid, unsigned threads, const std::function<void()>& body) { run_blocks(grid, threads, body); }
 
 template <class T> static std::vector<T> get(FILE* f, size_t n) {
     std::vector<T> v(n);
