@@ -385,6 +385,26 @@ PLANTS = [
      "            if if f.index >= 0 { earlier >= f.score } else { earlier >= 0.0 } {\n",
      "            if if f.index >= 0 { earlier >= f.score } else { true } {\n",
      ["qmri_compressed"]),
+    # Issue 21: a copy between devices does not wait for the source's earlier work.
+    ("peer-copy-skips-source-wait", "rust/kmm/src/manager/peer.rs",
+     "        src.backend.order_streams(src_raw, dst_raw)?;\n        dst.stream.copy_peer",
+     "        dst.stream.copy_peer",
+     ["multi_device"]),
+    # The source's later work (a fill, a free and reuse) does not wait for the copy.
+    ("peer-copy-source-does-not-wait", "rust/kmm/src/manager/peer.rs",
+     "    dst.backend.order_streams(dst_raw, src_raw)\n}",
+     "    Ok(())\n}",
+     ["multi_device"]),
+    # The staged path: the destination's copy out of a slot does not wait for the source's copy in.
+    ("staged-copy-skips-source-wait", "rust/kmm/src/manager/peer.rs",
+     "                .and_then(|_| src.backend.order_streams(src_raw, dst_raw))\n",
+     "",
+     ["multi_device"]),
+    # The staged path releases a slot after the source's copy into it, not the destination's out.
+    ("staged-slot-released-early", "rust/kmm/src/manager/peer.rs",
+     "            staging.submit(dst.stream.as_ref(), block, None)?;",
+     "            staging.submit(src.stream.as_ref(), block, None)?;",
+     ["multi_device"]),
     # A given basis is not checked: a basis of ones is accepted.
     ("match-basis-not-checked", "rust/kmm/src/qmri/run.rs",
      "            if check_basis_first {\n",

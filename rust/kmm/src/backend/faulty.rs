@@ -234,6 +234,12 @@ impl Backend for FaultyBackend {
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
         Ok(Box::new(FaultyPool { inner: self.inner.create_async_pool(release_threshold, max_size)?, plan: self.plan.clone() }))
     }
+    fn peer_access(&self, peer: &dyn Backend) -> Result<bool> {
+        self.inner.peer_access(peer)
+    }
+    fn raw_context(&self) -> u64 {
+        self.inner.raw_context()
+    }
 }
 
 pub struct FaultyStream {
@@ -256,6 +262,10 @@ impl Stream for FaultyStream {
     unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
         self.plan.copy_fault("copy_d2d")?;
         self.inner.copy_d2d(dst, src, bytes)
+    }
+    unsafe fn copy_peer(&self, dst: DevicePtr, src: DevicePtr, src_context: u64, bytes: u64) -> Result<()> {
+        self.plan.copy_fault("copy_peer")?;
+        self.inner.copy_peer(dst, src, src_context, bytes)
     }
     unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()> {
         self.plan.copy_fault("memset")?;

@@ -13,8 +13,28 @@ use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::thread::JoinHandle;
 
-/// How many host "devices" exist, so multi-device code paths run in CI too.
-pub const HOST_DEVICE_COUNT: i32 = 4;
+/// At most this many host "devices" (`KMM_HOST_DEVICES`).
+const MAX_HOST_DEVICES: u32 = 64;
+
+/// How many host "devices" exist: `KMM_HOST_DEVICES` (1 to 64, default 1), read once, so that
+/// every multi-device path (copies between devices, managers on each, scale-out over workers)
+/// runs on a CPU. Devices pair up as GPUs on NVLink do: 0 and 1, 2 and 3, ... copy peer to
+/// peer; copies between pairs are staged through pinned host memory.
+pub fn device_count() -> Result<u32> {
+    static COUNT: OnceLock<std::result::Result<u32, String>> = OnceLock::new();
+    let count = COUNT.get_or_init(|| match std::env::var("KMM_HOST_DEVICES") {
+        Err(_) => Ok(1),
+        Ok(v) if v.is_empty() => Ok(1),
+        Ok(v) => match v.trim().parse::<u32>() {
+            Ok(n) if (1..=MAX_HOST_DEVICES).contains(&n) => Ok(n),
+            _ => Err(format!("KMM_HOST_DEVICES={v:?} is not a device count in 1..={MAX_HOST_DEVICES}")),
+        },
+    });
+    match count {
+        Ok(n) => Ok(*n),
+        Err(message) => fail!(KMM_ERROR_INVALID_ARGUMENT, "{message}"),
+    }
+}
 
 pub struct HostBackend {
     device: i32,
@@ -26,8 +46,9 @@ pub struct HostBackend {
 impl HostBackend {
     pub fn get(device: i32) -> Result<Arc<dyn Backend>> {
         static DEVICES: OnceLock<Vec<Arc<HostBackend>>> = OnceLock::new();
+        let count = device_count()?;
         let devices = DEVICES.get_or_init(|| {
-            (0..HOST_DEVICE_COUNT)
+            (0..count as i32)
                 .map(|device| {
                     Arc::new(HostBackend {
                         device,
@@ -41,7 +62,7 @@ impl HostBackend {
             Some(b) => Ok(b.clone()),
             None => fail!(
                 KMM_ERROR_BACKEND_UNAVAILABLE,
-                "device {device} does not exist on the host backend (devices 0..{HOST_DEVICE_COUNT})"
+                "device {device} does not exist on the host backend: {count} device(s), 0..{count} (set KMM_HOST_DEVICES for more)"
             ),
         }
     }
@@ -165,6 +186,9 @@ impl Backend for HostBackend {
             release_threshold,
             max_size,
         }))
+    }
+    fn peer_access(&self, peer: &dyn Backend) -> Result<bool> {
+        Ok(peer.kind() == BackendKind::Host && peer.device() != self.device && peer.device() / 2 == self.device / 2)
     }
 }
 
@@ -311,6 +335,9 @@ impl Stream for HostStream {
             // SAFETY: guaranteed by the caller; ranges may overlap within one buffer.
             unsafe { std::ptr::copy(s.0 as *const u8, d.0 as *mut u8, bytes as usize) }
         }))
+    }
+    unsafe fn copy_peer(&self, dst: DevicePtr, src: DevicePtr, _src_context: u64, bytes: u64) -> Result<()> {
+        self.copy_d2d(dst, src, bytes)
     }
     unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()> {
         let d = SendPtr(dst);

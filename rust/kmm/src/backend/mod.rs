@@ -68,6 +68,14 @@ pub trait Backend: Send + Sync {
     }
     /// A stream-ordered pool private to one manager (`cuMemPoolCreate`).
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>>;
+    /// Whether streams of this device copy directly from and to `peer`'s memory (peer to peer,
+    /// over NVLink or PCIe), enabling peer access both ways on first use. False for the same
+    /// device and for another backend: such copies are staged through pinned host memory.
+    fn peer_access(&self, peer: &dyn Backend) -> Result<bool>;
+    /// The raw context (`CUcontext` on CUDA; 0 on the host backend), for peer copies.
+    fn raw_context(&self) -> u64 {
+        0
+    }
 }
 
 /// An in-order work queue. All copies are asynchronous with respect to the caller; callers that
@@ -85,6 +93,11 @@ pub trait Stream: Send + Sync {
     /// # Safety
     /// As `copy_h2d`.
     unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()>;
+    /// From memory of another device (context `src_context`, see `Backend::raw_context`) to
+    /// this stream's device, peer to peer (`cuMemcpyPeerAsync`).
+    /// # Safety
+    /// As `copy_h2d`; the devices have peer access (`Backend::peer_access`).
+    unsafe fn copy_peer(&self, dst: DevicePtr, src: DevicePtr, src_context: u64, bytes: u64) -> Result<()>;
     /// Fills `count` elements of `width` bytes (1, 2 or 4) with the low bytes of `value`.
     /// # Safety
     /// `dst..dst+count*width` is valid until the fill has run.
@@ -127,7 +140,6 @@ pub enum BackendChoice {
     Cuda,
 }
 
-/// Resolves `Auto` through `KMM_BACKEND` (host|cuda|auto) and then through CUDA's presence.
 /// Records an event on `stream`, reusing one from `spare` when there is one (events are recycled
 /// by the stream-ordered resources that queue a release behind each piece of work). An event
 /// whose record failed goes back to `spare`.
@@ -145,8 +157,37 @@ pub fn record_reusing(backend: &dyn Backend, stream: &dyn Stream, spare: &mut Ve
     }
 }
 
+/// Opens `device` of the chosen backend, resolving `Auto` through `KMM_BACKEND`
+/// (host|cuda|auto) and then through CUDA's presence.
 pub fn open(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
-    let choice = match choice {
+    let backend = match resolve(choice)? {
+        BackendChoice::Host => host::HostBackend::get(device)?,
+        BackendChoice::Cuda => cuda::CudaBackend::get(device)?,
+        BackendChoice::Auto => match cuda::CudaBackend::get(device) {
+            Ok(b) => b,
+            Err(_) => host::HostBackend::get(device)?,
+        },
+    };
+    // Tests (and KMM_FAULTS) may install a fault plan; without one this is the backend itself.
+    Ok(faulty::wrap_if_planned(backend))
+}
+
+/// How many devices `choice` offers: CUDA's visible devices, or the host backend's stand-ins
+/// (`KMM_HOST_DEVICES`). Auto counts CUDA's when CUDA is usable, else the host's.
+pub fn device_count(choice: BackendChoice) -> Result<u32> {
+    match resolve(choice)? {
+        BackendChoice::Host => host::device_count(),
+        BackendChoice::Cuda => cuda::device_count(),
+        BackendChoice::Auto => match cuda::device_count() {
+            Ok(n) if n > 0 => Ok(n),
+            _ => host::device_count(),
+        },
+    }
+}
+
+/// `Auto` through `KMM_BACKEND` (host|cuda|auto); explicit choices stay.
+fn resolve(choice: BackendChoice) -> Result<BackendChoice> {
+    Ok(match choice {
         BackendChoice::Auto => match std::env::var("KMM_BACKEND").ok().as_deref() {
             None | Some("") | Some("auto") => BackendChoice::Auto,
             Some("host") => BackendChoice::Host,
@@ -157,15 +198,5 @@ pub fn open(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
             ),
         },
         explicit => explicit,
-    };
-    let backend = match choice {
-        BackendChoice::Host => host::HostBackend::get(device)?,
-        BackendChoice::Cuda => cuda::CudaBackend::get(device)?,
-        BackendChoice::Auto => match cuda::CudaBackend::get(device) {
-            Ok(b) => b,
-            Err(_) => host::HostBackend::get(device)?,
-        },
-    };
-    // Tests (and KMM_FAULTS) may install a fault plan; without one this is the backend itself.
-    Ok(faulty::wrap_if_planned(backend))
+    })
 }

@@ -76,8 +76,13 @@ pub extern "C" fn kmm_copy_to_host_async(
 
 /// Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
 /// once queued): queued on the destination's stream after the source's work so far, and the
-/// source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
-/// through host memory and returns once done. Overlapping ranges of one buffer are
+/// source's later work waits for it. Between managers on different devices the copy goes peer
+/// to peer where the devices allow it (`kmm_device_can_access_peer`), else it is staged through
+/// the destination's pinned staging ring; either way it is stream-ordered on both sides and
+/// leaves the calling thread's current CUDA context as it was. A staged copy larger than the
+/// ring (`staging_chunks` x `staging_chunk_size`) waits on the host for its slots to come back,
+/// as a copy from pageable memory does. Between a host-backend and a CUDA
+/// manager the copy goes through host memory and returns once done. Overlapping ranges of one buffer are
 /// `KMM_ERROR_INVALID_ARGUMENT`.
 #[no_mangle]
 pub extern "C" fn kmm_copy_buffer(

@@ -16,6 +16,38 @@ pub extern "C" fn kmm_config_default(config: *mut KmmConfig) -> KmmStatus {
     boundary(|| write_out(config, "config", KmmConfig::from(&Config::default())))
 }
 
+/// Writes to `*count` how many devices `backend` (a `KmmBackend`) offers: the visible CUDA
+/// devices, or the host backend's stand-ins (the `KMM_HOST_DEVICES` variable, 1 to 64, default
+/// 1). `KMM_BACKEND_AUTO` follows `KMM_BACKEND`, then counts CUDA's devices when CUDA is usable,
+/// else the host's. Managers may be created on devices `0..count`.
+#[no_mangle]
+pub extern "C" fn kmm_device_count(backend: u32, count: *mut u32) -> KmmStatus {
+    boundary(|| {
+        check_out(count, "count")?;
+        write_out(count, "count", crate::backend::device_count(backend_choice(backend)?)?)
+    })
+}
+
+/// Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
+/// peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
+/// staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
+/// up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+#[no_mangle]
+pub extern "C" fn kmm_device_can_access_peer(backend: u32, device: i32, peer: i32, out: *mut u32) -> KmmStatus {
+    boundary(|| {
+        check_out(out, "out")?;
+        let choice = backend_choice(backend)?;
+        let count = crate::backend::device_count(choice)?;
+        for (name, d) in [("device", device), ("peer", peer)] {
+            if d < 0 || d as i64 >= count as i64 {
+                fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {d} is not a device of this backend (0..{count})");
+            }
+        }
+        let (a, b) = (crate::backend::open(choice, device)?, crate::backend::open(choice, peer)?);
+        write_out(out, "out", a.peer_access(b.as_ref())? as u32)
+    })
+}
+
 /// Creates a manager with its own stream and pools. `config` may be NULL for the defaults.
 /// On success writes the handle to `*out`; destroy it with `kmm_manager_destroy`.
 /// Many managers may coexist, on one device or several. Thread-safe.

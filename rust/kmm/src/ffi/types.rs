@@ -185,6 +185,15 @@ pub struct KmmManagerInfo {
     pub stream: u64,
 }
 
+pub(crate) fn backend_choice(value: u32) -> Result<BackendChoice> {
+    match value {
+        0 => Ok(BackendChoice::Auto),
+        1 => Ok(BackendChoice::Host),
+        2 => Ok(BackendChoice::Cuda),
+        v => fail!(KMM_ERROR_INVALID_ARGUMENT, "backend = {v} is not a KmmBackend (0 = auto, 1 = host, 2 = cuda)"),
+    }
+}
+
 pub(crate) fn memory_kind(value: u32, name: &str) -> Result<MemoryKind> {
     match value {
         0 => Ok(MemoryKind::Device),
@@ -257,12 +266,7 @@ pub(crate) fn suballocator_code(kind: SuballocatorKind) -> u32 {
 impl TryFrom<&KmmConfig> for Config {
     type Error = crate::error::Error;
     fn try_from(c: &KmmConfig) -> Result<Config> {
-        let backend = match c.backend {
-            0 => BackendChoice::Auto,
-            1 => BackendChoice::Host,
-            2 => BackendChoice::Cuda,
-            v => fail!(KMM_ERROR_INVALID_ARGUMENT, "config.backend = {v} is not a KmmBackend (0 = auto, 1 = host, 2 = cuda)"),
-        };
+        let backend = backend_choice(c.backend).map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "config.{}", e.message))?;
         let alloc_mode = match c.alloc_mode {
             0 => AllocMode::Pool,
             1 => AllocMode::CudaAsync,

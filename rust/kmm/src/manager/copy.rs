@@ -230,8 +230,8 @@ impl Manager {
     }
 }
 
-/// Device to device, within one manager or between two (same backend kind). Queued on the
-/// destination manager's stream, ordered after the source's work so far, and the source's stream
+/// Device to device, within one manager or between two (same backend kind; between devices see
+/// `peer`). Queued on the destination manager's stream, ordered after the source's work so far, and the source's stream
 /// waits for the copy, so a later free on either side cannot recycle memory the copy still reads.
 pub fn copy_buffer(
     dst_manager: &Manager,
@@ -258,6 +258,10 @@ pub fn copy_buffer(
     let (_src_lease, src_addr, _) = src_manager.lease(src, src_offset, bytes, "src")?;
     if bytes == 0 {
         return Ok(());
+    }
+    if dst_manager.backend.device() != src_manager.backend.device() {
+        // SAFETY: both leased ranges are live and in bounds.
+        return unsafe { super::peer::copy_between_devices(dst_manager, dst_addr, src_manager, src_addr, bytes) };
     }
     if !same {
         src_manager.backend.order_streams(src_manager.raw_stream(), dst_manager.raw_stream())?;

@@ -9,6 +9,7 @@ pub mod copy;
 pub mod handles;
 mod lane;
 pub mod order;
+mod peer;
 mod report;
 mod staging;
 #[cfg(test)]

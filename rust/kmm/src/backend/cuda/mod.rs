@@ -253,6 +253,58 @@ impl Backend for CudaBackend {
             Ok(Box::new(CudaAsyncPool { pool: Raw(pool), ctx: self.ctx }))
         }
     }
+    fn peer_access(&self, peer: &dyn Backend) -> Result<bool> {
+        if peer.kind() != BackendKind::Cuda || peer.device() == self.device {
+            return Ok(false);
+        }
+        peer_pair(self, peer.device(), peer.raw_context() as sys::CUcontext)
+    }
+    fn raw_context(&self) -> u64 {
+        self.ctx.0 as u64
+    }
+}
+
+/// How many CUDA devices are visible (an error when the driver is missing or fails).
+pub fn device_count() -> Result<u32> {
+    if !unsafe { sys::is_culib_present() } {
+        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "the CUDA backend needs the CUDA driver (libcuda), which is not installed");
+    }
+    let unavailable = |e: Error| Error::new(KmmStatus::KMM_ERROR_BACKEND_UNAVAILABLE, e.message);
+    let mut count = 0;
+    unsafe {
+        check(sys::cuInit(0), "cuInit").map_err(unavailable)?;
+        check(sys::cuDeviceGetCount(&mut count), "cuDeviceGetCount").map_err(unavailable)?;
+    }
+    Ok(count.max(0) as u32)
+}
+
+/// Whether two devices copy peer to peer, decided (and peer access enabled both ways) once per
+/// pair: enabling is per context and lasts as long as the primary contexts, which Kmm retains.
+fn peer_pair(a: &CudaBackend, b_device: i32, b_ctx: sys::CUcontext) -> Result<bool> {
+    static PAIRS: OnceLock<Mutex<HashMap<(i32, i32), bool>>> = OnceLock::new();
+    let mut pairs = lock(PAIRS.get_or_init(|| Mutex::new(HashMap::new())));
+    if let Some(&ok) = pairs.get(&(a.device, b_device)) {
+        return Ok(ok);
+    }
+    let mut b_cu = 0;
+    let (mut ab, mut ba) = (0, 0);
+    unsafe {
+        check(sys::cuDeviceGet(&mut b_cu, b_device), "cuDeviceGet")?;
+        check(sys::cuDeviceCanAccessPeer(&mut ab, a.cu_device, b_cu), "cuDeviceCanAccessPeer")?;
+        check(sys::cuDeviceCanAccessPeer(&mut ba, b_cu, a.cu_device), "cuDeviceCanAccessPeer")?;
+    }
+    // Another library (CUDA.jl, PyTorch) may have enabled it already: that is success too.
+    let enable = |ctx: sys::CUcontext, peer: sys::CUcontext| -> bool {
+        let Ok(_current) = enter(ctx) else { return false };
+        matches!(
+            unsafe { sys::cuCtxEnablePeerAccess(peer, 0) },
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+        )
+    };
+    let ok = ab == 1 && ba == 1 && enable(a.ctx.0, b_ctx) && enable(b_ctx, a.ctx.0);
+    pairs.insert((a.device, b_device), ok);
+    pairs.insert((b_device, a.device), ok);
+    Ok(ok)
 }
 
 impl Drop for CudaBackend {
@@ -324,6 +376,13 @@ impl Stream for CudaStream {
     unsafe fn copy_d2d(&self, dst: DevicePtr, src: DevicePtr, bytes: u64) -> Result<()> {
         let _current = enter(self.ctx.0)?;
         check(sys::cuMemcpyAsync(dst, src, bytes as usize, self.raw.0), "cuMemcpyAsync")
+    }
+    unsafe fn copy_peer(&self, dst: DevicePtr, src: DevicePtr, src_context: u64, bytes: u64) -> Result<()> {
+        let _current = enter(self.ctx.0)?;
+        check(
+            sys::cuMemcpyPeerAsync(dst, self.ctx.0, src, src_context as sys::CUcontext, bytes as usize, self.raw.0),
+            "cuMemcpyPeerAsync",
+        )
     }
     unsafe fn memset(&self, dst: DevicePtr, value: u32, width: u32, count: u64) -> Result<()> {
         let _current = enter(self.ctx.0)?;
