@@ -875,8 +875,13 @@ KmmStatus kmm_copy_to_host_async(KmmManager manager,
 /**
  * Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
  * once queued): queued on the destination's stream after the source's work so far, and the
- * source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
- * through host memory and returns once done. Overlapping ranges of one buffer are
+ * source's later work waits for it. Between managers on different devices the copy goes peer
+ * to peer where the devices allow it (`kmm_device_can_access_peer`), else it is staged through
+ * the destination's pinned staging ring; either way it is stream-ordered on both sides and
+ * leaves the calling thread's current CUDA context as it was. A staged copy larger than the
+ * ring (`staging_chunks` x `staging_chunk_size`) waits on the host for its slots to come back,
+ * as a copy from pageable memory does. Between a host-backend and a CUDA
+ * manager the copy goes through host memory and returns once done. Overlapping ranges of one buffer are
  * `KMM_ERROR_INVALID_ARGUMENT`.
  */
 KmmStatus kmm_copy_buffer(KmmManager dst_manager,
@@ -952,6 +957,22 @@ KmmStatus kmm_buffer_ipc_handle(KmmManager manager,
  * suballocator, 256-byte alignment, 8 MiB device chunks, no limits, everything cached.
  */
 KmmStatus kmm_config_default(KmmConfig *config);
+
+/**
+ * Writes to `*count` how many devices `backend` (a `KmmBackend`) offers: the visible CUDA
+ * devices, or the host backend's stand-ins (the `KMM_HOST_DEVICES` variable, 1 to 64, default
+ * 1). `KMM_BACKEND_AUTO` follows `KMM_BACKEND`, then counts CUDA's devices when CUDA is usable,
+ * else the host's. Managers may be created on devices `0..count`.
+ */
+KmmStatus kmm_device_count(uint32_t backend, uint32_t *count);
+
+/**
+ * Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
+ * peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
+ * staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
+ * up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+ */
+KmmStatus kmm_device_can_access_peer(uint32_t backend, int32_t device, int32_t peer, uint32_t *out);
 
 /**
  * Creates a manager with its own stream and pools. `config` may be NULL for the defaults.

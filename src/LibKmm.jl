@@ -346,6 +346,8 @@ const _fp_kmm_cupy_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_cupy_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_ipc_handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_config_default = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_device_count = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_device_can_access_peer = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_create = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_destroy = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_synchronize = Ref{Ptr{Cvoid}}(C_NULL)
@@ -385,7 +387,7 @@ const _fp_kmm_torch_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_device_count, :kmm_device_can_access_peer, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
 
 """
     load!(path) -> handle
@@ -422,6 +424,8 @@ function load!(path::AbstractString)
     _fp_kmm_cupy_live_allocations[] = something(Libdl.dlsym(lib, :kmm_cupy_live_allocations; throw_error = false), C_NULL)
     _fp_kmm_buffer_ipc_handle[] = something(Libdl.dlsym(lib, :kmm_buffer_ipc_handle; throw_error = false), C_NULL)
     _fp_kmm_config_default[] = something(Libdl.dlsym(lib, :kmm_config_default; throw_error = false), C_NULL)
+    _fp_kmm_device_count[] = something(Libdl.dlsym(lib, :kmm_device_count; throw_error = false), C_NULL)
+    _fp_kmm_device_can_access_peer[] = something(Libdl.dlsym(lib, :kmm_device_can_access_peer; throw_error = false), C_NULL)
     _fp_kmm_manager_create[] = something(Libdl.dlsym(lib, :kmm_manager_create; throw_error = false), C_NULL)
     _fp_kmm_manager_destroy[] = something(Libdl.dlsym(lib, :kmm_manager_destroy; throw_error = false), C_NULL)
     _fp_kmm_manager_synchronize[] = something(Libdl.dlsym(lib, :kmm_manager_synchronize; throw_error = false), C_NULL)
@@ -850,8 +854,13 @@ end
 """
 Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
 once queued): queued on the destination's stream after the source's work so far, and the
-source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
-through host memory and returns once done. Overlapping ranges of one buffer are
+source's later work waits for it. Between managers on different devices the copy goes peer
+to peer where the devices allow it (`kmm_device_can_access_peer`), else it is staged through
+the destination's pinned staging ring; either way it is stream-ordered on both sides and
+leaves the calling thread's current CUDA context as it was. A staged copy larger than the
+ring (`staging_chunks` x `staging_chunk_size`) waits on the host for its slots to come back,
+as a copy from pageable memory does. Between a host-backend and a CUDA
+manager the copy goes through host memory and returns once done. Overlapping ranges of one buffer are
 `KMM_ERROR_INVALID_ARGUMENT`.
 
 Returns the status; `kmm_copy_buffer` is the checked form.
@@ -864,8 +873,13 @@ end
 """
 Copies `bytes` between buffers of one manager or of two managers. Stream-ordered (returns
 once queued): queued on the destination's stream after the source's work so far, and the
-source's later work waits for it. Between a host-backend and a CUDA manager the copy goes
-through host memory and returns once done. Overlapping ranges of one buffer are
+source's later work waits for it. Between managers on different devices the copy goes peer
+to peer where the devices allow it (`kmm_device_can_access_peer`), else it is staged through
+the destination's pinned staging ring; either way it is stream-ordered on both sides and
+leaves the calling thread's current CUDA context as it was. A staged copy larger than the
+ring (`staging_chunks` x `staging_chunk_size`) waits on the host for its slots to come back,
+as a copy from pageable memory does. Between a host-backend and a CUDA
+manager the copy goes through host memory and returns once done. Overlapping ranges of one buffer are
 `KMM_ERROR_INVALID_ARGUMENT`.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
@@ -1033,6 +1047,56 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_config_default(config)
     check_status(unchecked_kmm_config_default(config))
+end
+
+"""
+Writes to `*count` how many devices `backend` (a `KmmBackend`) offers: the visible CUDA
+devices, or the host backend's stand-ins (the `KMM_HOST_DEVICES` variable, 1 to 64, default
+1). `KMM_BACKEND_AUTO` follows `KMM_BACKEND`, then counts CUDA's devices when CUDA is usable,
+else the host's. Managers may be created on devices `0..count`.
+
+Returns the status; `kmm_device_count` is the checked form.
+"""
+@inline function unchecked_kmm_device_count(backend, count)
+    fp = _fp_kmm_device_count[]
+    fp == C_NULL && throw_missing(:kmm_device_count)
+    ccall(fp, KmmStatus, (UInt32, Ptr{UInt32}), backend, count)
+end
+"""
+Writes to `*count` how many devices `backend` (a `KmmBackend`) offers: the visible CUDA
+devices, or the host backend's stand-ins (the `KMM_HOST_DEVICES` variable, 1 to 64, default
+1). `KMM_BACKEND_AUTO` follows `KMM_BACKEND`, then counts CUDA's devices when CUDA is usable,
+else the host's. Managers may be created on devices `0..count`.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_device_count(backend, count)
+    check_status(unchecked_kmm_device_count(backend, count))
+end
+
+"""
+Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
+peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
+staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
+up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+
+Returns the status; `kmm_device_can_access_peer` is the checked form.
+"""
+@inline function unchecked_kmm_device_can_access_peer(backend, device, peer, out)
+    fp = _fp_kmm_device_can_access_peer[]
+    fp == C_NULL && throw_missing(:kmm_device_can_access_peer)
+    ccall(fp, KmmStatus, (UInt32, Int32, Int32, Ptr{UInt32}), backend, device, peer, out)
+end
+"""
+Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
+peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
+staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
+up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_device_can_access_peer(backend, device, peer, out)
+    check_status(unchecked_kmm_device_can_access_peer(backend, device, peer, out))
 end
 
 """

@@ -261,6 +261,8 @@ FUNCTIONS = {
     "kmm_buffer_ipc_handle": (KmmStatus, [KmmManager, KmmBuffer, POINTER(c_uint8),
         POINTER(c_uint64)]),
     "kmm_config_default": (KmmStatus, [POINTER(KmmConfig)]),
+    "kmm_device_count": (KmmStatus, [c_uint32, POINTER(c_uint32)]),
+    "kmm_device_can_access_peer": (KmmStatus, [c_uint32, c_int32, c_int32, POINTER(c_uint32)]),
     "kmm_manager_create": (KmmStatus, [POINTER(KmmConfig), POINTER(KmmManager)]),
     "kmm_manager_destroy": (KmmStatus, [KmmManager, c_uint32]),
     "kmm_manager_synchronize": (KmmStatus, [KmmManager]),
