@@ -975,6 +975,13 @@ KmmStatus kmm_device_count(uint32_t backend, uint32_t *count);
 KmmStatus kmm_device_can_access_peer(uint32_t backend, int32_t device, int32_t peer, uint32_t *out);
 
 /**
+ * Writes to `*count` how many managers are alive in this process: created and not yet torn
+ * down (one whose deferred teardown still runs counts). A process that closed all it made
+ * reads 0: what scale-out code checks to show a call left nothing behind.
+ */
+KmmStatus kmm_live_managers(uint32_t *count);
+
+/**
  * Creates a manager with its own stream and pools. `config` may be NULL for the defaults.
  * On success writes the handle to `*out`; destroy it with `kmm_manager_destroy`.
  * Many managers may coexist, on one device or several. Thread-safe.

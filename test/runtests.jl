@@ -28,6 +28,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "docs" begin include("docs.jl") end
     @testset "qMRI" begin include("qmri.jl") end
     @testset "qMRI parameter grids" begin include("parameters.jl") end
+    @testset "devices and Distributed" begin include("devices.jl") end
     @testset "no method ambiguities" begin
         @test isempty(Test.detect_ambiguities(Kmm; imported = true, recursive = true))
     end

@@ -263,6 +263,7 @@ FUNCTIONS = {
     "kmm_config_default": (KmmStatus, [POINTER(KmmConfig)]),
     "kmm_device_count": (KmmStatus, [c_uint32, POINTER(c_uint32)]),
     "kmm_device_can_access_peer": (KmmStatus, [c_uint32, c_int32, c_int32, POINTER(c_uint32)]),
+    "kmm_live_managers": (KmmStatus, [POINTER(c_uint32)]),
     "kmm_manager_create": (KmmStatus, [POINTER(KmmConfig), POINTER(KmmManager)]),
     "kmm_manager_destroy": (KmmStatus, [KmmManager, c_uint32]),
     "kmm_manager_synchronize": (KmmStatus, [KmmManager]),

@@ -23,8 +23,9 @@ module QMRI
 using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
              default_manager, handles
 import LinearAlgebra
+import Distributed
 
-export FISPSequence, PSSFPSequence, MatchResult, parameter_grid, tissue_parameters,
+export FISPSequence, PSSFPSequence, MatchResult, WorkerError, parameter_grid, tissue_parameters,
        simulate_fisp, simulate_pssfp, log_grid, compression_basis,
        CartesianTrajectory, SpiralTrajectory, MRSTATModel, Jacobian, magnetization
 
@@ -33,5 +34,6 @@ include("parameters.jl")
 include("simulate.jl")
 include("match.jl")
 include("mrstat.jl")
+include("distributed.jl")
 
 end # module QMRI

@@ -173,6 +173,14 @@ compressed on one basis, so that their scores compare: `basis` when given, else
 `compression_basis(seq, params; rank, atoms = basis_atoms)` (a sample of `basis_atoms`
 atoms, default 2000, spread over `params`). `timings = true` waits for each step and records the time
 spent simulating and matching in `result.seconds`; `verbose = true` prints each batch.
+
+With `workers` (Distributed process ids), the atoms are split into one contiguous range per
+worker, each generates and matches its range against all signals on a manager of its own on
+its own device (`devices` as for `simulate_fisp`), and the best atom per voxel is reduced in
+atom order: the maps equal one process's. The compression basis, when one is needed, is
+computed once here and used by every worker. The maps are KmmArrays on `manager`;
+`result.seconds` holds the slowest worker's times. A worker that fails or dies fails the call
+with a `QMRI.WorkerError` after the others have finished and freed their memory.
 """
 function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::Integer = 0,
                basis = nothing, timings::Bool = false)
@@ -208,7 +216,10 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
                basis_atoms::Integer = 2000, batch_atoms::Union{Nothing,Integer} = nothing,
                max_bytes::Union{Nothing,Integer} = nothing,
                manager::KmmManager = default_manager_of(signals), check::Bool = true,
-               verbose::Bool = false, timings::Bool = false)
+               verbose::Bool = false, timings::Bool = false, workers = nothing, devices = nothing)
+    workers === nothing || return match_on_workers(seq, params, signals, manager; rank = rank,
+        basis = basis, basis_atoms = basis_atoms, batch_atoms = batch_atoms, max_bytes = max_bytes,
+        check = check, timings = timings, workers = workers, devices = devices)
     m = manager
     ntr = length(seq)
     check_rank(rank, ntr)

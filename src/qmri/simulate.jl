@@ -42,7 +42,8 @@ function simulate_raw!(out::KmmArray{ComplexF32}, seq::AbstractSequence, p::KmmA
 end
 
 function simulate(seq::AbstractSequence, params; manager::KmmManager = default_manager_of(params),
-                  check::Bool = true)
+                  check::Bool = true, workers = nothing, devices = nothing)
+    workers === nothing || return simulate_on_workers(seq, params, manager, check, workers, devices)
     p = as_params(params, manager)
     n = size(p, 2)
     out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
@@ -50,13 +51,21 @@ function simulate(seq::AbstractSequence, params; manager::KmmManager = default_m
 end
 
 """
-    simulate_fisp(seq::FISPSequence, params; manager, check = true) -> KmmArray{ComplexF32,2}
+    simulate_fisp(seq::FISPSequence, params; manager, check = true, workers, devices) -> KmmArray{ComplexF32,2}
 
 The FISP signals (`ntr x natoms`, one atom per column) of the atoms `params` (`4 x natoms`
 Float32: T1 s, T2 s, B1, B0 Hz; a KmmArray, or a host matrix that is uploaded) on `manager`
 (default: the manager of `params`, else `Kmm.default_manager()`). Returns once the work is
 queued; reading the result (`Array`) waits for it. `check = false` skips the library's check
 of the parameters (T1, T2 > 0; B1, B0 finite), which waits for the stream.
+
+With `workers` (Distributed process ids, e.g. `workers()`), the atoms are split into one
+contiguous range per worker; each simulates its range on a manager of its own, on its own
+device (`devices[i]` for the i-th worker when given, else each host's workers take that host's
+devices in turn), and the result is gathered into one array on `manager`, equal to one
+process's. Kmm must be loaded on every worker (`@everywhere using Kmm`). A worker that fails or
+dies fails the call with a `QMRI.WorkerError`, after the others have finished and freed their
+memory. See docs/multi-gpu.md.
 """
 simulate_fisp(seq::FISPSequence, params; kw...) = simulate(seq, params; kw...)
 

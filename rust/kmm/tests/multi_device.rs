@@ -219,7 +219,8 @@ fn host_device_count_default_and_bad_values() {
         let out = cmd.output().unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert!(run(None).contains("count: Ok(1)"), "{}", run(None));
+    let text = run(None);
+    assert!(text.contains("count: Ok(1)") && text.contains("1 passed"), "{text}");
     assert!(run(Some("3")).contains("count: Ok(3)"));
     for bad in ["0", "65", "two", "-1"] {
         let text = run(Some(bad));
@@ -237,6 +238,20 @@ fn child_count() {
     } else {
         println!("count: {status:?} {}", last_error());
     }
+    // The process's live managers, counted as they come and go (this child runs alone).
+    let live = || {
+        let mut c = 99;
+        ok(kmm_live_managers(&mut c));
+        c
+    };
+    assert_eq!(live(), 0);
+    if status == KMM_OK {
+        let ms: Vec<Mgr> = (0..3).map(|_| Mgr::with(|c| c.backend = KmmBackend::KMM_BACKEND_HOST as u32)).collect();
+        assert_eq!(live(), 3);
+        drop(ms);
+        assert_eq!(live(), 0);
+    }
+    expect_err(kmm_live_managers(std::ptr::null_mut()), KMM_ERROR_NULL_POINTER, &["count"]);
 }
 
 #[test]

@@ -48,6 +48,17 @@ pub extern "C" fn kmm_device_can_access_peer(backend: u32, device: i32, peer: i3
     })
 }
 
+/// Writes to `*count` how many managers are alive in this process: created and not yet torn
+/// down (one whose deferred teardown still runs counts). A process that closed all it made
+/// reads 0: what scale-out code checks to show a call left nothing behind.
+#[no_mangle]
+pub extern "C" fn kmm_live_managers(count: *mut u32) -> KmmStatus {
+    boundary(|| {
+        check_out(count, "count")?;
+        write_out(count, "count", registry::live_managers() as u32)
+    })
+}
+
 /// Creates a manager with its own stream and pools. `config` may be NULL for the defaults.
 /// On success writes the handle to `*out`; destroy it with `kmm_manager_destroy`.
 /// Many managers may coexist, on one device or several. Thread-safe.

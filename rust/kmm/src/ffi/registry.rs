@@ -84,6 +84,13 @@ fn encode(slot: u16, generation: u32) -> u64 {
     (TAG_MANAGER << 60) | ((generation as u64) << 12) | slot as u64
 }
 
+/// Managers alive in this process: created and not yet torn down (a deferred teardown still
+/// running counts).
+pub fn live_managers() -> usize {
+    let reg = registry();
+    reg.slots.len() - lock(&reg.free).len()
+}
+
 /// Creates a manager with `config` in a free slot, its lanes in the slot's cells.
 pub fn register(config: Config) -> Result<u64> {
     let reg = registry();

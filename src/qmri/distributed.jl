@@ -1,0 +1,230 @@
+# Scale-out over Distributed workers: the dictionary's atoms are split into one contiguous
+# range per worker; each worker simulates (and matches) its range with a manager of its own on
+# its own device, created for the call and closed at its end, so a call leaves nothing behind
+# on any worker, whether it succeeds or another worker dies. Results equal one process's: every
+# atom is simulated, and every (atom, voxel) score computed, by the same code; the best atom
+# per voxel is reduced in atom order with the same tie rule (the lower index wins).
+
+"""
+    QMRI.WorkerError
+
+Thrown by `simulate_fisp`, `simulate_pssfp` and `match` with `workers` when a worker fails:
+`worker` (its id), `device` and `atoms` (the range it had; `nothing` when it failed while asked
+for its host and devices), and `cause` (the remote exception; a `ProcessExitedException` when
+the worker process died). The other workers finished their
+parts and freed their memory before this was thrown.
+"""
+struct WorkerError <: Exception
+    call::String
+    worker::Int
+    device::Union{Nothing,Int}
+    atoms::Union{Nothing,UnitRange{Int}}
+    cause::Any
+end
+
+function Base.showerror(io::IO, e::WorkerError)
+    died = e.cause isa Distributed.ProcessExitedException ||
+           (e.cause isa Distributed.RemoteException && e.cause.captured.ex isa Distributed.ProcessExitedException)
+    print(io, "QMRI.", e.call, ": worker ", e.worker)
+    e.device === nothing || print(io, " (device ", e.device, ", atoms ", first(e.atoms), ":", last(e.atoms), ")")
+    print(io, died ? " died (its process exited)" : " failed")
+    e.device === nothing && print(io, " when asked for its host and devices")
+    print(io, "; the other workers finished and freed their memory")
+    if !died
+        print(io, ". Its error:\n")
+        cause = e.cause isa Distributed.RemoteException ? e.cause.captured.ex : e.cause
+        showerror(io, cause)
+        if cause isa UndefVarError || cause isa KeyError
+            print(io, "\n(is Kmm loaded on every worker? `@everywhere using Kmm`, with the workers ",
+                  "started in the same project: addprocs(n; exeflags = \"--project\"))")
+        end
+    end
+end
+
+"The worker ids, checked: a non-empty vector of distinct live processes."
+function check_workers(workers)
+    ws = collect(Int, workers)
+    isempty(ws) && throw(ArgumentError("workers is empty: give worker ids, e.g. Distributed.workers()"))
+    allunique(ws) || throw(ArgumentError("workers = $ws names a worker twice"))
+    live = Distributed.procs()
+    for w in ws
+        w in live || throw(ArgumentError("workers = $ws: process $w does not exist (live: $live)"))
+    end
+    ws
+end
+
+"This process's host name and device count (run on a worker)."
+worker_info() = (Libc.gethostname(), Kmm.device_count())
+
+"""
+The device of each worker: `devices[i]` (cycled) when given, else the workers of each host take
+that host's devices in turn (worker order), as a SLURM allocation of several GPUs per node wants.
+"""
+function worker_devices(call::String, ws::Vector{Int}, devices)
+    if devices !== nothing
+        ds = collect(Int, devices)
+        isempty(ds) && throw(ArgumentError("devices is empty"))
+        return [ds[mod1(i, length(ds))] for i in 1:length(ws)]
+    end
+    infos = on_workers(call, ws, [nothing for _ in ws], [nothing for _ in ws],
+                       (i, w) -> Distributed.remotecall_fetch(worker_info, w))
+    seen = Dict{String,Int}()
+    map(infos) do (host, count)
+        k = get(seen, host, 0)
+        seen[host] = k + 1
+        k % max(count, 1)
+    end
+end
+
+"`natoms` atoms in `n` contiguous ranges as equal as can be (empty ranges dropped)."
+function split_atoms(natoms::Int, n::Int)
+    edges = [div(natoms * k, n) for k in 0:n]
+    filter(!isempty, [edges[k]+1:edges[k+1] for k in 1:n])
+end
+
+"""
+Runs `f(i, ws[i])` for every worker at once and waits for all of them; a failure becomes a
+`WorkerError` once every other worker has finished (their own `finally` blocks have run).
+"""
+function on_workers(call::String, ws::Vector{Int}, devs, ranges, f)
+    outcomes = Vector{Any}(undef, length(ws))
+    @sync for (i, w) in enumerate(ws)
+        @async outcomes[i] = try
+            (true, f(i, w))
+        catch err
+            (false, err)
+        end
+    end
+    for (i, (ok, value)) in enumerate(outcomes)
+        ok || throw(WorkerError(call, ws[i], devs[i], ranges[i], value))
+    end
+    [value for (_, value) in outcomes]
+end
+
+"Runs `f(manager)` with a manager on `device` made for the call and closed whatever happens."
+function with_call_manager(f, device::Int)
+    m = KmmManager(device = device)
+    try
+        f(m)
+    finally
+        close(m)
+    end
+end
+
+# ---- simulation ------------------------------------------------------------------------------
+
+remote_simulate(seq, p::Matrix{Float32}, device::Int, check::Bool) =
+    with_call_manager(m -> Array(simulate(seq, p; manager = m, check = check)), device)
+
+function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager, check::Bool,
+                             workers, devices)
+    call = seq isa FISPSequence ? "simulate_fisp" : "simulate_pssfp"
+    ws = check_workers(workers)
+    p = host_params(params)
+    check && check_params(p)
+    ranges = split_atoms(size(p, 2), length(ws))
+    ws = ws[1:length(ranges)]
+    devs = worker_devices(call, ws, devices)
+    out = KmmArray{ComplexF32}(undef, length(seq), size(p, 2); manager = manager)
+    ntr = length(seq)
+    on_workers(call, ws, devs, ranges, (i, w) -> begin
+        part = Distributed.remotecall_fetch(remote_simulate, w, seq, p[:, ranges[i]], devs[i], false)
+        copyto!(out, (first(ranges[i]) - 1) * ntr + 1, part, 1, length(part))
+    end)
+    out
+end
+
+"Parameters as a checked host `4 x natoms` Float32 matrix."
+function host_params(params)
+    p = params isa KmmArray ? Array(params) : params
+    p isa AbstractMatrix{<:Real} || throw(ArgumentError(
+        "parameters must be a 4 x natoms KmmArray{Float32} or matrix, got $(typeof(params))"))
+    size(p, 1) == 4 || throw(ArgumentError("parameters must be 4 x natoms (T1, T2, B1, B0), got $(size(p))"))
+    size(p, 2) >= 1 || throw(ArgumentError("the dictionary is empty: parameters have 0 atoms"))
+    Matrix{Float32}(p)
+end
+
+# ---- matching --------------------------------------------------------------------------------
+
+"What a worker's match returns: host vectors per voxel, the index global (0: no match)."
+struct PartialMatch
+    index::Vector{Int32}
+    score::Vector{Float32}
+    PD::Vector{ComplexF32}
+    pd_normalized::Vector{ComplexF32}
+    params::Matrix{Float32}
+    batches::Int
+    seconds::Dict{Symbol,Float64}
+end
+
+function remote_match(seq, p::Matrix{Float32}, first_atom::Int, signals, basis, rank::Int,
+                      batch_atoms, max_bytes, device::Int, timings::Bool)
+    with_call_manager(device) do m
+        u = basis === nothing ? nothing : KmmArray(basis; manager = m)
+        r = match(seq, p, signals; rank = basis === nothing ? rank : 0, basis = u,
+                  batch_atoms = batch_atoms, max_bytes = max_bytes, manager = m, check = false,
+                  timings = timings)
+        idx = vec(Array(r.index))
+        idx .= ifelse.(idx .> 0, idx .+ Int32(first_atom - 1), Int32(0))
+        rec = vcat((reshape(Array(x), 1, :) for x in (r.T1, r.T2, r.B1, r.B0))...)
+        PartialMatch(idx, vec(Array(r.score)), vec(Array(r.PD)), vec(Array(r.pd_normalized)), rec,
+                     r.batches, r.seconds)
+    end
+end
+
+function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmManager;
+                          rank::Integer, basis, basis_atoms::Integer, batch_atoms, max_bytes,
+                          check::Bool, timings::Bool, workers, devices)
+    ws = check_workers(workers)
+    ntr = length(seq)
+    check_rank(rank, ntr)
+    p = host_params(params)
+    check && check_params(p)
+    host_signals = signals isa KmmArray ? Array(signals) : signals
+    s, vdims, nvox = prepare_signals(host_signals, ntr, manager)    # checks, as one process does
+    Kmm.unsafe_free!(s)
+    # One basis for every worker, so that their scores compare (as one process's batches do).
+    tbasis = @elapsed begin
+        u = choose_basis(basis, rank, ntr, manager)
+        if u === nothing && 0 < rank < ntr
+            u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = manager)
+        end
+        hu = u === nothing ? nothing : Array(u)
+    end
+    ranges = split_atoms(size(p, 2), length(ws))
+    ws = ws[1:length(ranges)]
+    devs = worker_devices("match", ws, devices)
+    parts = on_workers("match", ws, devs, ranges, (i, w) ->
+        Distributed.remotecall_fetch(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
+                                     host_signals, hu, Int(rank), batch_atoms, max_bytes, devs[i],
+                                     timings))
+    best = reduce_matches(parts)
+    up(a) = KmmArray(reshape(a, vdims); manager = manager)
+    seconds = Dict{Symbol,Float64}()
+    if timings    # the slowest worker's times: the workers run at once
+        for part in parts, (k, v) in part.seconds
+            seconds[k] = max(get(seconds, k, 0.0), v)
+        end
+        seconds[:basis] = tbasis
+    end
+    MatchResult{length(vdims)}(up(best.index), up(best.score), up(best.PD), up(best.pd_normalized),
+                               (up(best.params[r, :]) for r in 1:4)..., size(p, 2),
+                               sum(part.batches for part in parts), seconds)
+end
+
+"""
+The best atom per voxel over the workers' parts, in atom order: a part replaces the best so far
+only with a match and a strictly higher score (one process's accumulate rule: ties keep the
+lower index, and a part without a match keeps the earlier one).
+"""
+function reduce_matches(parts::Vector{PartialMatch})
+    best = deepcopy(parts[1])
+    for part in parts[2:end], v in 1:length(best.index)
+        if part.index[v] != 0 && (best.index[v] == 0 || part.score[v] > best.score[v])
+            best.index[v], best.score[v] = part.index[v], part.score[v]
+            best.PD[v], best.pd_normalized[v] = part.PD[v], part.pd_normalized[v]
+            best.params[:, v] = view(part.params, :, v)
+        end
+    end
+    best
+end

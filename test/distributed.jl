@@ -1,0 +1,83 @@
+# Scale-out over two local Distributed workers on the host backend, each with two stand-in
+# devices: simulation and matching split over the workers equal one process's, bad arguments
+# are refused, and a worker that fails or dies fails the call while the other frees everything.
+using Distributed
+using Kmm: QMRI
+
+old_devices = get(ENV, "KMM_HOST_DEVICES", nothing)
+ENV["KMM_HOST_DEVICES"] = "2"        # the workers' environment (this process keeps its count)
+ws = addprocs(2; exeflags = "--project=$(Base.active_project())")
+old_devices === nothing ? delete!(ENV, "KMM_HOST_DEVICES") : (ENV["KMM_HOST_DEVICES"] = old_devices)
+try
+    @everywhere ws using Kmm
+    live(w) = remotecall_fetch(Kmm.live_managers, w)
+
+    seq = QMRI.FISPSequence(range(0.1, 1.2; length = 60); TR = 0.01, TE = 0.005, TI = 0.02, Ns = 8)
+    p = QMRI.parameter_grid(T1 = (0.2, 3.0, 30), T2 = (0.02, 1.0, 20))    # 519 atoms
+    natoms = size(p, 2)
+    @test QMRI.worker_devices("test", ws, nothing) == [0, 1]    # one host: its devices in turn
+    @test QMRI.split_atoms(natoms, 2) == [1:259, 260:519]
+
+    @testset "simulation equals one process's" begin
+        one = Array(QMRI.simulate_fisp(seq, p))
+        @test Array(QMRI.simulate_fisp(seq, p; workers = ws)) == one
+        @test Array(QMRI.simulate_fisp(seq, KmmArray{Float32}(p); workers = ws, devices = [1])) == one
+        ps = QMRI.PSSFPSequence(fill(0.5, 40); TR = 0.006, rf_shape = fill(0.25, 4), dt_ex = 0.0002,
+                                z = [0.0, 0.1], dt_inv = 0.01, dt_pr = 0.0025, gz_ex = 1.0, gz_pr = -0.5)
+        @test Array(QMRI.simulate_pssfp(ps, p; workers = ws)) == Array(QMRI.simulate_pssfp(ps, p))
+        @test all(live(w) == 0 for w in ws)
+    end
+
+    dict = Array(QMRI.simulate_fisp(seq, p))
+    truth = 1:37:natoms
+    signals = reshape(dict[:, truth] .* ComplexF32(0.7 - 0.2im), 60, 3, 5)
+    signals[:, 2, 2] .= 0                                       # a voxel that matches nothing
+    @testset "matching equals one process's (rank $rank)" for rank in (0, 8)
+        one = QMRI.match(seq, p, signals; rank = rank, batch_atoms = 97)
+        two = QMRI.match(seq, p, signals; rank = rank, workers = ws, batch_atoms = 50)
+        for f in (:index, :score, :PD, :pd_normalized, :T1, :T2, :B1, :B0)
+            @test Array(getfield(one, f)) == Array(getfield(two, f))
+        end
+        @test size(two.index) == (3, 5) && two.natoms == natoms
+        @test Array(two.index)[2, 2] == 0
+        rank == 0 && @test vec(Array(two.index))[[1:4; 6:15]] == collect(truth)[[1:4; 6:15]]
+        @test all(live(w) == 0 for w in ws)
+    end
+
+    @testset "bad arguments" begin
+        @test_throws ArgumentError QMRI.match(seq, p, signals; workers = Int[])
+        @test_throws ArgumentError QMRI.match(seq, p, signals; workers = [ws[1], ws[1]])
+        @test_throws ArgumentError QMRI.simulate_fisp(seq, p; workers = [maximum(procs()) + 100])
+        @test_throws DimensionMismatch QMRI.match(seq, p, signals[1:50, :, :]; workers = ws)
+        bad = Array(p); bad[1, 3] = -1
+        @test_throws ArgumentError QMRI.simulate_fisp(seq, bad; workers = ws)
+    end
+
+    @testset "a failing worker" begin
+        # The second worker is given a device its process does not have.
+        err = try QMRI.match(seq, p, signals; workers = ws, devices = [0, 7]); nothing catch e; e end
+        @test err isa QMRI.WorkerError && err.worker == ws[2] && err.device == 7 && err.atoms == 260:519
+        msg = sprint(showerror, err)
+        @test occursin("worker $(ws[2]) (device 7, atoms 260:519) failed", msg) && occursin("device 7", msg)
+        @test all(live(w) == 0 for w in ws)
+    end
+
+    @testset "a worker that dies" begin
+        pid = remotecall_fetch(getpid, ws[2])
+        run(`kill -9 $pid`)
+        # With the devices given, the dead worker is found by the call itself ...
+        err = try QMRI.match(seq, p, signals; workers = ws, devices = [0, 1]); nothing catch e; e end
+        @test err isa QMRI.WorkerError && err.worker == ws[2]
+        @test occursin("worker $(ws[2]) (device 1, atoms 260:519) died", sprint(showerror, err))
+        @test live(ws[1]) == 0                                   # the survivor freed everything
+        # Distributed has dropped it since: naming it again is an argument error.
+        err = try QMRI.simulate_fisp(seq, p; workers = ws); nothing catch e; e end
+        @test err isa ArgumentError && occursin("process $(ws[2]) does not exist", err.msg)
+        # The survivor alone still gives one process's answer.
+        @test Array(QMRI.match(seq, p, signals; workers = ws[1:1]).index) ==
+              Array(QMRI.match(seq, p, signals).index)
+        @test live(ws[1]) == 0
+    end
+finally
+    rmprocs(filter(in(workers()), ws))
+end
