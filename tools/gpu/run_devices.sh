@@ -17,6 +17,7 @@ if [ "$what" != bench ]; then
     echo "== multi_device"
     timeout 120 .gpu/tests/multi_device --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|not run"
     ndev=$(nvidia-smi -L | wc -l)
+    export KMM_HOST_DEVICES=$ndev    # the suites' host-backend managers follow KMM_TEST_DEVICE too
     for d in $(seq 0 $((ndev - 1))); do
       for t in .gpu/tests/*; do
         n=$(basename "$t")

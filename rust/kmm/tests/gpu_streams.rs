@@ -26,7 +26,7 @@ fn every_entry_point_leaves_the_callers_context_current() {
     unsafe {
         cuda_ok(sys::cuInit(0), "cuInit");
         let mut dev = 0;
-        cuda_ok(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet");
+        cuda_ok(sys::cuDeviceGet(&mut dev, test_device()), "cuDeviceGet");
         // A context that is not Kmm's (the device's primary one): the caller's.
         let mut theirs = std::ptr::null_mut();
         cuda_ok(sys::cuCtxCreate_v2(&mut theirs, 0, dev), "cuCtxCreate");
@@ -96,7 +96,7 @@ fn a_recorded_foreign_stream_keeps_freed_memory_until_its_kernel_ran() {
     unsafe {
         let mut ctx = std::ptr::null_mut();
         let mut dev = 0;
-        cuda_ok(sys::cuDeviceGet(&mut dev, 0), "cuDeviceGet");
+        cuda_ok(sys::cuDeviceGet(&mut dev, test_device()), "cuDeviceGet");
         cuda_ok(sys::cuDevicePrimaryCtxRetain(&mut ctx, dev), "retain");
         cuda_ok(sys::cuCtxPushCurrent_v2(ctx), "push");
         cuda_ok(sys::cuStreamCreate(&mut foreign, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate");

@@ -19,15 +19,21 @@ pub fn gpu() -> bool {
     std::env::var("KMM_TEST_GPU").is_ok_and(|v| v == "1")
 }
 
+/// KMM_TEST_DEVICE=N runs a suite's managers on device N (the GPU suites on each device; the
+/// host managers of those suites need KMM_HOST_DEVICES > N too). Default 0.
+pub fn test_device() -> i32 {
+    match std::env::var("KMM_TEST_DEVICE") {
+        Ok(d) => d.parse().unwrap_or_else(|_| panic!("KMM_TEST_DEVICE={d:?} is not a device number")),
+        Err(_) => 0,
+    }
+}
+
 pub fn default_config() -> KmmConfig {
     let mut c = std::mem::MaybeUninit::<KmmConfig>::uninit();
     assert_eq!(kmm_config_default(c.as_mut_ptr()), KMM_OK);
     let mut c = unsafe { c.assume_init() };
     c.backend = if gpu() { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
-    // KMM_TEST_DEVICE=N runs a suite's managers on device N (the GPU suites on each device).
-    if let Ok(d) = std::env::var("KMM_TEST_DEVICE") {
-        c.device = d.parse().unwrap_or_else(|_| panic!("KMM_TEST_DEVICE={d:?} is not a device number"));
-    }
+    c.device = test_device();
     // KMM_TEST_ALLOC_MODE=pool|cuda_async|direct runs a suite in another allocation mode.
     match std::env::var("KMM_TEST_ALLOC_MODE").ok().as_deref() {
         None | Some("") | Some("pool") => {}
