@@ -90,7 +90,7 @@ fn a_recorded_foreign_stream_keeps_freed_memory_until_its_kernel_ran() {
     }
     const N: usize = 1 << 20;
     let m = Mgr::new();
-    let module = kmm::backend::cuda::module::compile(0, SLOW_COPY, &[]).expect("compile");
+    let module = kmm::backend::cuda::module::compile(test_device(), SLOW_COPY, &[]).expect("compile");
     let kernel = module.function("slow_copy").expect("kernel");
     let mut foreign = std::ptr::null_mut();
     unsafe {
