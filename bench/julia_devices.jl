@@ -1,16 +1,18 @@
 # Scale-out of generate-and-match over Distributed workers, one per device, against one
-# process on one device, in the same run: `julia --project=. bench/julia_devices.jl [NVOX]`.
+# process on one device, in the same run: `julia --project=. bench/julia_devices.jl [NVOX [NT1]]`
+# (NT1 T1 values by 0.58 NT1 T2 values: NT1 = 450 gives 94,500 atoms).
 # Prints the times, the speed-up and whether the maps are identical. On a machine with two
 # GPUs the workers take devices 0 and 1; on the host backend set KMM_HOST_DEVICES=2.
 using Distributed, Printf
 nvox = length(ARGS) >= 1 ? parse(Int, ARGS[1]) : 16384
+nt1 = length(ARGS) >= 2 ? parse(Int, ARGS[2]) : 450
 ws = addprocs(2; exeflags = "--project=$(Base.active_project())")
 @everywhere using Kmm
 using Kmm: QMRI
 
 seq = QMRI.FISPSequence([0.02 + 1.05 * abs(sin(n / 160 * pi)) for n in 0:999]; TR = 0.0087, TE = 0.0035,
                         TI = 0.0204, Ns = 32)
-p = Array(QMRI.parameter_grid(T1 = (0.1, 5.0, 450), T2 = (0.005, 2.0, 260)))
+p = Array(QMRI.parameter_grid(T1 = (0.1, 5.0, nt1), T2 = (0.005, 2.0, round(Int, 0.58 * nt1))))
 natoms = size(p, 2)
 dict = QMRI.simulate_fisp(seq, p[:, 1:7:natoms])
 signals = Array(dict)[:, 1:min(nvox, size(dict, 2))]
