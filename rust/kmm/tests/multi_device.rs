@@ -99,6 +99,24 @@ fn suite(expect_devices: Option<u32>) {
         }
     }
 
+    // Pinned buffers (host memory) of a manager on one device to and from device memory of
+    // another, both ways.
+    for (a, b) in [(0, 1), (1, 0), (0, n - 1)] {
+        let (x, y) = (&managers[a as usize][0], &managers[b as usize][0]);
+        let data = pattern(100_003, 77 + a as u64);
+        let p = x.alloc(100_003, PINNED);
+        x.upload(p, 0, &data);
+        let d = y.alloc(100_003, DEVICE);
+        copy(y, d, 0, x, p, 0, 100_003);
+        assert!(y.download(d, 0, 100_003) == data, "pinned on {a} -> device memory on {b}");
+        let q = x.alloc(100_003, PINNED);
+        copy(x, q, 0, y, d, 0, 100_003);
+        assert!(x.download(q, 0, 100_003) == data, "device memory on {b} -> pinned on {a}");
+        x.free(p);
+        x.free(q);
+        y.free(d);
+    }
+
     for a in 0..n {
         let b = (a + 1) % n;
         let c = (a + 2) % n; // a device a is not paired with when n >= 4 (staged on the host backend)
@@ -132,6 +150,7 @@ fn suite(expect_devices: Option<u32>) {
         for m in pair {
             m.sync();
             assert_eq!(m.stats(DEVICE).in_use, 0);
+            assert_eq!(m.stats(PINNED).in_use, 0);
         }
     }
 }

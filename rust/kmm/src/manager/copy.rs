@@ -254,12 +254,17 @@ pub fn copy_buffer(
     if dst_manager.backend.kind() != src_manager.backend.kind() {
         return copy_across_backends(dst_manager, dst, dst_offset, src_manager, src, src_offset, bytes);
     }
-    let (_dst_lease, dst_addr, _) = dst_manager.lease(dst, dst_offset, bytes, "dst")?;
-    let (_src_lease, src_addr, _) = src_manager.lease(src, src_offset, bytes, "src")?;
+    let (_dst_lease, dst_addr, dst_kind) = dst_manager.lease(dst, dst_offset, bytes, "dst")?;
+    let (_src_lease, src_addr, src_kind) = src_manager.lease(src, src_offset, bytes, "src")?;
     if bytes == 0 {
         return Ok(());
     }
-    if dst_manager.backend.device() != src_manager.backend.device() {
+    // Device memory of two devices: peer to peer or staged. A pinned buffer on either side is
+    // host memory every device reaches by unified addressing: the plain copy below serves it.
+    if dst_manager.backend.device() != src_manager.backend.device()
+        && dst_kind == MemoryKind::Device
+        && src_kind == MemoryKind::Device
+    {
         // SAFETY: both leased ranges are live and in bounds.
         return unsafe { super::peer::copy_between_devices(dst_manager, dst_addr, src_manager, src_addr, bytes) };
     }
