@@ -28,13 +28,15 @@ from ._errors import (
     SizeOverflowError,
     WrongKindError,
 )
+from ._errors import check as _check
 from .array import DeviceArray, from_cuda_array_interface, from_dlpack
 from .buffer import Buffer
 from .manager import Manager, default_manager
 
 __all__ = [
     "Manager", "Buffer", "DeviceArray", "default_manager", "empty", "zeros", "asarray",
-    "from_dlpack", "from_cuda_array_interface", "status_name",
+    "from_dlpack", "from_cuda_array_interface", "status_name", "device_count", "can_access_peer",
+    "live_managers",
     "KmmError", "NullPointerError", "InvalidArgumentError", "OutOfRangeError", "SizeOverflowError",
     "InvalidHandleError", "BufferMappedError", "WrongKindError", "OutOfMemoryError",
     "BackendUnavailableError", "BackendError", "NotSupportedError", "CompileError", "InternalError",
@@ -48,6 +50,40 @@ ABI_VERSION = _lib.ABI_VERSION
 def status_name(status):
     """The name of a status code ("KMM_ERROR_OUT_OF_MEMORY")."""
     return _lib.lib.kmm_status_name(int(status)).decode()
+
+
+def _backend_code(backend):
+    from .manager import BACKENDS
+    if backend not in BACKENDS:
+        raise InvalidArgumentError("backend must be one of %s, got %r" % (sorted(BACKENDS), backend))
+    return BACKENDS[backend]
+
+
+def device_count(backend="auto"):
+    """How many devices `backend` ("auto", "host", "cuda") offers: the visible CUDA devices, or
+    the host backend's stand-ins (KMM_HOST_DEVICES, 1 to 64, default 1). Managers exist on
+    devices 0 .. device_count() - 1."""
+    import ctypes
+    n = ctypes.c_uint32()
+    _check(_lib.lib.kmm_device_count(_backend_code(backend), ctypes.byref(n)))
+    return n.value
+
+
+def can_access_peer(device, peer, backend="auto"):
+    """Whether copies between `device` and `peer` go peer to peer (True) or are staged through
+    pinned host memory (False). Host stand-in devices pair up: 0 with 1, 2 with 3, ..."""
+    import ctypes
+    out = ctypes.c_uint32()
+    _check(_lib.lib.kmm_device_can_access_peer(_backend_code(backend), int(device), int(peer), ctypes.byref(out)))
+    return out.value == 1
+
+
+def live_managers():
+    """How many managers are alive in this process (created and not yet closed)."""
+    import ctypes
+    n = ctypes.c_uint32()
+    _check(_lib.lib.kmm_live_managers(ctypes.byref(n)))
+    return n.value
 
 
 def empty(shape, dtype="float32", manager=None, kind="device"):

@@ -162,6 +162,11 @@ class DeviceArray:
         return self.buffer.manager
 
     @property
+    def device(self):
+        """The device (ordinal) whose memory holds the array (its manager's)."""
+        return self.buffer.device
+
+    @property
     def ptr(self):
         """Address of the first element."""
         return self.buffer.ptr + self.offset if self.buffer.nbytes else 0

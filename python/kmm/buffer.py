@@ -104,6 +104,11 @@ class Buffer:
         return KIND_NAMES[self._kind]
 
     @property
+    def device(self):
+        """The device (ordinal) of the buffer's manager: its memory's for device memory."""
+        return self._manager.device
+
+    @property
     def ptr(self):
         """The address: a device pointer (host pointer for pinned memory and on the host backend)."""
         self._live()
