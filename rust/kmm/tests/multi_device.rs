@@ -4,6 +4,7 @@
 
 mod common;
 use common::*;
+use kmm::backend::faulty::{self, FaultPlan};
 use std::process::Command;
 
 const CHILD: &str = "KMM_MULTI_DEVICE_CHILD";
@@ -196,11 +197,50 @@ fn stream_ordered_both_sides(src: &Mgr, dst: &Mgr) {
     dst.free(d);
 }
 
+/// Peer to peer, the copy is queued on the destination's (held) stream and then the source's
+/// stream cannot be made to wait for it (an injected fault): the call must not return while
+/// the copy is in flight unordered, or the source's memory, freed and reused at once, is what
+/// the copy reads.
+fn failed_final_ordering_waits_for_the_copy() {
+    let plan = FaultPlan::new();
+    faulty::install(Some(plan.clone()));
+    let (a, b) = (manager_on(0), manager_on(1));
+    faulty::install(None);
+    let bytes = 1u64 << 20;
+    let (s, d) = (a.alloc(bytes, DEVICE), b.alloc(bytes, DEVICE));
+    fill(&a, s, bytes, 2);
+    fill(&b, d, bytes, 0);
+    a.sync();
+    b.sync();
+    Gate::warm(&a);
+    Gate::warm(&b);
+    let gate = Gate::shut(&b);
+    // Stream operations of the call: order src -> dst, the copy, order dst -> src (this fails).
+    plan.set(0, 0, plan.counts().stream_ops + 2);
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        gate.open();
+    });
+    let status = kmm_copy_buffer(b.0, d, 0, a.0, s, 0, bytes);
+    plan.clear();
+    assert_ne!(status, KMM_OK, "the injected fault did not trip");
+    a.free(s);
+    let s2 = a.alloc(bytes, DEVICE);
+    fill(&a, s2, bytes, 4);
+    a.sync();
+    opener.join().unwrap();
+    let got = b.download(d, 0, bytes as usize);
+    assert!(!got.contains(&4), "a copy whose call failed read the source's memory after it was freed and reused");
+    a.free(s2);
+    b.free(d);
+}
+
 #[test]
 #[ignore = "run by host_backend_with_two_and_four_devices in a child process"]
 fn child_suite() {
     let want = std::env::var("KMM_HOST_DEVICES").ok().and_then(|v| v.parse().ok());
     suite(want);
+    failed_final_ordering_waits_for_the_copy();
 }
 
 /// The host backend's device count is read once per process: each count runs in a child.

@@ -20,11 +20,16 @@ const MAX_HOST_DEVICES: u32 = 64;
 /// every multi-device path (copies between devices, managers on each, scale-out over workers)
 /// runs on a CPU. Devices pair up as GPUs on NVLink do: 0 and 1, 2 and 3, ... copy peer to
 /// peer; copies between pairs are staged through pinned host memory.
+/// Whether two host devices copy "peer to peer": different devices of one pair.
+pub fn paired(a: i32, b: i32) -> bool {
+    a != b && a / 2 == b / 2
+}
+
 pub fn device_count() -> Result<u32> {
     static COUNT: OnceLock<std::result::Result<u32, String>> = OnceLock::new();
     let count = COUNT.get_or_init(|| match std::env::var("KMM_HOST_DEVICES") {
         Err(_) => Ok(1),
-        Ok(v) if v.is_empty() => Ok(1),
+        Ok(v) if v.trim().is_empty() => Ok(1),
         Ok(v) => match v.trim().parse::<u32>() {
             Ok(n) if (1..=MAX_HOST_DEVICES).contains(&n) => Ok(n),
             _ => Err(format!("KMM_HOST_DEVICES={v:?} is not a device count in 1..={MAX_HOST_DEVICES}")),
@@ -188,7 +193,7 @@ impl Backend for HostBackend {
         }))
     }
     fn peer_access(&self, peer: &dyn Backend) -> Result<bool> {
-        Ok(peer.kind() == BackendKind::Host && peer.device() != self.device && peer.device() / 2 == self.device / 2)
+        Ok(peer.kind() == BackendKind::Host && paired(self.device, peer.device()))
     }
 }
 

@@ -185,6 +185,27 @@ pub fn device_count(choice: BackendChoice) -> Result<u32> {
     }
 }
 
+/// Whether `device` and `peer` of `choice` can copy peer to peer, asked of the devices alone:
+/// no context is made and peer access is not enabled (the first copy between them does that).
+pub fn can_access_peer(choice: BackendChoice, device: i32, peer: i32) -> Result<bool> {
+    let count = device_count(choice)?;
+    for (name, d) in [("device", device), ("peer", peer)] {
+        if d < 0 || d as i64 >= count as i64 {
+            crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {d} is not a device of this backend (0..{count})");
+        }
+    }
+    let cuda = match resolve(choice)? {
+        BackendChoice::Host => false,
+        BackendChoice::Cuda => true,
+        BackendChoice::Auto => cuda::device_count().is_ok_and(|n| n > 0),
+    };
+    if cuda {
+        cuda::can_access_peer(device, peer)
+    } else {
+        Ok(host::paired(device, peer))
+    }
+}
+
 /// `Auto` through `KMM_BACKEND` (host|cuda|auto); explicit choices stay.
 fn resolve(choice: BackendChoice) -> Result<BackendChoice> {
     Ok(match choice {

@@ -28,23 +28,18 @@ pub extern "C" fn kmm_device_count(backend: u32, count: *mut u32) -> KmmStatus {
     })
 }
 
-/// Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
-/// peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
-/// staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
-/// up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+/// Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`)
+/// can go peer to peer (1) or are staged through pinned host memory (0; also for `device ==
+/// peer`). Only asks the devices (`cuDeviceCanAccessPeer` both ways): no context is made and
+/// peer access is not enabled; the first copy between the two enables it, both ways, for the
+/// life of the process (and accepts it already enabled by another library). Host stand-in
+/// devices pair up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
 #[no_mangle]
 pub extern "C" fn kmm_device_can_access_peer(backend: u32, device: i32, peer: i32, out: *mut u32) -> KmmStatus {
     boundary(|| {
         check_out(out, "out")?;
-        let choice = backend_choice(backend)?;
-        let count = crate::backend::device_count(choice)?;
-        for (name, d) in [("device", device), ("peer", peer)] {
-            if d < 0 || d as i64 >= count as i64 {
-                fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {d} is not a device of this backend (0..{count})");
-            }
-        }
-        let (a, b) = (crate::backend::open(choice, device)?, crate::backend::open(choice, peer)?);
-        write_out(out, "out", a.peer_access(b.as_ref())? as u32)
+        let can = crate::backend::can_access_peer(backend_choice(backend)?, device, peer)?;
+        write_out(out, "out", can as u32)
     })
 }
 

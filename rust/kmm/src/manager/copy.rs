@@ -259,24 +259,38 @@ pub fn copy_buffer(
     if bytes == 0 {
         return Ok(());
     }
-    // Device memory of two devices: peer to peer or staged. A pinned buffer on either side is
-    // host memory every device reaches by unified addressing: the plain copy below serves it.
-    if dst_manager.backend.device() != src_manager.backend.device()
-        && dst_kind == MemoryKind::Device
-        && src_kind == MemoryKind::Device
-    {
+    let devices_differ = dst_manager.backend.device() != src_manager.backend.device();
+    if devices_differ && dst_kind == MemoryKind::Device && src_kind == MemoryKind::Device {
         // SAFETY: both leased ranges are live and in bounds.
         return unsafe { super::peer::copy_between_devices(dst_manager, dst_addr, src_manager, src_addr, bytes) };
     }
+    // A pinned buffer is host memory every device reaches, but device memory (that of a
+    // stream-ordered pool above all) only from its own device's context: the copy runs on the
+    // stream of the manager whose device memory it touches, the destination's when both are.
+    let (run, other) = if devices_differ && src_kind == MemoryKind::Device { (src_manager, dst_manager) } else { (dst_manager, src_manager) };
     if !same {
-        src_manager.backend.order_streams(src_manager.raw_stream(), dst_manager.raw_stream())?;
+        other.backend.order_streams(other.raw_stream(), run.raw_stream())?;
     }
     // SAFETY: both leased ranges are live and in bounds.
-    unsafe { dst_manager.stream.copy_d2d(dst_addr, src_addr, bytes)? };
+    unsafe { run.stream.copy_d2d(dst_addr, src_addr, bytes)? };
     if !same {
-        dst_manager.backend.order_streams(dst_manager.raw_stream(), src_manager.raw_stream())?;
+        order_after_copy(run, other)?;
     }
     Ok(())
+}
+
+/// `other`'s later work (a write, a free) waits for the copy just queued on `run`'s stream. If
+/// that wait cannot be queued, the copy is waited for on the host before the error returns: an
+/// error must not leave a copy in flight that nothing orders.
+pub(super) fn order_after_copy(run: &Manager, other: &Manager) -> Result<()> {
+    run.backend.order_streams(run.raw_stream(), other.raw_stream()).or_else(|e| {
+        for _ in 0..3 {
+            if run.stream.synchronize().is_ok() {
+                break;
+            }
+        }
+        Err(e)
+    })
 }
 
 /// Between a host-backend and a CUDA manager no stream can wait for the other: go through host

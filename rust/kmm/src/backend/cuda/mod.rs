@@ -278,6 +278,23 @@ pub fn device_count() -> Result<u32> {
     Ok(count.max(0) as u32)
 }
 
+/// Whether the devices can reach each other's memory, both ways (`cuDeviceCanAccessPeer`): a
+/// question to the devices, no context made and nothing enabled.
+pub fn can_access_peer(a: i32, b: i32) -> Result<bool> {
+    if a == b {
+        return Ok(false);
+    }
+    device_count()?;
+    let (mut da, mut db, mut ab, mut ba) = (0, 0, 0, 0);
+    unsafe {
+        check(sys::cuDeviceGet(&mut da, a), "cuDeviceGet")?;
+        check(sys::cuDeviceGet(&mut db, b), "cuDeviceGet")?;
+        check(sys::cuDeviceCanAccessPeer(&mut ab, da, db), "cuDeviceCanAccessPeer")?;
+        check(sys::cuDeviceCanAccessPeer(&mut ba, db, da), "cuDeviceCanAccessPeer")?;
+    }
+    Ok(ab == 1 && ba == 1)
+}
+
 /// Whether two devices copy peer to peer, decided (and peer access enabled both ways) once per
 /// pair: enabling is per context and lasts as long as the primary contexts, which Kmm retains.
 fn peer_pair(a: &CudaBackend, b_device: i32, b_ctx: sys::CUcontext) -> Result<bool> {
