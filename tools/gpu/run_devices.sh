@@ -14,19 +14,23 @@ echo "date $(date -u +%FT%TZ), commit $(cat .gpu/COMMIT 2>/dev/null || echo unkn
 export KMM_TEST_GPU=1 NCCL_NVLS_ENABLE=0
 if [ "$what" != bench ]; then
   {
-    echo "== multi_device"
-    timeout 120 .gpu/tests/multi_device --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|not run"
+    for mode in pool cuda_async direct; do
+      echo "== multi_device, alloc mode $mode"
+      KMM_TEST_ALLOC_MODE=$mode timeout 120 .gpu/tests/multi_device --test-threads=1 --nocapture 2>&1 | grep -E "^test |test result|panicked|left|right|not run"
+    done
     ndev=$(nvidia-smi -L | wc -l)
     export KMM_HOST_DEVICES=$ndev    # the suites' host-backend managers follow KMM_TEST_DEVICE too
-    for d in $(seq 0 $((ndev - 1))); do
+    for d in $(seq 0 $((ndev - 1))); do    # the devices at once, one log each
       for t in .gpu/tests/*; do
         n=$(basename "$t")
         case $n in header|multi_device|*_on_cpu|trust_stress) continue;; esac
         printf '== device %s %s: ' "$d" "$n"
-        KMM_TEST_DEVICE=$d timeout 150 "$t" --test-threads=1 2>&1 | grep -E "test result|panicked" | tr '\n' ' '
+        KMM_TEST_DEVICE=$d timeout 150 "$t" --test-threads=1 2>&1 | grep -E "test result|panicked|last kmm error" | tr '\n' ' '
         echo
-      done
+      done > "$out/device$d.log" 2>&1 &
     done
+    wait
+    cat "$out"/device*.log
   } 2>&1 | tee "$out/gpu_tests.log"
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer $tool multi_device"
