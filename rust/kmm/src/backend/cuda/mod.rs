@@ -13,7 +13,7 @@ use cudarc::driver::sys;
 use std::any::Any;
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 /// Turns a driver status into a `Result`, naming the call.
 pub(crate) fn check(status: sys::CUresult, call: &str) -> Result<()> {
@@ -51,10 +51,27 @@ pub struct CudaBackend {
     orders: Arc<StreamOrders>,
 }
 
+/// The devices Kmm has opened, each with its retained primary context.
+fn opened() -> &'static Mutex<HashMap<i32, Arc<CudaBackend>>> {
+    static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<CudaBackend>>>> = OnceLock::new();
+    DEVICES.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// A registration is the process's (portable: every device may DMA from it), and the driver
+/// queues any copy from registered memory as DMA, small ones included, whichever manager or
+/// device queues it. Such a copy must not run after the range is unregistered (a device fault,
+/// `CUDA_ERROR_LAUNCH_FAILED`, for the context). Copies between host and device memory are
+/// queued under the read side; ending a registration takes the write side, so no copy is being
+/// queued while it drains every context Kmm uses and unregisters.
+static REGISTRATIONS: RwLock<()> = RwLock::new(());
+
+fn queuing_host_copy() -> std::sync::RwLockReadGuard<'static, ()> {
+    REGISTRATIONS.read().unwrap_or_else(|e| e.into_inner())
+}
+
 impl CudaBackend {
     pub fn get(device: i32) -> Result<Arc<dyn Backend>> {
-        static DEVICES: OnceLock<Mutex<HashMap<i32, Arc<CudaBackend>>>> = OnceLock::new();
-        let mut devices = lock(DEVICES.get_or_init(|| Mutex::new(HashMap::new())));
+        let mut devices = lock(opened());
         if let Some(b) = devices.get(&device) {
             return Ok(b.clone());
         }
@@ -181,15 +198,21 @@ impl Backend for CudaBackend {
         Ok(())
     }
     unsafe fn unregister_host(&self, ptr: *mut u8) -> Result<()> {
-        let _current = self.enter()?;
-        // Copies of any manager may be reading or writing the range by DMA (a registration is the
-        // device's, not one stream's). From here on new copies take the pageable path; those in
-        // flight finish before the range is unpinned under them.
+        // Copies of any manager, on any device, may be reading or writing the range by DMA (a
+        // registration is the process's, not one stream's). No copy is queued meanwhile; those
+        // in flight finish before the range is unpinned under them; later ones see pageable
+        // memory.
+        let _no_copy_queued = REGISTRATIONS.write().unwrap_or_else(|e| e.into_inner());
         let Some(bytes) = self.pinned_ranges.remove(ptr as u64) else {
             crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "host memory at {ptr:?} was not registered");
         };
-        let unpinned = check(sys::cuCtxSynchronize(), "cuCtxSynchronize")
-            .and_then(|_| check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister"));
+        let contexts: Vec<Raw<sys::CUcontext>> = lock(opened()).values().map(|b| b.ctx).collect();
+        let drained = contexts.iter().try_for_each(|ctx| {
+            let _current = enter(ctx.0)?;
+            check(sys::cuCtxSynchronize(), "cuCtxSynchronize")
+        });
+        let _current = self.enter()?;
+        let unpinned = drained.and_then(|_| check(sys::cuMemHostUnregister(ptr as *mut c_void), "cuMemHostUnregister"));
         if unpinned.is_err() {
             self.pinned_ranges.insert(ptr as u64, bytes);
         }
@@ -383,10 +406,12 @@ impl Stream for CudaStream {
         self.raw.0 as u64
     }
     unsafe fn copy_h2d(&self, dst: DevicePtr, src: *const u8, bytes: u64) -> Result<()> {
+        let _registrations = queuing_host_copy();
         let _current = enter(self.ctx.0)?;
         check(sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes as usize, self.raw.0), "cuMemcpyHtoDAsync")
     }
     unsafe fn copy_d2h(&self, dst: *mut u8, src: DevicePtr, bytes: u64) -> Result<()> {
+        let _registrations = queuing_host_copy();
         let _current = enter(self.ctx.0)?;
         check(sys::cuMemcpyDtoHAsync_v2(dst as *mut c_void, src, bytes as usize, self.raw.0), "cuMemcpyDtoHAsync")
     }
