@@ -411,6 +411,13 @@ PLANTS = [
      "            staging.submit(dst.stream.as_ref(), block, None)?;",
      "            staging.submit(src.stream.as_ref(), block, None)?;",
      ["multi_device"]),
+    # Ending a registration no longer excludes copies being queued: a small copy from the range
+    # queued after the drain is DMA after the unregister (trust_model's deferred teardown
+    # against the walk's next copy; intermittent, about one run in four on two H200s).
+    ("registration-ends-under-queued-copy", "rust/kmm/src/backend/cuda/mod.rs",
+     "        let _no_copy_queued = REGISTRATIONS.write().unwrap_or_else(|e| e.into_inner());\n",
+     "",
+     ["gpu:trust_model"]),
     # A given basis is not checked: a basis of ones is accepted.
     ("match-basis-not-checked", "rust/kmm/src/qmri/run.rs",
      "            if check_basis_first {\n",
