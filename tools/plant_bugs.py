@@ -31,7 +31,7 @@ PLANTS = [
      "",
      ["trust_model", "trust_faults", "trust_stress"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
-     "        src_manager.backend.order_streams(src_manager.raw_stream(), dst_manager.raw_stream())?;",
+     "        other.backend.order_streams(other.raw_stream(), run.raw_stream())?;",
      "",
      ["trust_model", "trust_stress"]),
     ("staging-slot-reused-before-dma", "rust/kmm/src/manager/staging.rs",
@@ -266,8 +266,8 @@ PLANTS = [
      ["abi_buffers"]),
     # A registration ends while another manager's copy may still read it by DMA.
     ("registration-ends-under-dma", "rust/kmm/src/backend/cuda/mod.rs",
-     "        let unpinned = check(sys::cuCtxSynchronize(), \"cuCtxSynchronize\")\n            .and_then(",
-     "        let unpinned = Ok(())\n            .and_then(",
+     "            check(sys::cuCtxSynchronize(), \"cuCtxSynchronize\")\n        });",
+     "            Ok(())\n        });",
      ["gpu:gpu_streams"]),
     # A Kmm CUDA call leaves its context current on the caller's thread. The host backend has no
     # contexts: only the GPU test sees it.
