@@ -15,7 +15,11 @@ use kmm::ffi::manager::*;
 use kmm::ffi::qmri::*;
 use kmm::ffi::registry::with_manager;
 use kmm::ffi::types::*;
-use kmm::qmri::{Atom, Fisp};
+use kmm::qmri::Atom;
+
+#[path = "../qmri_inputs.rs"]
+mod qmri_inputs;
+use qmri_inputs::{atoms, fisp_seq as fisp};
 use kmm::KmmStatus;
 use std::time::Instant;
 
@@ -127,33 +131,6 @@ fn peer_copies(bytes: u64, reps: usize) {
     }
     ok(kmm_manager_destroy(m0, 0));
     ok(kmm_manager_destroy(m1, 0));
-}
-
-// The qMRI benchmark's atoms and sequence (bin/qmri.rs).
-struct Rng(u64);
-impl Rng {
-    fn unit(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-fn atoms(n: usize, seed: u64) -> Vec<Atom> {
-    let mut r = Rng(seed | 1);
-    (0..n)
-        .map(|_| {
-            let t1 = 0.1 + 4.9 * r.unit();
-            let t2 = (0.005 + 0.6 * r.unit()).min(t1);
-            Atom { t1, t2, b1: 0.7 + 0.6 * r.unit(), b0: -30.0 + 60.0 * r.unit() }
-        })
-        .collect()
-}
-
-fn fisp(ntr: usize, ns: u32) -> Fisp {
-    let flip: Vec<f32> = (0..ntr).map(|n| (n as f32 / 160.0 * std::f32::consts::PI).sin().abs() * 1.05 + 0.02).collect();
-    Fisp { phase: vec![0.0; ntr], flip, tr: 0.0087, te: 0.0035, ti: 0.0204, max_state: ns, profile: vec![] }
 }
 
 /// One device's share: simulate atoms `range` in batches of `batch` and match each batch

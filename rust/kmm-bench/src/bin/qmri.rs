@@ -13,7 +13,11 @@ use kmm::ffi::manager::*;
 use kmm::ffi::qmri::*;
 use kmm::ffi::types::*;
 use kmm::ffi::registry::with_manager;
-use kmm::qmri::{cpu, gpu, Atom, Fisp, Pssfp};
+use kmm::qmri::{cpu, gpu, Atom, Pssfp};
+
+#[path = "../qmri_inputs.rs"]
+mod qmri_inputs;
+use qmri_inputs::{atoms, fisp_seq};
 use kmm::KmmStatus;
 use std::time::Instant;
 
@@ -24,32 +28,6 @@ fn ok(s: KmmStatus) {
         let msg = unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) };
         panic!("{s:?}: {}", msg.to_string_lossy());
     }
-}
-
-struct Rng(u64);
-impl Rng {
-    fn unit(&mut self) -> f32 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
-fn atoms(n: usize, seed: u64) -> Vec<Atom> {
-    let mut r = Rng(seed | 1);
-    (0..n)
-        .map(|_| {
-            let t1 = 0.1 + 4.9 * r.unit();
-            let t2 = (0.005 + 0.6 * r.unit()).min(t1);
-            Atom { t1, t2, b1: 0.7 + 0.6 * r.unit(), b0: -30.0 + 60.0 * r.unit() }
-        })
-        .collect()
-}
-
-fn fisp_seq(ntr: usize, ns: u32) -> Fisp {
-    let flip: Vec<f32> = (0..ntr).map(|n| (n as f32 / 160.0 * std::f32::consts::PI).sin().abs() * 1.05 + 0.02).collect();
-    Fisp { phase: vec![0.0; ntr], flip, tr: 0.0087, te: 0.0035, ti: 0.0204, max_state: ns, profile: vec![] }
 }
 
 fn pssfp_seq(ntr: usize, nrf: usize, nz: usize) -> Pssfp {
