@@ -188,7 +188,11 @@ fn release_threshold_applies_at_synchronize() {
 
 #[test]
 fn many_managers_coexist_on_several_devices() {
-    let devices = if gpu() { 1 } else { 4 };
+    // Every device the backend offers (the host backend: KMM_HOST_DEVICES, default 1;
+    // tests/multi_device.rs runs 2 and 4).
+    let mut n = 0;
+    ok(kmm_device_count(default_config().backend, &mut n));
+    let devices = n as i32;
     let managers: Vec<Mgr> = (0..32).map(|i| Mgr::with(|c| c.device = i % devices)).collect();
     let bufs: Vec<u64> = managers.iter().enumerate().map(|(i, m)| {
         let b = m.alloc(1000 + i as u64, DEVICE);
