@@ -967,10 +967,12 @@ KmmStatus kmm_config_default(KmmConfig *config);
 KmmStatus kmm_device_count(uint32_t backend, uint32_t *count);
 
 /**
- * Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
- * peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
- * staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
- * up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+ * Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`)
+ * can go peer to peer (1) or are staged through pinned host memory (0; also for `device ==
+ * peer`). Only asks the devices (`cuDeviceCanAccessPeer` both ways): no context is made and
+ * peer access is not enabled; the first copy between the two enables it, both ways, for the
+ * life of the process (and accepts it already enabled by another library). Host stand-in
+ * devices pair up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
  */
 KmmStatus kmm_device_can_access_peer(uint32_t backend, int32_t device, int32_t peer, uint32_t *out);
 

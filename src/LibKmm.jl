@@ -1077,10 +1077,12 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
-Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
-peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
-staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
-up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`)
+can go peer to peer (1) or are staged through pinned host memory (0; also for `device ==
+peer`). Only asks the devices (`cuDeviceCanAccessPeer` both ways): no context is made and
+peer access is not enabled; the first copy between the two enables it, both ways, for the
+life of the process (and accepts it already enabled by another library). Host stand-in
+devices pair up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
 
 Returns the status; `kmm_device_can_access_peer` is the checked form.
 """
@@ -1090,10 +1092,12 @@ Returns the status; `kmm_device_can_access_peer` is the checked form.
     ccall(fp, KmmStatus, (UInt32, Int32, Int32, Ptr{UInt32}), backend, device, peer, out)
 end
 """
-Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`) go
-peer to peer (1; peer access is then enabled both ways, as `cuCtxEnablePeerAccess`) or are
-staged through pinned host memory (0; also for `device == peer`). Host stand-in devices pair
-up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
+Writes to `*out` whether copies between `device` and `peer` of `backend` (a `KmmBackend`)
+can go peer to peer (1) or are staged through pinned host memory (0; also for `device ==
+peer`). Only asks the devices (`cuDeviceCanAccessPeer` both ways): no context is made and
+peer access is not enabled; the first copy between the two enables it, both ways, for the
+life of the process (and accepts it already enabled by another library). Host stand-in
+devices pair up as NVLink pairs do: 0 with 1, 2 with 3, and so on.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
