@@ -53,6 +53,19 @@ function check_workers(workers)
     ws
 end
 
+"""
+The checked workers that get atoms, their atom ranges and devices, and the parameters as a
+checked host matrix: what a call over workers starts with.
+"""
+function plan_workers(call::String, workers, params, devices, check::Bool)
+    ws = check_workers(workers)
+    p = host_params(params)
+    check && check_params(p)
+    ranges = split_atoms(size(p, 2), length(ws))
+    ws = ws[1:length(ranges)]
+    (ws, ranges, worker_devices(call, ws, devices), p)
+end
+
 "This process's host name and device count (run on a worker)."
 worker_info() = (Libc.gethostname(), Kmm.device_count())
 
@@ -119,12 +132,7 @@ remote_simulate(seq, p::Matrix{Float32}, device::Int, check::Bool) =
 function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager, check::Bool,
                              workers, devices)
     call = seq isa FISPSequence ? "simulate_fisp" : "simulate_pssfp"
-    ws = check_workers(workers)
-    p = host_params(params)
-    check && check_params(p)
-    ranges = split_atoms(size(p, 2), length(ws))
-    ws = ws[1:length(ranges)]
-    devs = worker_devices(call, ws, devices)
+    ws, ranges, devs, p = plan_workers(call, workers, params, devices, check)
     out = KmmArray{ComplexF32}(undef, length(seq), size(p, 2); manager = manager)
     ntr = length(seq)
     on_workers(call, ws, devs, ranges, (i, w) -> begin
@@ -175,14 +183,12 @@ end
 function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmManager;
                           rank::Integer, basis, basis_atoms::Integer, batch_atoms, max_bytes,
                           check::Bool, timings::Bool, workers, devices)
-    ws = check_workers(workers)
     ntr = length(seq)
     check_rank(rank, ntr)
-    p = host_params(params)
-    check && check_params(p)
-    host_signals = signals isa KmmArray ? Array(signals) : signals
-    s, vdims, nvox = prepare_signals(host_signals, ntr, manager)    # checks, as one process does
-    Kmm.unsafe_free!(s)
+    # Checked here, as one process does, and sent once to every worker as ComplexF32.
+    host_signals = signals isa KmmArray ? Array(signals) : convert(Array{ComplexF32}, signals)
+    vdims, _ = signal_dims(host_signals, ntr)
+    ws, ranges, devs, p = plan_workers("match", workers, params, devices, check)
     # One basis for every worker, so that their scores compare (as one process's batches do).
     tbasis = @elapsed begin
         u = choose_basis(basis, rank, ntr, manager)
@@ -191,9 +197,6 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         end
         hu = u === nothing ? nothing : Array(u)
     end
-    ranges = split_atoms(size(p, 2), length(ws))
-    ws = ws[1:length(ranges)]
-    devs = worker_devices("match", ws, devices)
     parts = on_workers("match", ws, devs, ranges, (i, w) ->
         Distributed.remotecall_fetch(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
                                      host_signals, hu, Int(rank), batch_atoms, max_bytes, devs[i],

@@ -128,6 +128,13 @@ end
 "Signals as (ntr x nvox contiguous KmmArray on m, voxel dims)."
 function prepare_signals(signals, ntr::Int, m::KmmManager)
     s = signals isa KmmArray ? signals : KmmArray{ComplexF32}(signals; manager = m)
+    vdims, nvox = signal_dims(s, ntr)
+    Kmm.manager(s) === m || (s = KmmArray(Array(s); manager = m))
+    (whole_buffer(s), vdims, nvox)
+end
+
+"The voxel dimensions and count of `ntr x voxels...` ComplexF32 signals, checked."
+function signal_dims(s::AbstractArray, ntr::Int)
     eltype(s) == ComplexF32 || throw(ArgumentError("signals must hold ComplexF32, got $(eltype(s))"))
     ndims(s) >= 1 || throw(ArgumentError("signals must be ntr x voxels..."))
     size(s, 1) == ntr || throw(DimensionMismatch(
@@ -135,8 +142,7 @@ function prepare_signals(signals, ntr::Int, m::KmmManager)
     vdims = ndims(s) == 1 ? (1,) : size(s)[2:end]
     nvox = prod(vdims)
     nvox >= 1 || throw(ArgumentError("signals hold no voxels"))
-    Kmm.manager(s) === m || (s = KmmArray(Array(s); manager = m))
-    (whole_buffer(s), vdims, nvox)
+    (vdims, nvox)
 end
 
 check_rank(rank, ntr) = 0 <= rank <= ntr || throw(ArgumentError(

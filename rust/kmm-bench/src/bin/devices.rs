@@ -17,20 +17,10 @@ use kmm::ffi::registry::with_manager;
 use kmm::ffi::types::*;
 use kmm::qmri::Atom;
 
-#[path = "../qmri_inputs.rs"]
-mod qmri_inputs;
-use qmri_inputs::{atoms, fisp_seq as fisp};
-use kmm::KmmStatus;
+#[path = "../shared.rs"]
+mod shared;
+use shared::{atoms, fisp_seq as fisp, ok, DEVICE};
 use std::time::Instant;
-
-const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
-
-fn ok(s: KmmStatus) {
-    if s != KmmStatus::KMM_OK {
-        let msg = unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) };
-        panic!("{s:?}: {}", msg.to_string_lossy());
-    }
-}
 
 fn cu(s: sys::CUresult, what: &str) {
     assert_eq!(s, sys::CUresult::CUDA_SUCCESS, "{what}");

@@ -15,20 +15,10 @@ use kmm::ffi::types::*;
 use kmm::ffi::registry::with_manager;
 use kmm::qmri::{cpu, gpu, Atom, Pssfp};
 
-#[path = "../qmri_inputs.rs"]
-mod qmri_inputs;
-use qmri_inputs::{atoms, fisp_seq};
-use kmm::KmmStatus;
+#[path = "../shared.rs"]
+mod shared;
+use shared::{atoms, fisp_seq, ok, DEVICE};
 use std::time::Instant;
-
-const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
-
-fn ok(s: KmmStatus) {
-    if s != KmmStatus::KMM_OK {
-        let msg = unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) };
-        panic!("{s:?}: {}", msg.to_string_lossy());
-    }
-}
 
 fn pssfp_seq(ntr: usize, nrf: usize, nz: usize) -> Pssfp {
     let flip: Vec<f32> = (0..ntr).map(|n| (n as f32 / 160.0 * std::f32::consts::PI).sin().abs() * 1.05 + 0.02).collect();

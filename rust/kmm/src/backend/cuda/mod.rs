@@ -326,13 +326,6 @@ fn peer_pair(a: &CudaBackend, b_device: i32, b_ctx: sys::CUcontext) -> Result<bo
     if let Some(&ok) = pairs.get(&(a.device, b_device)) {
         return Ok(ok);
     }
-    let mut b_cu = 0;
-    let (mut ab, mut ba) = (0, 0);
-    unsafe {
-        check(sys::cuDeviceGet(&mut b_cu, b_device), "cuDeviceGet")?;
-        check(sys::cuDeviceCanAccessPeer(&mut ab, a.cu_device, b_cu), "cuDeviceCanAccessPeer")?;
-        check(sys::cuDeviceCanAccessPeer(&mut ba, b_cu, a.cu_device), "cuDeviceCanAccessPeer")?;
-    }
     // Another library (CUDA.jl, PyTorch) may have enabled it already: that is success too.
     let enable = |ctx: sys::CUcontext, peer: sys::CUcontext| -> bool {
         let Ok(_current) = enter(ctx) else { return false };
@@ -341,7 +334,7 @@ fn peer_pair(a: &CudaBackend, b_device: i32, b_ctx: sys::CUcontext) -> Result<bo
             sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
         )
     };
-    let ok = ab == 1 && ba == 1 && enable(a.ctx.0, b_ctx) && enable(b_ctx, a.ctx.0);
+    let ok = can_access_peer(a.device, b_device)? && enable(a.ctx.0, b_ctx) && enable(b_ctx, a.ctx.0);
     pairs.insert((a.device, b_device), ok);
     pairs.insert((b_device, a.device), ok);
     Ok(ok)

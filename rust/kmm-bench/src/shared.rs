@@ -1,7 +1,19 @@
-//! The qMRI benchmark's inputs, shared by `bin/qmri.rs` and `bin/devices.rs` (included with
-//! `#[path]`): random atoms over the tissue range and the FISP sequence.
+//! What `bin/qmri.rs` and `bin/devices.rs` share (included with `#[path]`): the status check
+//! and the qMRI benchmark's inputs (random atoms over the tissue range, the FISP sequence).
 
+use kmm::ffi::types::KmmMemoryKind;
 use kmm::qmri::{Atom, Fisp};
+use kmm::KmmStatus;
+
+pub const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
+
+/// Panics with the library's message unless `s` is `KMM_OK`.
+pub fn ok(s: KmmStatus) {
+    if s != KmmStatus::KMM_OK {
+        let msg = unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) };
+        panic!("{s:?}: {}", msg.to_string_lossy());
+    }
+}
 
 pub struct Rng(pub u64);
 impl Rng {
