@@ -11,6 +11,7 @@
 pub mod backend;
 pub mod error;
 pub mod ffi;
+pub mod figures;
 pub mod manager;
 pub mod pool;
 pub mod qmri;

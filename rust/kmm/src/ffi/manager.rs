@@ -2,7 +2,7 @@
 
 use super::registry::{self, with_manager};
 use super::types::*;
-use super::{boundary, check_flags, check_out, write_out};
+use super::{boundary, check_flags, check_out, write_out, write_text};
 use crate::backend::BackendKind;
 use crate::error::KmmStatus;
 use crate::fail;
@@ -157,19 +157,7 @@ pub extern "C" fn kmm_manager_summary(manager: KmmManager, buf: *mut c_char, len
             fail!(KMM_ERROR_NULL_POINTER, "buf is NULL but len = {len}");
         }
         let text = with_manager(manager, |m| Ok(m.summary()))?;
-        let bytes = text.as_bytes();
-        if len > 0 {
-            let n = bytes.len().min(len - 1);
-            // SAFETY: buf holds len >= n + 1 bytes.
-            unsafe {
-                std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
-                *buf.add(n) = 0;
-            }
-        }
-        if !needed.is_null() {
-            write_out(needed, "needed", bytes.len() + 1)?;
-        }
-        Ok(())
+        write_text(&text, buf, len, needed)
     })
 }
 

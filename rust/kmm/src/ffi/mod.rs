@@ -16,6 +16,7 @@ pub mod plugin;
 pub mod qmri;
 pub mod registry;
 pub mod torch;
+pub mod trace;
 pub mod types;
 
 use crate::error::{Error, KmmStatus, Result};
@@ -69,6 +70,28 @@ pub(crate) fn write_out<T>(ptr: *mut T, name: &str, value: T) -> Result<()> {
 pub(crate) fn check_out<T>(ptr: *mut T, name: &str) -> Result<()> {
     if ptr.is_null() {
         fail!(KMM_ERROR_NULL_POINTER, "{name} is NULL");
+    }
+    Ok(())
+}
+
+/// Writes `text` into `buf` as a NUL-terminated string, truncated to `len` bytes, and the length
+/// the whole text needs (with its NUL) to `*needed` when `needed` is not NULL; `buf` may be NULL
+/// when `len` is 0.
+pub(crate) fn write_text(text: &str, buf: *mut c_char, len: usize, needed: *mut usize) -> Result<()> {
+    if buf.is_null() && len > 0 {
+        fail!(KMM_ERROR_NULL_POINTER, "buf is NULL but len = {len}");
+    }
+    let bytes = text.as_bytes();
+    if len > 0 {
+        let n = bytes.len().min(len - 1);
+        // SAFETY: buf holds len >= n + 1 bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);
+            *buf.add(n) = 0;
+        }
+    }
+    if !needed.is_null() {
+        write_out(needed, "needed", bytes.len() + 1)?;
     }
     Ok(())
 }

@@ -167,6 +167,14 @@ impl<T> HandleTable<T> {
         self.slots.get(index as usize).and_then(|s| s.value.as_ref())
     }
 
+    /// The handle of the live value at `index` (0 when none lives there).
+    pub fn handle_at(&self, index: u32) -> u64 {
+        match self.slots.get(index as usize) {
+            Some(s) if s.value.is_some() => self.encode(index, s.generation),
+            _ => 0,
+        }
+    }
+
     pub fn at_mut(&mut self, index: u32) -> Option<&mut T> {
         self.slots.get_mut(index as usize).and_then(|s| s.value.as_mut())
     }
@@ -181,12 +189,15 @@ impl<T> HandleTable<T> {
 
     /// Every live handle (teardown and leak reports).
     pub fn handles(&self) -> Vec<u64> {
+        self.iter().map(|(h, _)| h).collect()
+    }
+
+    /// Every live handle with its value.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &T)> + '_ {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.value.is_some())
-            .map(|(i, s)| self.encode(i as u32, s.generation))
-            .collect()
+            .filter_map(|(i, s)| s.value.as_ref().map(|v| (self.encode(i as u32, s.generation), v)))
     }
 }
 

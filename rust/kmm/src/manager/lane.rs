@@ -8,6 +8,7 @@ use super::cells::LaneCells;
 use super::config::{MemoryKind, MAX_BUFFER_BYTES};
 use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
+use super::trace::{Action, Tracer};
 use crate::backend::{Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
@@ -111,6 +112,8 @@ pub struct State {
     /// again. A query costs as much as many allocations, and a buffer wrongly taken as settling
     /// costs one wait on a completed event at its first map.
     pub(super) fence_query_in: Option<u32>,
+    /// The manager's trace while one records (see `trace`).
+    pub(super) trace: Option<Arc<Tracer>>,
 }
 
 /// Device allocations between two queries of the moves' fence.
@@ -137,6 +140,7 @@ struct LaneCaller<'a> {
     /// The pool asked `may_grow` and was told no.
     declined: bool,
     moved: usize,
+    trace: Option<&'a Tracer>,
 }
 
 impl Relocator for LaneCaller<'_> {
@@ -218,6 +222,9 @@ impl Relocator for LaneCaller<'_> {
         record.users.insert(self.home);
         record.settling = true;
         self.moved += 1;
+        if let Some(t) = self.trace {
+            t.record(Action::Move, MemoryKind::Device, r.to.addr, record.bytes, self.home, self.buffers.handle_at(r.owner), r.from.addr);
+        }
         Ok(())
     }
 }
@@ -241,7 +248,7 @@ impl State {
         }
         if bytes == 0 {
             let record = BufferRecord::new(kind, 0, 0, Origin::Empty, StreamSet::empty());
-            return self.insert_buffer(record).map(Some);
+            return self.insert_traced(Action::Allocate, record, stream).map(Some);
         }
         // Device buffers may be moved while unmapped; they are known to the pool by their slot.
         // Pinned blocks have no owner, and the pinned pool never compacts.
@@ -260,6 +267,7 @@ impl State {
             in_use_here: self.usage[k].in_use,
             declined: false,
             moved: 0,
+            trace: self.trace.as_deref(),
         };
         let allocated = self.resources[k].allocate(bytes, owner, &mut caller);
         let declined = caller.declined;
@@ -287,7 +295,17 @@ impl State {
         // was (the request's own room, or what a window left over or gave back).
         let mut record = BufferRecord::new(kind, block.addr, bytes, Origin::Resource(block), StreamSet::of(stream));
         record.settling = device && self.moves_in_flight();
-        self.insert_buffer(record).map(Some)
+        self.insert_traced(Action::Allocate, record, stream).map(Some)
+    }
+
+    /// `insert_buffer`, and its record in the trace (`action`: an allocation or a wrap).
+    pub(super) fn insert_traced(&mut self, action: Action, record: BufferRecord, stream: u64) -> Result<u64> {
+        let (kind, addr, bytes) = (record.kind, record.addr, record.bytes);
+        let handle = self.insert_buffer(record)?;
+        if let Some(t) = &self.trace {
+            t.record(action, kind, addr, bytes, stream, handle, 0);
+        }
+        Ok(handle)
     }
 
     /// The first try of an allocation for work on the manager's own stream, in the caller's
@@ -375,6 +393,9 @@ impl State {
         let k = record.kind as usize;
         self.usage[k].on_free(record.bytes);
         self.in_use[k].sub(record.bytes);
+        if let Some(t) = &self.trace {
+            t.record(Action::Free, record.kind, record.addr, record.bytes, self.home, handle, 0);
+        }
         match record.origin {
             Origin::Resource(block) => self.resources[k].deallocate(block),
             Origin::Adopted(block) => self.adopted[k].deallocate(block),
@@ -411,6 +432,9 @@ impl State {
         if wait.is_none() {
             r.settling = false;
         }
+        if let Some(t) = &self.trace {
+            t.record(Action::Map, r.kind, r.addr, r.bytes, self.home, handle, 0);
+        }
         Ok((r.addr, wait))
     }
 
@@ -427,6 +451,9 @@ impl State {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
         }
         r.pins -= 1;
+        if let Some(t) = &self.trace {
+            t.record(Action::Unmap, r.kind, r.addr, r.bytes, self.home, handle, 0);
+        }
         Ok(())
     }
 }

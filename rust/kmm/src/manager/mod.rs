@@ -6,17 +6,21 @@
 pub mod cells;
 mod config;
 pub mod copy;
+pub mod csv;
 pub mod handles;
 mod lane;
+mod observe;
 pub mod order;
 mod peer;
 mod report;
 mod staging;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 
 pub use config::{AllocMode, Config, MemoryKind, MAX_BUFFER_BYTES};
 pub use lane::{Growth, State};
+pub use observe::{MapSegment, MemoryMap, SegmentState};
 pub use report::{human_bytes, KindStats};
 
 use crate::backend::{self, Backend, BackendKind, Event, Stream};
@@ -66,6 +70,8 @@ pub struct Manager {
     /// Whether its device pools compact (pool mode, a suballocator that relocates, a non-zero
     /// ratio): only then may a lane compact to lend room to another (`borrow`).
     pools_compact: bool,
+    /// The trace recording now, or the last one (kept for reading); see `observe`.
+    trace: Mutex<observe::TraceSlot>,
 }
 
 impl Manager {
@@ -150,6 +156,7 @@ impl Manager {
                 place: Place { cells: Arc::downgrade(&cells), lane, lane_mask },
                 moves_fence: None,
                 fence_query_in: None,
+                trace: None,
             });
         }
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
@@ -167,6 +174,7 @@ impl Manager {
             unfenced: Mutex::new(Vec::new()),
             free_queues,
             pools_compact,
+            trace: Mutex::new(observe::TraceSlot::default()),
         })
     }
 
@@ -265,10 +273,14 @@ impl Manager {
             },
             Err(e) => Err(e),
         };
-        match grown {
+        let result = match grown {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.alloc_after_release(bytes, kind, stream),
             done => done,
+        };
+        if let (Err(e), Some(t)) = (&result, self.recording()) {
+            t.record(trace::Action::AllocateFailure, kind, 0, bytes, stream, 0, e.status as u64);
         }
+        result
     }
 
     /// A buffer from the free blocks of a lane other than `own` that is not busy now, starting
@@ -306,6 +318,7 @@ impl Manager {
         let own = cells::alloc_lane(kind, self.lane_mask());
         let last = cells::kind_lane_mask(kind, self.lane_mask());
         let others = move || (0..=last).filter(move |&lane| lane != own);
+        let before = self.stats(kind).resource;
         let retried = match self.alloc_in_lanes(others(), bytes, kind, stream) {
             Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self
                 .release(kind, 0)
@@ -314,7 +327,8 @@ impl Manager {
         };
         retried.map_err(|e| {
             self.lane(own).usage[kind as usize].on_failure();
-            err!(KMM_ERROR_OUT_OF_MEMORY, "allocating {bytes} bytes of {kind:?} memory: {e}")
+            let explained = self.explain_out_of_memory(bytes, kind, &before, &e.message);
+            err!(KMM_ERROR_OUT_OF_MEMORY, "{explained}")
         })
     }
 
@@ -358,6 +372,7 @@ impl Manager {
     /// One pass of `release` over the lanes; the deferred resources' fences go to `pending`.
     fn detach_lanes(&self, kind: MemoryKind, keep_bytes: u64, pending: &mut Vec<Arc<dyn Event>>) -> Result<()> {
         let k = kind as usize;
+        let trace = self.recording();
         let mut budget = keep_bytes;
         let mut detached: Vec<(Arc<dyn Event>, Vec<(u64, u64)>)> = Vec::new();
         let mut failure = None;
@@ -405,9 +420,16 @@ impl Manager {
             for (base, size) in chunks {
                 // SAFETY: the chunk came from this upstream, no block of it is handed out any
                 // more, and the work queued before its blocks' frees has run.
-                if let Err(e) = unsafe { self.upstreams[k].deallocate(base, size) } {
-                    lock(&self.unfenced).push((k, base, size));
-                    failure.get_or_insert(e);
+                match unsafe { self.upstreams[k].deallocate(base, size) } {
+                    Ok(()) => {
+                        if let Some(t) = &trace {
+                            t.record(trace::Action::Trim, kind, base, size, self.raw_stream(), 0, 0);
+                        }
+                    }
+                    Err(e) => {
+                        lock(&self.unfenced).push((k, base, size));
+                        failure.get_or_insert(e);
+                    }
                 }
             }
         }
@@ -436,7 +458,8 @@ impl Manager {
         } else {
             Origin::Borrowed
         };
-        let buffer = st.insert_buffer(BufferRecord::new(kind, ptr, bytes, origin, StreamSet::of(self.raw_stream())));
+        let record = BufferRecord::new(kind, ptr, bytes, origin, StreamSet::of(self.raw_stream()));
+        let buffer = st.insert_traced(trace::Action::Wrap, record, self.raw_stream());
         drop(st);
         self.flush_frees();
         buffer

@@ -106,6 +106,10 @@ impl<R: MemoryResource> MemoryResource for Deferred<R> {
         self.pending.back().map(|(event, _)| event.clone())
     }
 
+    fn chunks(&self) -> Vec<(u64, u64)> {
+        self.inner.chunks()
+    }
+
     fn counters(&self) -> ResourceCounters {
         self.inner.counters()
     }

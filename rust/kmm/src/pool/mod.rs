@@ -187,6 +187,11 @@ pub trait MemoryResource: Send {
     }
     fn counters(&self) -> ResourceCounters;
     fn reset_peak(&mut self);
+    /// The chunks a pool holds (base, size), for the memory map; none for resources whose
+    /// blocks are whole allocations.
+    fn chunks(&self) -> Vec<(u64, u64)> {
+        Vec::new()
+    }
 }
 
 /// `value` rounded up to a multiple of `multiple` (u64::MAX if that overflows).

@@ -197,6 +197,10 @@ impl MemoryResource for PoolResource {
         }
     }
 
+    fn chunks(&self) -> Vec<(u64, u64)> {
+        self.chunks.clone()
+    }
+
     fn counters(&self) -> ResourceCounters {
         ResourceCounters { largest_free: self.sub.largest_free(), ..self.counters }
     }

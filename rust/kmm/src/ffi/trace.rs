@@ -1,0 +1,307 @@
+//! Exported functions that show a manager's memory: its allocation trace, its memory map and
+//! the figures drawn from them.
+
+use super::registry::with_manager;
+use super::types::memory_kind;
+use super::types::KmmManager;
+use super::{boundary, check_flags, check_out, write_out, write_text};
+use crate::error::{KmmStatus, Result};
+use crate::fail;
+use crate::manager::csv;
+use crate::manager::trace::{Action, Record, Sink, MAX_RING_RECORDS};
+use crate::manager::{MapSegment, MemoryKind};
+use std::ffi::{c_char, CStr};
+use std::io::Write;
+use std::path::PathBuf;
+
+/// `kmm_manager_trace_start` and `kmm_manager_trace_save` flag: write only what RMM's replay
+/// benchmark accepts (allocate, free and allocate failure rows, streams as 0, a move as a free
+/// and an allocation; see docs/observability.md).
+pub const KMM_TRACE_RMM_ONLY: u32 = 1;
+
+/// The ring's size when `kmm_manager_trace_start` is given a capacity of 0.
+pub const KMM_TRACE_DEFAULT_RECORDS: u64 = 65_536;
+
+/// What a trace record says happened (`KmmTraceRecord.action`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmTraceAction {
+    KMM_TRACE_ALLOCATE = 0,
+    KMM_TRACE_FREE = 1,
+    /// An allocation that failed; `from` holds its `KmmStatus`.
+    KMM_TRACE_ALLOCATE_FAILURE = 2,
+    KMM_TRACE_MAP = 3,
+    KMM_TRACE_UNMAP = 4,
+    /// Compaction moved an unmapped buffer from `from` to `address`.
+    KMM_TRACE_MOVE = 5,
+    /// A free chunk of `bytes` at `address` went back to the device (or the host).
+    KMM_TRACE_TRIM = 6,
+    /// Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
+    KMM_TRACE_WRAP = 7,
+}
+
+/// One event of a trace (`kmm_manager_trace_records`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KmmTraceRecord {
+    /// Nanoseconds since the trace started.
+    pub time_ns: u64,
+    /// The operating system's id of the thread that made the call.
+    pub thread: u64,
+    /// A `KmmTraceAction`.
+    pub action: u32,
+    /// A `KmmMemoryKind`.
+    pub kind: u32,
+    pub address: u64,
+    /// Bytes asked for; for a move the bytes moved, for a trim the chunk's size.
+    pub bytes: u64,
+    pub stream: u64,
+    /// The buffer (0 for a trim and a failed allocation).
+    pub buffer: u64,
+    /// A move's old address; a failed allocation's `KmmStatus`; else 0.
+    pub from: u64,
+    /// The manager's bytes in use of this kind just after the event.
+    pub in_use: u64,
+    /// The manager's reserved bytes of this kind just after the event; `UINT64_MAX` where CUDA's
+    /// own pool holds them (`KMM_ALLOC_CUDA_ASYNC`, device memory).
+    pub reserved: u64,
+}
+
+/// What a stretch of a chunk holds (`KmmMapSegment.state`).
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmSegmentState {
+    KMM_SEGMENT_FREE = 0,
+    KMM_SEGMENT_IN_USE = 1,
+    /// In use and mapped: its address is out, so it never moves.
+    KMM_SEGMENT_MAPPED = 2,
+}
+
+/// A stretch of a chunk in a memory map (`kmm_manager_memory_map`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KmmMapSegment {
+    /// The base of the chunk it lies in. Memory not carved from chunks (direct and CUDA-pool
+    /// modes, wrapped memory) is a chunk of its own.
+    pub chunk: u64,
+    pub address: u64,
+    /// The block's size (the request rounded up), or the free stretch's.
+    pub bytes: u64,
+    /// A `KmmSegmentState`.
+    pub state: u32,
+    pub _reserved: u32,
+    /// The buffer (0 for free space).
+    pub buffer: u64,
+    /// What the buffer's caller asked for (0 for free space).
+    pub requested: u64,
+}
+
+/// Which figure `kmm_manager_figure_svg` draws.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KmmFigure {
+    /// The device memory map: each chunk a row, blocks coloured free, in use and mapped.
+    KMM_FIGURE_DEVICE_MAP = 0,
+    /// The same for pinned host memory.
+    KMM_FIGURE_PINNED_MAP = 1,
+    /// Bytes in use and reserved over time, per kind, from the ring trace.
+    KMM_FIGURE_TIMELINE = 2,
+}
+
+impl From<&Record> for KmmTraceRecord {
+    fn from(r: &Record) -> Self {
+        KmmTraceRecord {
+            time_ns: r.time_ns,
+            thread: r.thread,
+            action: r.action,
+            kind: r.kind,
+            address: r.address,
+            bytes: r.bytes,
+            stream: r.stream,
+            buffer: r.buffer,
+            from: r.from,
+            in_use: r.in_use,
+            reserved: r.reserved,
+        }
+    }
+}
+
+impl From<&MapSegment> for KmmMapSegment {
+    fn from(s: &MapSegment) -> Self {
+        KmmMapSegment {
+            chunk: s.chunk,
+            address: s.address,
+            bytes: s.bytes,
+            state: s.state as u32,
+            _reserved: 0,
+            buffer: s.buffer,
+            requested: s.requested,
+        }
+    }
+}
+
+fn path_arg(path: *const c_char, name: &str) -> Result<PathBuf> {
+    if path.is_null() {
+        fail!(KMM_ERROR_NULL_POINTER, "{name} is NULL");
+    }
+    // SAFETY: non-null, and the caller passes a NUL-terminated string.
+    let text = unsafe { CStr::from_ptr(path) };
+    match text.to_str() {
+        Ok("") => fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} is empty"),
+        Ok(s) => Ok(PathBuf::from(s)),
+        Err(_) => fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} is not UTF-8"),
+    }
+}
+
+/// Copies `items` into the caller's array `out` of `capacity` entries (the first ones when it
+/// is too small) and writes how many there are to `*count`; `out` may be NULL when `capacity`
+/// is 0, to ask for the count.
+fn write_items<T, C: for<'a> From<&'a T>>(items: &[T], out: *mut C, capacity: usize, count: *mut usize) -> Result<()> {
+    check_out(count, "count")?;
+    if out.is_null() && capacity > 0 {
+        fail!(KMM_ERROR_NULL_POINTER, "out is NULL but capacity = {capacity}");
+    }
+    for (i, item) in items.iter().take(capacity).enumerate() {
+        // SAFETY: out holds `capacity` entries and i < capacity.
+        unsafe { out.add(i).write(C::from(item)) };
+    }
+    write_out(count, "count", items.len())
+}
+
+/// Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+/// manager (a trace already recording is stopped first; the last trace's records are dropped).
+/// With `path` NULL the records go to a ring of the last `capacity` records (0: 65,536; at most
+/// 2^24), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
+/// written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
+/// `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+#[no_mangle]
+pub extern "C" fn kmm_manager_trace_start(manager: KmmManager, capacity: u64, path: *const c_char, flags: u32) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_TRACE_RMM_ONLY, "flags")?;
+        let sink = if path.is_null() {
+            if flags != 0 {
+                fail!(KMM_ERROR_INVALID_ARGUMENT, "flags = {flags:#x} applies to a file trace only, and path is NULL");
+            }
+            let capacity = if capacity == 0 { KMM_TRACE_DEFAULT_RECORDS } else { capacity };
+            if capacity > MAX_RING_RECORDS as u64 {
+                fail!(KMM_ERROR_INVALID_ARGUMENT, "capacity = {capacity} records exceeds the largest ring, {MAX_RING_RECORDS}");
+            }
+            Sink::Ring { capacity: capacity as usize }
+        } else {
+            Sink::File { path: path_arg(path, "path")?, rmm_only: flags & KMM_TRACE_RMM_ONLY != 0 }
+        };
+        with_manager(manager, |m| m.trace_start(sink))
+    })
+}
+
+/// Stops the trace; a file trace is flushed and closed (a write that failed while recording is
+/// reported here). A ring's records stay readable until the next start. Without a trace
+/// recording it does nothing.
+#[no_mangle]
+pub extern "C" fn kmm_manager_trace_stop(manager: KmmManager) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.trace_stop()))
+}
+
+/// Copies the ring trace's records, oldest first, into `out` (`capacity` entries; the oldest
+/// ones when it is too small), and writes how many it holds to `*count` and, when `dropped` is
+/// not NULL, how many older ones the ring let go. `out` may be NULL when `capacity` is 0.
+/// `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace.
+#[no_mangle]
+pub extern "C" fn kmm_manager_trace_records(
+    manager: KmmManager,
+    out: *mut KmmTraceRecord,
+    capacity: usize,
+    count: *mut usize,
+    dropped: *mut u64,
+) -> KmmStatus {
+    boundary(|| {
+        let Some((records, counts, _)) = with_manager(manager, |m| Ok(m.trace_records()))? else {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "manager {manager:#x} has no ring trace (start one with kmm_manager_trace_start, path NULL)");
+        };
+        write_items(&records, out, capacity, count)?;
+        if !dropped.is_null() {
+            write_out(dropped, "dropped", counts.dropped)?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
+/// `KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
+/// file cannot be written.
+#[no_mangle]
+pub extern "C" fn kmm_manager_trace_save(manager: KmmManager, path: *const c_char, flags: u32) -> KmmStatus {
+    boundary(|| {
+        check_flags(flags, KMM_TRACE_RMM_ONLY, "flags")?;
+        let path = path_arg(path, "path")?;
+        let Some((records, ..)) = with_manager(manager, |m| Ok(m.trace_records()))? else {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "manager {manager:#x} has no ring trace (start one with kmm_manager_trace_start, path NULL)");
+        };
+        let write = || -> std::io::Result<()> {
+            let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            let mut writer = csv::Writer::new(flags & KMM_TRACE_RMM_ONLY != 0);
+            writer.header(&mut out)?;
+            for r in &records {
+                writer.row(&mut out, r)?;
+            }
+            out.flush()
+        };
+        write().map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot write the trace: {e}", path.display()))
+    })
+}
+
+/// The name of a `KmmTraceAction` as the CSV writes it ("allocate", "allocate failure", ...), or
+/// "unknown". Static string; never NULL; do not free.
+#[no_mangle]
+pub extern "C" fn kmm_trace_action_name(action: u32) -> *const c_char {
+    Action::from_u32(action).map_or(c"unknown", Action::c_name).as_ptr()
+}
+
+/// Copies the map of the manager's memory of `kind` (a `KmmMemoryKind`) into `out`
+/// (`capacity` entries; the first ones when it is too small) and writes how many segments it has
+/// to `*count`: every chunk in address order, cut into its buffers' blocks and the free space
+/// between them. `out` may be NULL when `capacity` is 0.
+#[no_mangle]
+pub extern "C" fn kmm_manager_memory_map(manager: KmmManager, kind: u32, out: *mut KmmMapSegment, capacity: usize, count: *mut usize) -> KmmStatus {
+    boundary(|| {
+        let kind = memory_kind(kind, "kind")?;
+        let map = with_manager(manager, |m| Ok(m.memory_map(kind)))?;
+        write_items(&map.segments, out, capacity, count)
+    })
+}
+
+/// Draws a figure (a `KmmFigure`) as SVG into `buf` as a NUL-terminated string, truncated to
+/// `len` bytes, and writes the length the whole text needs (with its NUL) to `*needed` when
+/// `needed` is not NULL; `buf` may be NULL when `len` is 0. The timeline needs a ring trace
+/// (`KMM_ERROR_INVALID_ARGUMENT` without one).
+#[no_mangle]
+pub extern "C" fn kmm_manager_figure_svg(manager: KmmManager, figure: u32, buf: *mut c_char, len: usize, needed: *mut usize) -> KmmStatus {
+    boundary(|| {
+        let svg = with_manager(manager, |m| {
+            let title = |what: &str| format!("{what}: {} (device {}), {:?} mode", m.device_name(), m.device(), m.config().alloc_mode);
+            match figure {
+                0 | 1 => {
+                    let kind = if figure == 0 { MemoryKind::Device } else { MemoryKind::Pinned };
+                    let what = if figure == 0 { "Device memory map" } else { "Pinned memory map" };
+                    Ok(crate::figures::memory_map_svg(&m.memory_map(kind), &title(what)))
+                }
+                2 => match m.trace_records() {
+                    Some((records, counts, _)) => {
+                        let what = if counts.dropped > 0 {
+                            format!("Memory timeline (last {} of {} records)", records.len(), counts.recorded)
+                        } else {
+                            "Memory timeline".to_string()
+                        };
+                        Ok(crate::figures::timeline_svg(&records, &title(&what)))
+                    }
+                    None => fail!(
+                        KMM_ERROR_INVALID_ARGUMENT,
+                        "figure = 2 (the timeline) needs a ring trace: start one with kmm_manager_trace_start, path NULL"
+                    ),
+                },
+                v => fail!(KMM_ERROR_INVALID_ARGUMENT, "figure = {v} is not a KmmFigure (0 = device map, 1 = pinned map, 2 = timeline)"),
+            }
+        })?;
+        write_text(&svg, buf, len, needed)
+    })
+}

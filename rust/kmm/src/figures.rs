@@ -1,0 +1,286 @@
+//! The figures notebooks show, as SVG (text stays text; Pluto, Jupyter and browsers draw it):
+//! a memory map (each chunk a row, its blocks coloured free, in use or mapped) and a memory
+//! timeline (bytes in use and reserved over time, per kind, from a trace). Pure functions of
+//! the data; the bindings only pass the text on.
+
+use crate::manager::trace::Record;
+use crate::manager::{human_bytes, MemoryMap, SegmentState};
+use std::fmt::Write;
+
+const WIDTH: f64 = 760.0;
+const LEFT: f64 = 150.0;
+const RIGHT: f64 = 20.0;
+const TOP: f64 = 46.0;
+const FONT: &str = "font-family=\"sans-serif\" font-size=\"12\"";
+
+/// Rows drawn at most; the rest are counted under the figure.
+const MAX_ROWS: usize = 48;
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A unit for byte figures up to `max`: (divisor, name).
+fn byte_unit(max: u64) -> (f64, &'static str) {
+    match max {
+        m if m >= 1 << 30 => ((1u64 << 30) as f64, "GiB"),
+        m if m >= 1 << 20 => ((1u64 << 20) as f64, "MiB"),
+        m if m >= 1 << 10 => (1024.0, "KiB"),
+        _ => (1.0, "B"),
+    }
+}
+
+/// About five round tick values (1, 2 or 5 times a power of ten) from 0 to past `max`.
+fn ticks(max: f64) -> Vec<f64> {
+    if max <= 0.0 {
+        return vec![0.0, 1.0];
+    }
+    let raw = max / 5.0;
+    let power = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * power).find(|s| *s >= raw).unwrap_or(10.0 * power);
+    let n = (max / step).ceil() as usize;
+    (0..=n).map(|i| i as f64 * step).collect()
+}
+
+fn number(v: f64) -> String {
+    if v == v.trunc() {
+        format!("{v:.0}")
+    } else {
+        format!("{:.3}", v).trim_end_matches('0').trim_end_matches('.').to_string()
+    }
+}
+
+fn header(out: &mut String, height: f64, title: &str) {
+    let _ = write!(
+        out,
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\">\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\
+         <text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-family=\"sans-serif\" font-size=\"15\" font-weight=\"bold\">{}</text>",
+        WIDTH / 2.0,
+        escape(title)
+    );
+}
+
+fn legend(out: &mut String, y: f64, entries: &[(&str, &str)]) {
+    let mut x = LEFT;
+    for (colour, label) in entries {
+        let _ = write!(
+            out,
+            "<rect x=\"{x}\" y=\"{}\" width=\"14\" height=\"10\" fill=\"{colour}\" stroke=\"#333\" stroke-width=\"0.5\"/>\
+             <text x=\"{}\" y=\"{y}\" {FONT}>{}</text>",
+            y - 9.0,
+            x + 19.0,
+            escape(label)
+        );
+        x += 30.0 + 7.0 * label.len() as f64;
+    }
+}
+
+const FREE: &str = "#e6e6e6";
+const IN_USE: &str = "#3b75af";
+const MAPPED: &str = "#ef8636";
+
+/// Each chunk a row, scaled to the largest chunk; blocks coloured by state.
+pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
+    let chunks: Vec<_> = map.chunks().collect();
+    let rows = chunks.len().min(MAX_ROWS);
+    let row_h = 18.0;
+    let plot_h = (rows.max(1) as f64) * row_h;
+    let height = TOP + plot_h + 78.0;
+    let mut out = String::new();
+    header(&mut out, height, title);
+    let largest = chunks.iter().map(|c| c.iter().map(|s| s.bytes).sum::<u64>()).max().unwrap_or(0);
+    let (div, unit) = byte_unit(largest);
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let scale = if largest == 0 { 0.0 } else { plot_w / largest as f64 };
+    if chunks.is_empty() {
+        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no memory reserved</text>", LEFT + plot_w / 2.0, TOP + 12.0);
+    }
+    for (row, chunk) in chunks.iter().take(MAX_ROWS).enumerate() {
+        let y = TOP + row as f64 * row_h;
+        let size: u64 = chunk.iter().map(|s| s.bytes).sum();
+        let _ = write!(
+            out,
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-family=\"monospace\" font-size=\"11\">{:#x} ({})</text>",
+            LEFT - 6.0,
+            y + row_h * 0.68,
+            chunk[0].chunk,
+            human_bytes(size)
+        );
+        for s in chunk.iter() {
+            let colour = match s.state {
+                SegmentState::Free => FREE,
+                SegmentState::InUse => IN_USE,
+                SegmentState::Mapped => MAPPED,
+            };
+            let x = LEFT + (s.address - s.chunk) as f64 * scale;
+            // Every block stays visible, however small next to the largest chunk.
+            let w = (s.bytes as f64 * scale).max(0.6);
+            let what = match s.state {
+                SegmentState::Free => "free".to_string(),
+                _ => format!("buffer {:#x}: {} asked", s.buffer, human_bytes(s.requested)),
+            };
+            let _ = write!(
+                out,
+                "<rect x=\"{x:.2}\" y=\"{}\" width=\"{w:.2}\" height=\"{}\" fill=\"{colour}\" stroke=\"white\" stroke-width=\"0.3\"><title>{:#x}, {}: {}</title></rect>",
+                y + 2.0,
+                row_h - 4.0,
+                s.address,
+                human_bytes(s.bytes),
+                escape(&what)
+            );
+        }
+    }
+    // The x axis: offset within a chunk.
+    let axis_y = TOP + plot_h + 4.0;
+    let _ = write!(out, "<line x1=\"{LEFT}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#333\"/>", LEFT + plot_w);
+    for t in ticks(largest as f64 / div) {
+        let x = LEFT + t * div * scale;
+        if x > LEFT + plot_w + 0.5 {
+            break;
+        }
+        let _ = write!(
+            out,
+            "<line x1=\"{x:.2}\" y1=\"{axis_y}\" x2=\"{x:.2}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>",
+            axis_y + 4.0,
+            axis_y + 17.0,
+            number(t)
+        );
+    }
+    let _ = write!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>offset in chunk ({unit})</text>",
+        LEFT + plot_w / 2.0,
+        axis_y + 33.0
+    );
+    let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>chunk (size)</text>", LEFT - 6.0, TOP - 6.0);
+    let more = chunks.len().saturating_sub(MAX_ROWS);
+    let free = format!("free ({}, largest {})", human_bytes(map.free_bytes()), human_bytes(map.largest_free()));
+    legend(&mut out, height - 12.0, &[(FREE, free.as_str()), (IN_USE, "in use"), (MAPPED, "mapped (never moves)")]);
+    if more > 0 {
+        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>and {more} more chunks</text>", WIDTH - RIGHT, height - 12.0);
+    }
+    out += "</svg>";
+    out
+}
+
+/// Bytes in use and reserved over the trace's time, per kind that has records.
+pub fn timeline_svg(records: &[Record], title: &str) -> String {
+    let plot_h = 260.0;
+    let height = TOP + plot_h + 84.0;
+    let plot_w = WIDTH - LEFT - RIGHT;
+    let mut out = String::new();
+    header(&mut out, height, title);
+    let end_ns = records.last().map_or(0, |r| r.time_ns).max(1);
+    let counted = |r: &Record| if r.reserved == u64::MAX { r.in_use } else { r.reserved.max(r.in_use) };
+    let max = records.iter().map(counted).max().unwrap_or(0);
+    let (div, unit) = byte_unit(max);
+    let y_ticks = ticks(max as f64 / div);
+    let y_top = y_ticks.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE) * div;
+    let (t_div, t_unit) = match end_ns {
+        n if n >= 10_000_000_000 => (1e9, "s"),
+        n if n >= 10_000_000 => (1e6, "ms"),
+        _ => (1e3, "µs"),
+    };
+    let x_of = |ns: u64| LEFT + ns as f64 / end_ns as f64 * plot_w;
+    let y_of = |bytes: u64| TOP + plot_h - bytes as f64 / y_top * plot_h;
+    // Axes, grid and labels.
+    for t in &y_ticks {
+        let y = y_of((t * div) as u64);
+        let _ = write!(
+            out,
+            "<line x1=\"{LEFT}\" y1=\"{y:.2}\" x2=\"{}\" y2=\"{y:.2}\" stroke=\"#ddd\"/><text x=\"{}\" y=\"{:.2}\" text-anchor=\"end\" {FONT}>{}</text>",
+            LEFT + plot_w,
+            LEFT - 6.0,
+            y + 4.0,
+            number(*t)
+        );
+    }
+    let axis_y = TOP + plot_h;
+    let _ = write!(
+        out,
+        "<line x1=\"{LEFT}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#333\"/><line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{axis_y}\" stroke=\"#333\"/>",
+        LEFT + plot_w
+    );
+    for t in ticks(end_ns as f64 / t_div) {
+        let x = LEFT + t * t_div / end_ns as f64 * plot_w;
+        if x > LEFT + plot_w + 0.5 {
+            break;
+        }
+        let _ = write!(
+            out,
+            "<line x1=\"{x:.2}\" y1=\"{axis_y}\" x2=\"{x:.2}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>",
+            axis_y + 4.0,
+            axis_y + 17.0,
+            number(t)
+        );
+    }
+    let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>time since the trace started ({t_unit})</text>", LEFT + plot_w / 2.0, axis_y + 33.0);
+    let _ = write!(
+        out,
+        "<text transform=\"translate({},{}) rotate(-90)\" text-anchor=\"middle\" {FONT}>bytes ({unit})</text>",
+        LEFT - 58.0,
+        TOP + plot_h / 2.0
+    );
+    if records.is_empty() {
+        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no records in the trace</text>", LEFT + plot_w / 2.0, TOP + plot_h / 2.0);
+    }
+    // One step line per kind and figure; points are kept per pixel column at their largest, so
+    // peaks survive however many records there are.
+    let mut entries: Vec<(&str, &str)> = Vec::new();
+    let lines: [(u32, bool, &str, &str, &str); 4] = [
+        (0, true, "#3b75af", "", "device in use"),
+        (0, false, "#3b75af", "6,3", "device reserved"),
+        (1, true, "#ef8636", "", "pinned in use"),
+        (1, false, "#ef8636", "6,3", "pinned reserved"),
+    ];
+    for (kind, in_use, colour, dash, label) in lines {
+        let mut points: Vec<(f64, u64)> = Vec::new();
+        for r in records.iter().filter(|r| r.kind == kind) {
+            let value = if in_use { r.in_use } else if r.reserved == u64::MAX { continue } else { r.reserved };
+            let x = (x_of(r.time_ns) * 2.0).round() / 2.0;
+            match points.last_mut() {
+                Some((px, v)) if *px == x => *v = (*v).max(value),
+                _ => points.push((x, value)),
+            }
+        }
+        if points.is_empty() {
+            continue;
+        }
+        let mut path = String::new();
+        let mut last_y = None;
+        for (x, v) in &points {
+            let y = y_of(*v);
+            match last_y {
+                None => {
+                    let _ = write!(path, "M{x:.1},{y:.1}");
+                }
+                Some(_) => {
+                    let _ = write!(path, "H{x:.1}V{y:.1}");
+                }
+            }
+            last_y = Some(y);
+        }
+        let _ = write!(path, "H{:.1}", LEFT + plot_w);
+        let dash = if dash.is_empty() { String::new() } else { format!(" stroke-dasharray=\"{dash}\"") };
+        let _ = write!(out, "<path d=\"{path}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\"{dash}/>");
+        entries.push((colour, label));
+    }
+    // A legend of lines: dashed lines are the reserved figures.
+    let mut x = LEFT;
+    let y = height - 12.0;
+    for (colour, label) in entries {
+        let dash = if label.ends_with("reserved") { " stroke-dasharray=\"6,3\"" } else { "" };
+        let _ = write!(
+            out,
+            "<line x1=\"{x}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" stroke-width=\"2\"{dash}/><text x=\"{}\" y=\"{y}\" {FONT}>{label}</text>",
+            y - 4.0,
+            x + 22.0,
+            y - 4.0,
+            x + 27.0
+        );
+        x += 40.0 + 7.0 * label.len() as f64;
+    }
+    out += "</svg>";
+    out
+}

@@ -1,0 +1,148 @@
+//! Traces as CSV: RMM's logging columns first (Thread, Time, Action, Pointer, Size, Stream), so
+//! RMM's log parser and replay benchmark read the file, Kmm's own columns after (rapidcsv reads
+//! columns by name and ignores the others).
+//!
+//! The full form has a row per record. The RMM form (`rmm_only`) keeps what RMM's replay
+//! accepts: only "allocate", "free" and "allocate failure" rows, every stream written as 0 (its
+//! replay refuses other streams, and runs on the default stream anyway), a move as a free at the
+//! old address and an allocation at the new one (RMM knows no moves, and matches a free to its
+//! allocation by address), and no row for buffers it did not see allocated (zero-byte buffers,
+//! wrapped memory, buffers older than the trace), whose frees its replay could not match.
+
+use super::trace::{Action, Record};
+use crate::error::{KmmStatus, Result};
+use crate::fail;
+use std::collections::HashMap;
+use std::io::{self, Write};
+
+pub const HEADER: &str = "Thread,Time,Action,Pointer,Size,Stream,Buffer,Kind,From,Status,InUse,Reserved";
+
+pub struct Writer {
+    rmm_only: bool,
+    /// RMM form: the buffers with an allocate row and no free row yet, by handle, at their
+    /// address in the file.
+    live: HashMap<u64, u64>,
+}
+
+impl Writer {
+    pub fn new(rmm_only: bool) -> Writer {
+        Writer { rmm_only, live: HashMap::new() }
+    }
+
+    pub fn header(&self, out: &mut dyn Write) -> io::Result<()> {
+        writeln!(out, "{HEADER}")
+    }
+
+    pub fn row(&mut self, out: &mut dyn Write, r: &Record) -> io::Result<()> {
+        let Some(action) = Action::from_u32(r.action) else {
+            return Ok(());
+        };
+        if !self.rmm_only {
+            return line(out, r, action, r.address, r.stream);
+        }
+        match action {
+            Action::Allocate if r.bytes > 0 => {
+                self.live.insert(r.buffer, r.address);
+                line(out, r, action, r.address, 0)
+            }
+            Action::Free => match self.live.remove(&r.buffer) {
+                Some(address) => line(out, r, action, address, 0),
+                None => Ok(()),
+            },
+            Action::Move => match self.live.get_mut(&r.buffer) {
+                Some(address) => {
+                    let old = std::mem::replace(address, r.address);
+                    line(out, r, Action::Free, old, 0)?;
+                    line(out, r, Action::Allocate, r.address, 0)
+                }
+                None => Ok(()),
+            },
+            Action::AllocateFailure => line(out, r, action, 0, 0),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u64) -> io::Result<()> {
+    let secs = r.time_ns / 1_000_000_000;
+    let nanos = r.time_ns % 1_000_000_000;
+    let kind = if r.kind == 0 { "device" } else { "pinned" };
+    let from = if action == Action::Move { format!("{:#x}", r.from) } else { String::new() };
+    let status = match KmmStatus::from_u32(r.from as u32) {
+        Some(s) if action == Action::AllocateFailure => s.name().to_str().unwrap_or_default().to_string(),
+        _ => String::new(),
+    };
+    let reserved = if r.reserved == u64::MAX { String::new() } else { r.reserved.to_string() };
+    let buffer = if r.buffer == 0 { String::new() } else { format!("{:#x}", r.buffer) };
+    writeln!(
+        out,
+        "{},{secs}.{nanos:09},{},{address:#x},{},{stream:#x},{buffer},{kind},{from},{status},{},{reserved}",
+        r.thread,
+        action.name(),
+        r.bytes,
+        r.in_use
+    )
+}
+
+/// Reads a trace in either form, or a log of RMM's logging adaptor (its columns only: "free"
+/// or "deallocate" rows become frees; times it wrote as a clock time read as 0). Columns are
+/// found by name; Action, Pointer and Size are required.
+pub fn read(text: &str) -> Result<Vec<Record>> {
+    let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
+    let Some((_, header)) = lines.next() else {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "the trace is empty (no header line)");
+    };
+    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let col = |name: &str| names.iter().position(|n| *n == name);
+    let (Some(action_col), Some(pointer_col), Some(size_col)) = (col("Action"), col("Pointer"), col("Size")) else {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "the trace's header `{header}` lacks one of Action, Pointer, Size");
+    };
+    let optional = ["Thread", "Time", "Stream", "Buffer", "Kind", "From", "Status", "InUse", "Reserved"].map(col);
+    let mut records = Vec::new();
+    for (n, line) in lines {
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let at = |i: usize| fields.get(i).copied().unwrap_or("");
+        let bad = |what: &str, value: &str| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {what} `{value}` is not valid", n + 1);
+        let action = match at(action_col) {
+            "deallocate" => Action::Free,
+            name => Action::from_name(name).ok_or_else(|| bad("action", name))?,
+        };
+        let get = |c: Option<usize>| c.map(at).unwrap_or("");
+        let number = |s: &str, what: &str| -> Result<u64> {
+            match s {
+                "" => Ok(0),
+                "(nil)" => Ok(0),
+                _ => match s.strip_prefix("0x") {
+                    Some(hex) => u64::from_str_radix(hex, 16),
+                    None => s.parse(),
+                }
+                .map_err(|_| bad(what, s)),
+            }
+        };
+        let [thread, time, stream, buffer, kind, from, status, in_use, reserved] = optional;
+        let status_code = match get(status) {
+            "" => 0,
+            name => (0..64).find(|&v| KmmStatus::from_u32(v).is_some_and(|s| s.name().to_str() == Ok(name))).unwrap_or(0) as u64,
+        };
+        records.push(Record {
+            time_ns: get(time).parse::<f64>().map_or(0, |s| (s * 1e9).round() as u64),
+            thread: number(get(thread), "thread")?,
+            action: action as u32,
+            kind: match get(kind) {
+                "pinned" => 1,
+                _ => 0,
+            },
+            address: number(at(pointer_col), "pointer")?,
+            bytes: number(at(size_col), "size")?,
+            stream: number(get(stream), "stream")?,
+            buffer: number(get(buffer), "buffer")?,
+            from: if action == Action::AllocateFailure { status_code } else { number(get(from), "from")? },
+            in_use: number(get(in_use), "in use")?,
+            reserved: match get(reserved) {
+                "" => u64::MAX,
+                s => number(s, "reserved")?,
+            },
+        });
+    }
+    Ok(records)
+}
