@@ -1,0 +1,463 @@
+//! What a manager shows of its memory, through the C ABI: traces (ring and CSV file, full and RMM
+//! form), memory maps, figures and the out-of-memory message.
+mod common;
+use common::*;
+use kmm::ffi::trace::*;
+use kmm::manager::csv;
+use std::collections::HashMap;
+use std::ffi::CString;
+
+const ALLOCATE: u32 = KmmTraceAction::KMM_TRACE_ALLOCATE as u32;
+const FREE: u32 = KmmTraceAction::KMM_TRACE_FREE as u32;
+const FAILURE: u32 = KmmTraceAction::KMM_TRACE_ALLOCATE_FAILURE as u32;
+const MAP: u32 = KmmTraceAction::KMM_TRACE_MAP as u32;
+const UNMAP: u32 = KmmTraceAction::KMM_TRACE_UNMAP as u32;
+const MOVE: u32 = KmmTraceAction::KMM_TRACE_MOVE as u32;
+const TRIM: u32 = KmmTraceAction::KMM_TRACE_TRIM as u32;
+
+fn records(m: &Mgr) -> (Vec<KmmTraceRecord>, u64) {
+    let (mut n, mut dropped) = (0usize, 0u64);
+    ok(kmm_manager_trace_records(m.0, std::ptr::null_mut(), 0, &mut n, &mut dropped));
+    let mut v = vec![KmmTraceRecord::default(); n];
+    ok(kmm_manager_trace_records(m.0, v.as_mut_ptr(), n, &mut n, std::ptr::null_mut()));
+    (v, dropped)
+}
+
+fn memory_map(m: &Mgr, kind: u32) -> Vec<KmmMapSegment> {
+    let mut n = 0usize;
+    ok(kmm_manager_memory_map(m.0, kind, std::ptr::null_mut(), 0, &mut n));
+    let mut v = vec![KmmMapSegment::default(); n];
+    ok(kmm_manager_memory_map(m.0, kind, v.as_mut_ptr(), n, &mut n));
+    v.truncate(n);
+    v
+}
+
+fn svg(m: &Mgr, figure: u32) -> Result<String, KmmStatus> {
+    let mut needed = 0usize;
+    let s = kmm_manager_figure_svg(m.0, figure, std::ptr::null_mut(), 0, &mut needed);
+    if s != KMM_OK {
+        return Err(s);
+    }
+    let mut buf = vec![0u8; needed];
+    ok(kmm_manager_figure_svg(m.0, figure, buf.as_mut_ptr().cast(), needed, std::ptr::null_mut()));
+    buf.pop();
+    Ok(String::from_utf8(buf).unwrap())
+}
+
+fn temp_path(name: &str) -> (std::path::PathBuf, CString) {
+    let path = std::env::temp_dir().join(format!("kmm-observe-{}-{name}", std::process::id()));
+    let c = CString::new(path.to_str().unwrap()).unwrap();
+    (path, c)
+}
+
+fn pool_manager() -> Mgr {
+    Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 << 20;
+    })
+}
+
+#[test]
+fn a_ring_trace_records_each_event_with_the_figures_after_it() {
+    let m = pool_manager();
+    let before = m.alloc(1000, DEVICE);
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let a = m.alloc(4096, DEVICE);
+    let b = m.alloc(100, PINNED);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, a, &mut p));
+    ok(kmm_buffer_unmap(m.0, a));
+    m.free(a);
+    m.free(before);
+    m.free(b);
+    let (r, dropped) = records(&m);
+    assert_eq!(dropped, 0);
+    let actions: Vec<u32> = r.iter().map(|r| r.action).collect();
+    assert_eq!(actions, [ALLOCATE, ALLOCATE, MAP, UNMAP, FREE, FREE, FREE]);
+    assert_eq!((r[0].buffer, r[0].bytes, r[0].kind), (a, 4096, DEVICE));
+    assert_eq!((r[1].buffer, r[1].bytes, r[1].kind), (b, 100, PINNED));
+    assert_eq!((r[2].address, r[3].address, r[4].address), (p, p, p), "map, unmap and free name the buffer's address");
+    assert_eq!(r[0].in_use, 5096, "in use after the allocation, with the buffer made before the trace");
+    assert_eq!(r[4].in_use, 1000);
+    assert_eq!(r[5].in_use, 0);
+    assert_eq!(r[6].in_use, 0, "pinned figures for a pinned event");
+    assert!(r[0].reserved >= 2 << 20 && r[0].reserved != u64::MAX);
+    assert!(r.windows(2).all(|w| w[0].time_ns <= w[1].time_ns), "times never go back");
+    assert!(r.iter().all(|x| x.thread != 0 && x.thread == r[0].thread));
+    // Stopping keeps the records; later events are not recorded.
+    ok(kmm_manager_trace_stop(m.0));
+    m.free(m.alloc(64, DEVICE));
+    assert_eq!(records(&m).0.len(), 7);
+    // A new start drops them.
+    ok(kmm_manager_trace_start(m.0, 4, std::ptr::null(), 0));
+    assert_eq!(records(&m).0.len(), 0);
+}
+
+#[test]
+fn a_full_ring_keeps_the_newest_records_oldest_first_and_counts_the_rest() {
+    let m = pool_manager();
+    ok(kmm_manager_trace_start(m.0, 5, std::ptr::null(), 0));
+    let handles: Vec<u64> = (1..=8).map(|i| m.alloc(i * 256, DEVICE)).collect();
+    let (r, dropped) = records(&m);
+    assert_eq!(dropped, 3);
+    assert_eq!(r.iter().map(|r| r.buffer).collect::<Vec<_>>(), handles[3..]);
+    // A caller's array smaller than the ring gets the oldest of them, and the full count.
+    let mut two = [KmmTraceRecord::default(); 2];
+    let mut n = 0;
+    ok(kmm_manager_trace_records(m.0, two.as_mut_ptr(), 2, &mut n, std::ptr::null_mut()));
+    assert_eq!((n, two[0].buffer, two[1].buffer), (5, handles[3], handles[4]));
+}
+
+#[test]
+fn trims_failures_and_moves_are_recorded() {
+    let m = Mgr::with(|c| {
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 4 << 20;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
+        c.compaction_ratio_pct = 100;
+    });
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    // Eight pieces of one chunk, every other one freed: a request of three pieces makes room by
+    // moving buffers (the pool may not grow past the ratio).
+    let piece = (2u64 << 20) / 8;
+    let all: Vec<u64> = (0..8).map(|_| m.alloc(piece, DEVICE)).collect();
+    for b in all.iter().skip(1).step_by(2) {
+        m.free(*b);
+    }
+    let big = m.alloc(3 * piece, DEVICE);
+    let mut failed = 0;
+    expect_err(kmm_buffer_alloc(m.0, 5 << 20, DEVICE, &mut failed), KMM_ERROR_OUT_OF_MEMORY, &["largest free block"]);
+    m.free(big);
+    for b in all.iter().step_by(2) {
+        m.free(*b);
+    }
+    ok(kmm_manager_trim(m.0, 0));
+    let (r, _) = records(&m);
+    let moves: Vec<_> = r.iter().filter(|r| r.action == MOVE).collect();
+    assert!(!moves.is_empty(), "compaction moved buffers");
+    for mv in &moves {
+        assert_ne!(mv.address, mv.from);
+        assert!(all.contains(&mv.buffer), "a move names a live buffer");
+    }
+    let failure = r.iter().find(|r| r.action == FAILURE).expect("the failed allocation is recorded");
+    assert_eq!((failure.bytes, failure.from), (5 << 20, KMM_ERROR_OUT_OF_MEMORY as u64));
+    let trimmed: u64 = r.iter().filter(|r| r.action == TRIM).map(|r| r.bytes).sum();
+    assert!(trimmed >= 2 << 20, "the trim gave back the chunk(s): {trimmed} bytes");
+    assert_eq!(r.last().unwrap().reserved, 0);
+    // Every free names the address of the buffer's last allocation or move.
+    let mut at: HashMap<u64, u64> = HashMap::new();
+    for x in &r {
+        match x.action {
+            ALLOCATE => assert!(at.insert(x.buffer, x.address).is_none()),
+            MOVE => assert_eq!(at.insert(x.buffer, x.address), Some(x.from), "a move starts where the buffer was"),
+            FREE => assert_eq!(at.remove(&x.buffer), Some(x.address), "a free names where the buffer is"),
+            _ => {}
+        }
+    }
+    assert!(at.is_empty());
+}
+
+#[test]
+fn the_out_of_memory_message_explains_itself() {
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 8 << 20;
+    });
+    let big = m.alloc(3 << 20, DEVICE);
+    let small = m.alloc(1 << 20, DEVICE);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, small, &mut p));
+    let mut b = 0;
+    let s = kmm_buffer_alloc(m.0, 6 << 20, DEVICE, &mut b);
+    assert_eq!(s, KMM_ERROR_OUT_OF_MEMORY);
+    let msg = last_error();
+    for words in [
+        "6.00 MiB (6291456 bytes) of device memory",
+        "in use: 4.00 MiB in 2 buffers",
+        "hard limit 8.00 MiB",
+        "free in the pool",
+        "largest free block",
+        "fragmentation",
+        &format!("largest holders: buffer {big:#x} 3.00 MiB; buffer {small:#x} 1.00 MiB, mapped"),
+        "giving cached memory back",
+        "spill",
+        "Kmm.memory_map(manager)",
+    ] {
+        assert!(msg.contains(words), "the message lacks {words:?}:\n{msg}");
+    }
+    // What it says of the free space is what the map shows.
+    let map = memory_map(&m, DEVICE);
+    let free: u64 = map.iter().filter(|s| s.state == 0).map(|s| s.bytes).sum();
+    assert!(msg.contains(&format!("free in the pool: {}", kmm::manager::human_bytes(free))), "{msg}");
+}
+
+#[test]
+fn the_memory_map_covers_every_chunk_with_blocks_and_free_space() {
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 << 20;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
+    });
+    let bufs: Vec<u64> = [300_000u64, 5 << 20, 4096, 70_000].iter().map(|&n| m.alloc(n, DEVICE)).collect();
+    m.free(bufs[2]);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, bufs[3], &mut p));
+    let map = memory_map(&m, DEVICE);
+    let s = m.stats(DEVICE);
+    let total: u64 = map.iter().map(|x| x.bytes).sum();
+    assert_eq!(total, s.reserved, "the segments cover exactly the reserved chunks");
+    // Chunk by chunk the segments are contiguous and in address order.
+    for w in map.windows(2) {
+        if w[0].chunk == w[1].chunk {
+            assert_eq!(w[0].address + w[0].bytes, w[1].address);
+        } else {
+            assert!(w[1].chunk > w[0].chunk);
+            assert_eq!(w[1].address, w[1].chunk);
+        }
+    }
+    let used: Vec<_> = map.iter().filter(|x| x.state != 0).collect();
+    assert_eq!(used.len(), 3);
+    for (b, asked) in [(bufs[0], 300_000), (bufs[1], 5 << 20), (bufs[3], 70_000)] {
+        let seg = used.iter().find(|x| x.buffer == b).expect("every live buffer is in the map");
+        assert_eq!(seg.requested, asked);
+        assert!(seg.bytes >= asked);
+        assert_eq!(seg.state, if b == bufs[3] { 2 } else { 1 }, "mapped buffers are marked");
+    }
+    assert_eq!(used.iter().find(|x| x.buffer == bufs[3]).unwrap().address, p);
+    let largest = map.iter().filter(|x| x.state == 0).map(|x| x.bytes).max().unwrap();
+    assert_eq!(largest, s.largest_free_block, "the map's largest free block is the counters'");
+    // A small array gets the first segments and the full count.
+    let mut one = [KmmMapSegment::default(); 1];
+    let mut n = 0;
+    ok(kmm_manager_memory_map(m.0, DEVICE, one.as_mut_ptr(), 1, &mut n));
+    assert_eq!((n, one[0]), (map.len(), map[0]));
+}
+
+#[test]
+fn in_direct_mode_each_buffer_is_a_chunk_of_its_own() {
+    let m = Mgr::with(|c| c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32);
+    let a = m.alloc(1000, DEVICE);
+    let b = m.alloc(5000, DEVICE);
+    let map = memory_map(&m, DEVICE);
+    assert_eq!(map.len(), 2);
+    for seg in &map {
+        assert_eq!(seg.chunk, seg.address);
+        assert!([a, b].contains(&seg.buffer));
+    }
+}
+
+#[test]
+fn a_file_trace_writes_rmm_columns_first_and_reads_back() {
+    let m = pool_manager();
+    let (path, cpath) = temp_path("full.csv");
+    ok(kmm_manager_trace_start(m.0, 0, cpath.as_ptr(), 0));
+    let a = m.alloc(1234, DEVICE);
+    let z = m.alloc(0, DEVICE);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, a, &mut p));
+    ok(kmm_buffer_unmap(m.0, a));
+    m.free(a);
+    m.free(z);
+    ok(kmm_manager_trace_stop(m.0));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let header = text.lines().next().unwrap();
+    assert!(header.starts_with("Thread,Time,Action,Pointer,Size,Stream,"), "{header}");
+    let rows = csv::read(&text).unwrap();
+    let actions: Vec<u32> = rows.iter().map(|r| r.action).collect();
+    assert_eq!(actions, [ALLOCATE, ALLOCATE, MAP, UNMAP, FREE, FREE]);
+    assert_eq!((rows[0].address, rows[0].bytes, rows[0].buffer), (p, 1234, a));
+    assert_eq!((rows[1].bytes, rows[1].buffer), (0, z));
+    let mut info = KmmManagerInfo::default();
+    ok(kmm_manager_info(m.0, &mut info));
+    assert_eq!(rows[0].stream, info.stream);
+    let line = text.lines().nth(1).unwrap();
+    assert!(line.contains(&format!(",allocate,{p:#x},1234,")), "{line}");
+    // The ring is not used by a file trace.
+    expect_err(kmm_manager_trace_records(m.0, std::ptr::null_mut(), 0, &mut 0, std::ptr::null_mut()), KMM_ERROR_INVALID_ARGUMENT, &["no ring trace"]);
+    std::fs::remove_file(path).unwrap();
+}
+
+/// What RMM's replay benchmark does with a log: the columns by name, only its three actions,
+/// default streams only, and each free matched to a live allocation by pointer.
+fn replay_as_rmm(text: &str) -> (usize, usize) {
+    let mut lines = text.lines();
+    let names: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let col = |n: &str| names.iter().position(|x| *x == n).unwrap_or_else(|| panic!("no column {n}"));
+    let (action, pointer, size, stream) = (col("Action"), col("Pointer"), col("Size"), col("Stream"));
+    let _ = (col("Thread"), col("Time"));
+    let mut live: HashMap<u64, u64> = HashMap::new();
+    let (mut allocs, mut frees) = (0, 0);
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        let ptr = u64::from_str_radix(f[pointer].trim_start_matches("0x"), 16).unwrap();
+        let bytes: u64 = f[size].parse().unwrap();
+        let s = f[stream];
+        assert!(s == "0x0" || s == "0", "RMM's replay refuses stream {s}");
+        match f[action] {
+            "allocate" => {
+                assert!(live.insert(ptr, bytes).is_none(), "two live allocations at {ptr:#x}");
+                allocs += 1;
+            }
+            "free" => {
+                assert_eq!(live.remove(&ptr), Some(bytes), "a free at {ptr:#x} matches no live allocation");
+                frees += 1;
+            }
+            "allocate failure" => {}
+            other => panic!("RMM's parser refuses the action {other:?}"),
+        }
+    }
+    (allocs, frees)
+}
+
+#[test]
+fn the_rmm_form_is_what_rmm_replay_accepts_with_moves_as_free_and_allocate() {
+    let m = Mgr::with(|c| {
+        c.chunk_size = 2 << 20;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
+        c.compaction_ratio_pct = 100;
+    });
+    let old = m.alloc(5000, PINNED); // older than the trace: its free has no row
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let piece = (2u64 << 20) / 8;
+    let all: Vec<u64> = (0..8).map(|_| m.alloc(piece, DEVICE)).collect();
+    for b in all.iter().skip(1).step_by(2) {
+        m.free(*b);
+    }
+    let big = m.alloc(3 * piece, DEVICE);
+    let z = m.alloc(0, DEVICE);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, big, &mut p));
+    ok(kmm_buffer_unmap(m.0, big));
+    for b in all.iter().step_by(2).chain([&big, &z, &old]) {
+        m.free(*b);
+    }
+    let (full_path, full) = temp_path("full-moves.csv");
+    let (rmm_path, rmm) = temp_path("rmm.csv");
+    ok(kmm_manager_trace_save(m.0, full.as_ptr(), 0));
+    ok(kmm_manager_trace_save(m.0, rmm.as_ptr(), KMM_TRACE_RMM_ONLY));
+    let full_rows = csv::read(&std::fs::read_to_string(&full_path).unwrap()).unwrap();
+    let moves = full_rows.iter().filter(|r| r.action == MOVE).count();
+    assert!(moves > 0, "the workload moved buffers");
+    let (allocs, frees) = replay_as_rmm(&std::fs::read_to_string(&rmm_path).unwrap());
+    assert_eq!(allocs, 9 + moves, "nine allocations of memory, and an allocation per move");
+    assert_eq!(frees, allocs, "every allocation in the RMM form is freed");
+    // The same file written while recording is the same text.
+    let (live_path, live) = temp_path("rmm-live.csv");
+    drop(m);
+    let m = Mgr::new();
+    ok(kmm_manager_trace_start(m.0, 0, live.as_ptr(), KMM_TRACE_RMM_ONLY));
+    let a = m.alloc(77, DEVICE);
+    m.free(a);
+    ok(kmm_manager_trace_stop(m.0));
+    assert_eq!(replay_as_rmm(&std::fs::read_to_string(&live_path).unwrap()), (1, 1));
+    for p in [full_path, rmm_path, live_path] {
+        std::fs::remove_file(p).unwrap();
+    }
+}
+
+#[test]
+fn threads_sharing_a_traced_manager_leave_a_consistent_trace() {
+    let m = pool_manager();
+    ok(kmm_manager_trace_start(m.0, 1 << 20, std::ptr::null(), 0));
+    let handle = m.0;
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            s.spawn(move || {
+                let mut live = Vec::new();
+                let mut x = t + 1;
+                for _ in 0..2000 {
+                    x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                    if live.len() < 20 && (x >> 33) % 2 == 0 || live.is_empty() {
+                        let mut b = 0;
+                        ok(kmm_buffer_alloc(handle, 256 + (x >> 40) % 100_000, DEVICE, &mut b));
+                        live.push(b);
+                    } else {
+                        let b = live.swap_remove(((x >> 20) % live.len() as u64) as usize);
+                        ok(kmm_buffer_free(handle, b, 0));
+                    }
+                }
+                for b in live {
+                    ok(kmm_buffer_free(handle, b, 0));
+                }
+            });
+        }
+    });
+    let (r, dropped) = records(&m);
+    assert_eq!(dropped, 0);
+    let allocs = r.iter().filter(|r| r.action == ALLOCATE).count();
+    assert_eq!(allocs, r.iter().filter(|r| r.action == FREE).count());
+    assert_eq!(allocs as u64, m.stats(DEVICE).allocs);
+    // In record order, no two live buffers overlap: each free is recorded before its memory is
+    // handed out again, whichever lane takes it.
+    let mut live: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+    for x in &r {
+        match x.action {
+            ALLOCATE => {
+                if let Some((&addr, &(bytes, _))) = live.range(..x.address + x.bytes).next_back() {
+                    assert!(addr + bytes <= x.address, "{:#x}+{} overlaps a live buffer at {addr:#x}", x.address, x.bytes);
+                }
+                live.insert(x.address, (x.bytes, x.buffer));
+            }
+            FREE => assert_eq!(live.remove(&x.address).map(|v| v.1), Some(x.buffer)),
+            MOVE => {
+                let (bytes, buffer) = live.remove(&x.from).expect("a move starts at a live buffer");
+                assert_eq!(buffer, x.buffer);
+                live.insert(x.address, (bytes, buffer));
+            }
+            _ => {}
+        }
+    }
+    assert!(live.is_empty());
+    assert_eq!(r.iter().map(|x| x.thread).collect::<std::collections::HashSet<_>>().len(), 8, "one thread id per thread");
+}
+
+#[test]
+fn figures_are_svg_with_titles_axes_and_legends() {
+    let m = pool_manager();
+    expect_err(svg(&m, 2).unwrap_err(), KMM_ERROR_INVALID_ARGUMENT, &["needs a ring trace"]);
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let bufs: Vec<u64> = (0..6).map(|i| m.alloc((i + 1) << 18, DEVICE)).collect();
+    m.free(bufs[1]);
+    let pinned = m.alloc(4096, PINNED);
+    let map = svg(&m, 0).unwrap();
+    assert!(map.starts_with("<svg") && map.ends_with("</svg>"));
+    for words in ["Device memory map", "offset in chunk (MiB)", "chunk (size)", "in use", "mapped (never moves)", "free ("] {
+        assert!(map.contains(words), "the map lacks {words:?}");
+    }
+    assert_eq!(map.matches("<rect").count() - 1 - 3, memory_map(&m, DEVICE).len(), "a rectangle per segment, plus background and legend");
+    let timeline = svg(&m, 2).unwrap();
+    for words in ["Memory timeline", "time since the trace started", "bytes (MiB)", "device in use", "device reserved", "pinned in use"] {
+        assert!(timeline.contains(words), "the timeline lacks {words:?}");
+    }
+    assert!(svg(&m, 1).unwrap().contains("Pinned memory map"));
+    m.free(pinned);
+    expect_err(svg(&m, 3).unwrap_err(), KMM_ERROR_INVALID_ARGUMENT, &["figure = 3", "KmmFigure"]);
+}
+
+#[test]
+fn bad_arguments_are_refused_and_nothing_changes() {
+    let m = pool_manager();
+    expect_err(kmm_manager_trace_start(m.0, 1 << 25, std::ptr::null(), 0), KMM_ERROR_INVALID_ARGUMENT, &["capacity = 33554432", "16777216"]);
+    expect_err(kmm_manager_trace_start(m.0, 0, std::ptr::null(), KMM_TRACE_RMM_ONLY), KMM_ERROR_INVALID_ARGUMENT, &["flags", "path is NULL"]);
+    expect_err(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 4), KMM_ERROR_INVALID_ARGUMENT, &["flags = 0x4"]);
+    let bad = CString::new("/nonexistent-dir/kmm/trace.csv").unwrap();
+    expect_err(kmm_manager_trace_start(m.0, 0, bad.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["path = /nonexistent-dir/kmm/trace.csv"]);
+    let empty = CString::new("").unwrap();
+    expect_err(kmm_manager_trace_start(m.0, 0, empty.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["path is empty"]);
+    expect_err(kmm_manager_trace_save(m.0, std::ptr::null(), 0), KMM_ERROR_NULL_POINTER, &["path is NULL"]);
+    let (_, ok_path) = temp_path("never.csv");
+    expect_err(kmm_manager_trace_save(m.0, ok_path.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["no ring trace"]);
+    expect_err(kmm_manager_memory_map(m.0, 7, std::ptr::null_mut(), 0, &mut 0), KMM_ERROR_INVALID_ARGUMENT, &["kind = 7"]);
+    expect_err(kmm_manager_memory_map(m.0, DEVICE, std::ptr::null_mut(), 3, &mut 0), KMM_ERROR_NULL_POINTER, &["out is NULL", "capacity = 3"]);
+    expect_err(kmm_manager_memory_map(m.0, DEVICE, std::ptr::null_mut(), 0, std::ptr::null_mut()), KMM_ERROR_NULL_POINTER, &["count is NULL"]);
+    expect_err(kmm_manager_trace_stop(0), KMM_ERROR_INVALID_HANDLE, &[]);
+    // Failed starts started nothing; a stop with nothing recording is fine.
+    ok(kmm_manager_trace_stop(m.0));
+    m.free(m.alloc(10, DEVICE));
+    assert_eq!(m.stats(DEVICE).allocs, 1);
+    let name = |a: u32| unsafe { std::ffi::CStr::from_ptr(kmm_trace_action_name(a)) }.to_str().unwrap();
+    assert_eq!((name(ALLOCATE), name(FAILURE), name(99)), ("allocate", "allocate failure", "unknown"));
+    let _ = UNMAP;
+    let _ = MAP;
+}
