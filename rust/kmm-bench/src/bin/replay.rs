@@ -1,0 +1,180 @@
+//! `replay TRACE.csv [--host] [--repeat N]`: replays an allocation trace (Kmm's CSV, either
+//! form, or a log of RMM's logging adaptor) through Kmm's allocation modes and through CUDA's
+//! own allocators, `cuMemAllocAsync` and `cuMemAlloc`, in one run, and prints time per
+//! operation and peak reserved against the trace's peak in use, so a user can pick a policy for
+//! their own workload. Device rows only; one thread, in the trace's row order.
+
+use cudarc::driver::sys;
+use kmm::ffi::buffer::*;
+use kmm::ffi::manager::*;
+use kmm::ffi::types::*;
+use kmm::KmmStatus;
+use kmm_bench::replay::{plan, run, Allocator, Plan};
+
+const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
+
+fn check(s: KmmStatus) -> Result<(), String> {
+    if s == KmmStatus::KMM_OK {
+        return Ok(());
+    }
+    let msg = unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) };
+    Err(format!("{s:?}: {}", msg.to_string_lossy()))
+}
+
+struct Kmm(KmmManager);
+impl Allocator for Kmm {
+    fn alloc(&mut self, bytes: u64) -> Result<u64, String> {
+        let mut b = 0;
+        check(kmm_buffer_alloc(self.0, bytes, DEVICE, &mut b)).map(|_| b)
+    }
+    fn free(&mut self, h: u64) {
+        check(kmm_buffer_free(self.0, h, 0)).expect("a replayed free");
+    }
+}
+
+/// CUDA's stream-ordered allocator on the device's default pool, kept whole between runs.
+struct CudaAsync(sys::CUstream);
+impl Allocator for CudaAsync {
+    fn alloc(&mut self, bytes: u64) -> Result<u64, String> {
+        let mut p = 0;
+        // CUDA refuses zero bytes; a zero-byte buffer holds nothing.
+        if bytes == 0 {
+            return Ok(0);
+        }
+        match unsafe { sys::cuMemAllocAsync(&mut p, bytes as usize, self.0) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(p),
+            e => Err(format!("{e:?}")),
+        }
+    }
+    fn free(&mut self, h: u64) {
+        if h != 0 {
+            unsafe { sys::cuMemFreeAsync(h, self.0) };
+        }
+    }
+    fn finish(&mut self) {
+        unsafe { sys::cuStreamSynchronize(self.0) };
+    }
+}
+
+struct CudaDirect;
+impl Allocator for CudaDirect {
+    fn alloc(&mut self, bytes: u64) -> Result<u64, String> {
+        let mut p = 0;
+        if bytes == 0 {
+            return Ok(0);
+        }
+        match unsafe { sys::cuMemAlloc_v2(&mut p, bytes as usize) } {
+            sys::CUresult::CUDA_SUCCESS => Ok(p),
+            e => Err(format!("{e:?}")),
+        }
+    }
+    fn free(&mut self, h: u64) {
+        if h != 0 {
+            unsafe { sys::cuMemFree_v2(h) };
+        }
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The median of `repeat` runs after one warm-up run.
+fn timed(plan: &Plan, a: &mut dyn Allocator, repeat: usize) -> Result<f64, String> {
+    run(plan, a)?;
+    Ok(median((0..repeat).map(|_| run(plan, a)).collect::<Result<Vec<_>, _>>()?))
+}
+
+fn gib(bytes: u64) -> String {
+    kmm::manager::human_bytes(bytes)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(path) = args.iter().find(|a| !a.starts_with("--") && a.parse::<usize>().is_err()) else {
+        eprintln!("usage: replay TRACE.csv [--host] [--repeat N]");
+        std::process::exit(2);
+    };
+    let repeat = args.iter().position(|a| a == "--repeat").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(5);
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let records = kmm::manager::csv::read(&text).unwrap_or_else(|e| panic!("{path}: {}", e.message));
+    let plan = plan(&records);
+    let cuda = !args.iter().any(|a| a == "--host")
+        && unsafe { sys::is_culib_present() }
+        && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
+    println!(
+        "# replay of {path}: {} allocations, {} frees ({} frees of older buffers and {} failed allocations skipped), peak in use {}",
+        plan.allocs,
+        plan.frees,
+        plan.unmatched_frees,
+        plan.failures,
+        gib(plan.peak_in_use)
+    );
+    println!("| allocator | ns per operation | peak reserved | peak reserved / peak in use |\n|---|---|---|---|");
+    let backend = if cuda { KmmBackend::KMM_BACKEND_CUDA } else { KmmBackend::KMM_BACKEND_HOST } as u32;
+    let modes: [(&str, u32, Option<u32>); 4] = [
+        ("Kmm pool, binned (default)", KmmAllocMode::KMM_ALLOC_POOL as u32, None),
+        ("Kmm pool, heap", KmmAllocMode::KMM_ALLOC_POOL as u32, Some(KmmSuballocator::KMM_SUBALLOC_HEAP as u32)),
+        ("Kmm cuda_async", KmmAllocMode::KMM_ALLOC_CUDA_ASYNC as u32, None),
+        ("Kmm direct", KmmAllocMode::KMM_ALLOC_DIRECT as u32, None),
+    ];
+    for (name, mode, sub) in modes {
+        if mode == KmmAllocMode::KMM_ALLOC_CUDA_ASYNC as u32 && !cuda {
+            continue;
+        }
+        let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
+        check(kmm_config_default(&mut c)).unwrap();
+        c.backend = backend;
+        c.alloc_mode = mode;
+        if let Some(s) = sub {
+            c.suballocator = s;
+        }
+        let mut m = 0;
+        check(kmm_manager_create(&c, &mut m)).unwrap();
+        let result = timed(&plan, &mut Kmm(m), repeat);
+        let mut s = KmmMemoryStats::default();
+        check(kmm_manager_stats(m, DEVICE, &mut s)).unwrap();
+        check(kmm_manager_destroy(m, 0)).unwrap();
+        match result {
+            Ok(ns) => println!(
+                "| {name} | {ns:.1} | {} | {:.3} |",
+                gib(s.peak_reserved),
+                s.peak_reserved as f64 / plan.peak_in_use.max(1) as f64
+            ),
+            Err(e) => println!("| {name} | failed: {e} | | |"),
+        }
+    }
+    if !cuda {
+        return;
+    }
+    unsafe {
+        let mut dev = 0;
+        sys::cuDeviceGet(&mut dev, 0);
+        let mut ctx = std::ptr::null_mut();
+        sys::cuDevicePrimaryCtxRetain(&mut ctx, dev);
+        sys::cuCtxSetCurrent(ctx);
+        let mut stream = std::ptr::null_mut();
+        sys::cuStreamCreate(&mut stream, 1);
+        let mut pool = std::ptr::null_mut();
+        sys::cuDeviceGetDefaultMemPool(&mut pool, dev);
+        let mut max = u64::MAX;
+        let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+        sys::cuMemPoolSetAttribute(pool, attr, &mut max as *mut u64 as *mut _);
+        let mut zero = 0u64;
+        let high = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH;
+        sys::cuMemPoolSetAttribute(pool, high, &mut zero as *mut u64 as *mut _);
+        let ns = timed(&plan, &mut CudaAsync(stream), repeat);
+        let mut peak = 0u64;
+        sys::cuMemPoolGetAttribute(pool, high, &mut peak as *mut u64 as *mut _);
+        match ns {
+            Ok(ns) => println!("| cuMemAllocAsync | {ns:.1} | {} | {:.3} |", gib(peak), peak as f64 / plan.peak_in_use.max(1) as f64),
+            Err(e) => println!("| cuMemAllocAsync | failed: {e} | | |"),
+        }
+        // cuMemAlloc reserves what it hands out, rounded to its own granularity (not measured).
+        match timed(&plan, &mut CudaDirect, repeat.min(1)) {
+            Ok(ns) => println!("| cuMemAlloc | {ns:.1} | (each buffer its own allocation) | |"),
+            Err(e) => println!("| cuMemAlloc | failed: {e} | | |"),
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Replays an allocation trace (Kmm's CSV, either form, or a log of RMM's logging adaptor)
+//! through any allocator: the device allocations and frees, in the trace's row order, on one
+//! thread. A free is matched to its allocation by the buffer column when the trace has one
+//! (Kmm's traces: moves then do not matter), else by address (RMM's logs). Frees of buffers the
+//! trace never saw allocated (older than the trace) and failed allocations are skipped, and
+//! counted.
+
+use kmm::manager::trace::{Action, Record};
+use std::collections::HashMap;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    Alloc { bytes: u64, slot: usize },
+    Free { slot: usize },
+}
+
+/// A trace made ready to replay: each live buffer has a slot, reused once it is freed.
+#[derive(Debug, Default, Clone)]
+pub struct Plan {
+    pub steps: Vec<Step>,
+    pub slots: usize,
+    pub allocs: usize,
+    pub frees: usize,
+    /// Frees of buffers allocated before the trace started.
+    pub unmatched_frees: usize,
+    pub failures: usize,
+    /// The bytes the trace's live buffers held at their peak, and at its end.
+    pub peak_in_use: u64,
+    pub in_use_at_end: u64,
+}
+
+pub fn plan(records: &[Record]) -> Plan {
+    let by_buffer = records.iter().any(|r| r.buffer != 0);
+    let key = |r: &Record| if by_buffer { r.buffer } else { r.address };
+    let mut plan = Plan::default();
+    let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
+    let mut free_slots: Vec<usize> = Vec::new();
+    let mut in_use = 0u64;
+    for r in records.iter().filter(|r| r.kind == 0) {
+        match Action::from_u32(r.action) {
+            Some(Action::Allocate) => {
+                let slot = free_slots.pop().unwrap_or_else(|| {
+                    plan.slots += 1;
+                    plan.slots - 1
+                });
+                if let Some((old, bytes)) = live.insert(key(r), (slot, r.bytes)) {
+                    // An address allocated twice without a free between (a log with lost rows):
+                    // the older buffer is taken as freed.
+                    plan.steps.push(Step::Free { slot: old });
+                    free_slots.push(old);
+                    in_use -= bytes;
+                    plan.frees += 1;
+                }
+                plan.steps.push(Step::Alloc { bytes: r.bytes, slot });
+                plan.allocs += 1;
+                in_use += r.bytes;
+                plan.peak_in_use = plan.peak_in_use.max(in_use);
+            }
+            Some(Action::Free) => match live.remove(&key(r)) {
+                Some((slot, bytes)) => {
+                    plan.steps.push(Step::Free { slot });
+                    free_slots.push(slot);
+                    in_use -= bytes;
+                    plan.frees += 1;
+                }
+                None => plan.unmatched_frees += 1,
+            },
+            Some(Action::Move) if !by_buffer => {
+                if let Some(v) = live.remove(&r.from) {
+                    live.insert(r.address, v);
+                }
+            }
+            Some(Action::AllocateFailure) => plan.failures += 1,
+            _ => {}
+        }
+    }
+    plan.in_use_at_end = in_use;
+    plan
+}
+
+/// What a replay needs of an allocator; `alloc` of zero bytes must give something `free` takes.
+pub trait Allocator {
+    fn alloc(&mut self, bytes: u64) -> Result<u64, String>;
+    fn free(&mut self, handle: u64);
+    /// Waits for queued frees (stream-ordered allocators), inside the timed run.
+    fn finish(&mut self) {}
+}
+
+/// Replays the plan once (buffers still live at its end are freed, untimed); returns
+/// nanoseconds per allocation and free.
+pub fn run(plan: &Plan, a: &mut dyn Allocator) -> Result<f64, String> {
+    let mut slots = vec![None::<u64>; plan.slots];
+    let start = Instant::now();
+    for (i, step) in plan.steps.iter().enumerate() {
+        match *step {
+            Step::Alloc { bytes, slot } => {
+                let h = a.alloc(bytes).map_err(|e| format!("step {i}: allocating {bytes} bytes: {e}"))?;
+                slots[slot] = Some(h);
+            }
+            Step::Free { slot } => {
+                if let Some(h) = slots[slot].take() {
+                    a.free(h);
+                }
+            }
+        }
+    }
+    a.finish();
+    let ns = start.elapsed().as_nanos() as f64 / plan.steps.len().max(1) as f64;
+    for h in slots.into_iter().flatten() {
+        a.free(h);
+    }
+    a.finish();
+    Ok(ns)
+}

@@ -1,0 +1,129 @@
+//! A trace recorded during a run replays to the same peak in use and the same count of
+//! operations, from either CSV form (host backend).
+
+use kmm::ffi::buffer::*;
+use kmm::ffi::manager::*;
+use kmm::ffi::trace::*;
+use kmm::ffi::types::*;
+use kmm::KmmStatus;
+use kmm_bench::replay::{plan, run, Allocator};
+use std::ffi::CString;
+
+const DEVICE: u32 = KmmMemoryKind::KMM_MEMORY_DEVICE as u32;
+
+fn ok(s: KmmStatus) {
+    assert_eq!(s, KmmStatus::KMM_OK, "{}", unsafe { std::ffi::CStr::from_ptr(kmm::ffi::kmm_last_error()) }.to_string_lossy());
+}
+
+fn manager() -> KmmManager {
+    let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
+    ok(kmm_config_default(&mut c));
+    c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+    let mut m = 0;
+    ok(kmm_manager_create(&c, &mut m));
+    m
+}
+
+fn stats(m: KmmManager) -> KmmMemoryStats {
+    let mut s = KmmMemoryStats::default();
+    ok(kmm_manager_stats(m, DEVICE, &mut s));
+    s
+}
+
+struct Host(KmmManager);
+impl Allocator for Host {
+    fn alloc(&mut self, bytes: u64) -> Result<u64, String> {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(self.0, bytes, DEVICE, &mut b));
+        Ok(b)
+    }
+    fn free(&mut self, h: u64) {
+        ok(kmm_buffer_free(self.0, h, 0));
+    }
+}
+
+#[test]
+fn a_recorded_trace_replays_to_the_same_peak_and_counts() {
+    let m = manager();
+    ok(kmm_manager_trace_start(m, 1 << 20, std::ptr::null(), 0));
+    let base = stats(m);
+    let mut live = Vec::new();
+    let mut x = 7u64;
+    for i in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if live.is_empty() || (live.len() < 300 && x % 2 == 0) {
+            let mut b = 0;
+            let bytes = if i % 500 == 0 { 0 } else { (x >> 44) % (1 << 20) };
+            ok(kmm_buffer_alloc(m, bytes, DEVICE, &mut b));
+            live.push(b);
+        } else {
+            let b = live.swap_remove((x >> 8) as usize % live.len());
+            if i % 7 == 0 {
+                let mut p = 0;
+                ok(kmm_buffer_map(m, b, &mut p));
+                ok(kmm_buffer_unmap(m, b));
+            }
+            ok(kmm_buffer_free(m, b, 0));
+        }
+    }
+    let after = stats(m);
+    let dir = std::env::temp_dir();
+    let full = dir.join(format!("kmm-replay-{}-full.csv", std::process::id()));
+    let rmm = dir.join(format!("kmm-replay-{}-rmm.csv", std::process::id()));
+    for (path, flags) in [(&full, 0), (&rmm, KMM_TRACE_RMM_ONLY)] {
+        let c = CString::new(path.to_str().unwrap()).unwrap();
+        ok(kmm_manager_trace_save(m, c.as_ptr(), flags));
+    }
+    let allocs = (after.allocs - base.allocs) as usize;
+    let frees = (after.frees - base.frees) as usize;
+    for path in [&full, &rmm] {
+        let records = kmm::manager::csv::read(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let p = plan(&records);
+        let what = path.display();
+        // The RMM form leaves out zero-byte buffers: the same counts of buffers with memory.
+        let zero = records.iter().filter(|r| r.action == 0 && r.bytes == 0).count();
+        if path == &rmm {
+            assert_eq!(zero, 0, "{what}: the RMM form has no zero-byte rows");
+        } else {
+            assert!(zero > 0, "the workload made zero-byte buffers");
+            assert_eq!((p.allocs, p.frees), (allocs, frees), "{what}: every operation is replayed");
+        }
+        assert_eq!(p.unmatched_frees, 0, "{what}");
+        assert_eq!(p.peak_in_use, after.peak_in_use, "{what}: the trace peaks where the manager did");
+        let r = manager();
+        run(&p, &mut Host(r)).unwrap();
+        let s = stats(r);
+        assert_eq!(s.peak_in_use, p.peak_in_use, "{what}: the replay peaks where the trace did");
+        assert_eq!(s.allocs as usize, p.allocs, "{what}");
+        assert_eq!((s.frees, s.live_buffers, s.in_use), (s.allocs, 0, 0), "{what}: the replay frees what it allocated");
+        ok(kmm_manager_destroy(r, 0));
+        std::fs::remove_file(path).unwrap();
+    }
+    ok(kmm_manager_destroy(m, 0));
+}
+
+#[test]
+fn an_rmm_log_replays_by_address() {
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n\
+               1,10:00:00.000001,allocate,0x1000,256,0x0\n\
+               1,10:00:00.000002,allocate,0x2000,512,0x0\n\
+               2,10:00:00.000003,free,0x1000,256,0x0\n\
+               2,10:00:00.000004,allocate failure,0x0,1073741824,0x0\n\
+               1,10:00:00.000005,allocate,0x1000,128,0x0\n\
+               1,10:00:00.000006,deallocate,0x2000,512,0x0\n\
+               1,10:00:00.000007,free,0x9000,64,0x0\n";
+    let p = plan(&kmm::manager::csv::read(log).unwrap());
+    assert_eq!((p.allocs, p.frees, p.unmatched_frees, p.failures), (3, 2, 1, 1));
+    assert_eq!((p.peak_in_use, p.in_use_at_end), (768, 128));
+    let r = manager();
+    run(&p, &mut Host(r)).unwrap();
+    assert_eq!(stats(r).peak_in_use, 768);
+    ok(kmm_manager_destroy(r, 0));
+    // What is not a trace is refused with the line and the value.
+    let e = kmm::manager::csv::read("Thread,Action,Pointer,Size\n1,grow,0x10,5\n").unwrap_err();
+    assert!(e.message.contains("line 2: action `grow`"), "{}", e.message);
+    let e = kmm::manager::csv::read("Thread,Time\n").unwrap_err();
+    assert!(e.message.contains("lacks one of Action, Pointer, Size"), "{}", e.message);
+}
