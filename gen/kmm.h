@@ -66,6 +66,23 @@
 #define KMM_TORCH_OOM_NULL 1
 
 /**
+ * `kmm_manager_trace_start` and `kmm_manager_trace_save` flag: write only what RMM's replay
+ * benchmark accepts (allocate, free and allocate failure rows, streams as 0, a move as a free
+ * and an allocation; see docs/observability.md).
+ */
+#define KMM_TRACE_RMM_ONLY 1
+
+/**
+ * The ring's size when `kmm_manager_trace_start` is given a capacity of 0.
+ */
+#define KMM_TRACE_DEFAULT_RECORDS 65536
+
+/**
+ * The largest ring `kmm_manager_trace_start` makes (records of 88 bytes: 1.4 GiB).
+ */
+#define KMM_TRACE_MAX_RECORDS 16777216
+
+/**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
  */
 #define KMM_ABI_VERSION 2
@@ -160,6 +177,43 @@ enum KmmStatus
 typedef enum KmmStatus KmmStatus;
 #else
 typedef uint32_t KmmStatus;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * What a record says happened. The first three are RMM's actions (its logging adaptor's names).
+ */
+enum Action
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  Allocate = 0,
+  Free = 1,
+  /**
+   * An allocation the caller saw fail (out of memory after every rung, or a bad request).
+   */
+  AllocateFailure = 2,
+  Map = 3,
+  Unmap = 4,
+  /**
+   * Compaction moved an unmapped buffer: `address` is its new place, `from` the old one.
+   */
+  Move = 5,
+  /**
+   * A free chunk went back to the device (or the host's pinned memory).
+   */
+  Trim = 6,
+  /**
+   * Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
+   */
+  Wrap = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum Action Action;
+#else
+typedef uint32_t Action;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -715,6 +769,82 @@ typedef struct {
    */
   KmmBuffer params;
 } KmmMatchOutputs;
+
+/**
+ * One event of a trace (`kmm_manager_trace_records`).
+ */
+typedef struct {
+  /**
+   * Nanoseconds since the trace started.
+   */
+  uint64_t time_ns;
+  /**
+   * The operating system's id of the thread that made the call.
+   */
+  uint64_t thread;
+  /**
+   * A `KmmTraceAction`.
+   */
+  uint32_t action;
+  /**
+   * A `KmmMemoryKind`.
+   */
+  uint32_t kind;
+  uint64_t address;
+  /**
+   * Bytes asked for; for a move the bytes moved, for a trim the chunk's size.
+   */
+  uint64_t bytes;
+  uint64_t stream;
+  /**
+   * The buffer (0 for a trim and a failed allocation).
+   */
+  uint64_t buffer;
+  /**
+   * A move's old address; a failed allocation's `KmmStatus`; else 0.
+   */
+  uint64_t from;
+  /**
+   * The manager's bytes in use of this kind just after the event.
+   */
+  uint64_t in_use;
+  /**
+   * The manager's reserved bytes of this kind just after the event; `UINT64_MAX` where CUDA's
+   * own pool holds them (`KMM_ALLOC_CUDA_ASYNC`, device memory).
+   */
+  uint64_t reserved;
+} KmmTraceRecord;
+
+/**
+ * A stretch of a chunk in a memory map (`kmm_manager_memory_map`).
+ */
+typedef struct {
+  /**
+   * The base of the chunk it lies in. Memory not carved from chunks (direct and CUDA-pool
+   * modes, wrapped memory) is a chunk of its own.
+   */
+  uint64_t chunk;
+  uint64_t address;
+  /**
+   * The block's size (the request rounded up), or the free stretch's.
+   */
+  uint64_t bytes;
+  /**
+   * A `KmmSegmentState`.
+   */
+  uint32_t state;
+  uint32_t _reserved;
+  /**
+   * The buffer (0 for free space).
+   */
+  uint64_t buffer;
+  /**
+   * What the buffer's caller asked for (0 for free space).
+   */
+  uint64_t requested;
+} KmmMapSegment;
+
+#define Action_ALL { Allocate, Free, AllocateFailure, Map, Unmap, Move, Trim, Wrap, }
 
 
 
@@ -1343,6 +1473,75 @@ KmmStatus kmm_torch_record_stream(void *ptr,
  * How many allocations of `kmm_torch_malloc` are live (for tests and leak checks).
  */
 KmmStatus kmm_torch_live_allocations(uint64_t *out);
+
+/**
+ * Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+ * manager (a trace already recording is stopped first; the last trace's records are dropped).
+ * With `path` NULL the records go to a ring of the last `capacity` records (0: 65,536; at most
+ * `KMM_TRACE_MAX_RECORDS`), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
+ * written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
+ * `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+ */
+KmmStatus kmm_manager_trace_start(KmmManager manager,
+                                  uint64_t capacity,
+                                  const char *path,
+                                  uint32_t flags);
+
+/**
+ * Stops the trace; a file trace is flushed and closed (a write that failed while recording is
+ * reported here). A ring's records stay readable until the next start. Without a trace
+ * recording it does nothing.
+ */
+KmmStatus kmm_manager_trace_stop(KmmManager manager);
+
+/**
+ * Copies the ring trace's records, oldest first, into `out` (`capacity` entries; the oldest
+ * ones when it is too small), and writes how many it holds to `*count` and, when `dropped` is
+ * not NULL, how many older ones the ring let go. `out` may be NULL when `capacity` is 0.
+ * `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace.
+ */
+KmmStatus kmm_manager_trace_records(KmmManager manager,
+                                    KmmTraceRecord *out,
+                                    size_t capacity,
+                                    size_t *count,
+                                    uint64_t *dropped);
+
+/**
+ * Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
+ * `KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
+ * file cannot be written.
+ */
+KmmStatus kmm_manager_trace_save(KmmManager manager, const char *path, uint32_t flags);
+
+/**
+ * The name of a `KmmTraceAction` as the CSV writes it ("allocate", "allocate failure", ...), or
+ * "unknown". Static string; never NULL; do not free.
+ */
+const char *kmm_trace_action_name(uint32_t action);
+
+/**
+ * Copies the map of the manager's memory of `kind` (a `KmmMemoryKind`) into `out`
+ * (`capacity` entries; the first ones when it is too small) and writes how many segments it has
+ * to `*count`: every chunk in address order, cut into its buffers' blocks and the free space
+ * between them. `out` may be NULL when `capacity` is 0.
+ */
+KmmStatus kmm_manager_memory_map(KmmManager manager,
+                                 uint32_t kind,
+                                 KmmMapSegment *out,
+                                 size_t capacity,
+                                 size_t *count);
+
+/**
+ * Draws a figure (a `KmmFigure`) as SVG into `buf` as a NUL-terminated string, truncated to
+ * `len` bytes, and writes the length the whole text needs (with its NUL) to `*needed` when
+ * `needed` is not NULL; `buf` may be NULL when `len` is 0. The timeline needs a ring trace
+ * (`KMM_ERROR_INVALID_ARGUMENT` without one).
+ */
+KmmStatus kmm_manager_figure_svg(KmmManager manager,
+                                 uint32_t figure,
+                                 char *buf,
+                                 size_t len,
+                                 size_t *needed);
 
 #ifdef __cplusplus
 }  // extern "C"

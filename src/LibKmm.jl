@@ -55,6 +55,20 @@ with `kmm_last_error` on the allocating thread).
 """
 const KMM_TORCH_OOM_NULL = 1
 """
+`kmm_manager_trace_start` and `kmm_manager_trace_save` flag: write only what RMM's replay
+benchmark accepts (allocate, free and allocate failure rows, streams as 0, a move as a free
+and an allocation; see docs/observability.md).
+"""
+const KMM_TRACE_RMM_ONLY = 1
+"""
+The ring's size when `kmm_manager_trace_start` is given a capacity of 0.
+"""
+const KMM_TRACE_DEFAULT_RECORDS = 65536
+"""
+The largest ring `kmm_manager_trace_start` makes (records of 88 bytes: 1.4 GiB).
+"""
+const KMM_TRACE_MAX_RECORDS = 16777216
+"""
 Bumped whenever a signature, a struct layout or a constant's meaning changes.
 """
 const KMM_ABI_VERSION = 2
@@ -93,6 +107,19 @@ const KMM_ERROR_BACKEND = UInt32(4002)
 const KMM_ERROR_NOT_SUPPORTED = UInt32(4003)
 const KMM_ERROR_COMPILE = UInt32(4004)
 const KMM_ERROR_INTERNAL = UInt32(9001)
+
+"""
+What a record says happened. The first three are RMM's actions (its logging adaptor's names).
+"""
+const Action = UInt32
+const Allocate = UInt32(0)
+const Free = UInt32(1)
+const AllocateFailure = UInt32(2)
+const Map = UInt32(3)
+const Unmap = UInt32(4)
+const Move = UInt32(5)
+const Trim = UInt32(6)
+const Wrap = UInt32(7)
 
 """
 Which backend a manager runs on (`KmmConfig.backend`).
@@ -315,6 +342,36 @@ struct KmmMatchOutputs
     params::KmmBuffer
 end
 
+"""
+One event of a trace (`kmm_manager_trace_records`).
+"""
+struct KmmTraceRecord
+    time_ns::UInt64
+    thread::UInt64
+    action::UInt32
+    kind::UInt32
+    address::UInt64
+    bytes::UInt64
+    stream::UInt64
+    buffer::UInt64
+    from::UInt64
+    in_use::UInt64
+    reserved::UInt64
+end
+
+"""
+A stretch of a chunk in a memory map (`kmm_manager_memory_map`).
+"""
+struct KmmMapSegment
+    chunk::UInt64
+    address::UInt64
+    bytes::UInt64
+    state::UInt32
+    _reserved::UInt32
+    buffer::UInt64
+    requested::UInt64
+end
+
 "The path of the loaded library (set by `load!`; chosen by `Kmm.find_libkmm`)."
 const libkmm = Ref{String}("")
 
@@ -386,9 +443,16 @@ const _fp_kmm_torch_malloc = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_torch_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_manager_trace_start = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_manager_trace_stop = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_manager_trace_records = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_manager_trace_save = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_trace_action_name = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_manager_memory_map = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_manager_figure_svg = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_device_count, :kmm_device_can_access_peer, :kmm_live_managers, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_device_count, :kmm_device_can_access_peer, :kmm_live_managers, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations, :kmm_manager_trace_start, :kmm_manager_trace_stop, :kmm_manager_trace_records, :kmm_manager_trace_save, :kmm_trace_action_name, :kmm_manager_memory_map, :kmm_manager_figure_svg)
 
 """
     load!(path) -> handle
@@ -465,6 +529,13 @@ function load!(path::AbstractString)
     _fp_kmm_torch_free[] = something(Libdl.dlsym(lib, :kmm_torch_free; throw_error = false), C_NULL)
     _fp_kmm_torch_record_stream[] = something(Libdl.dlsym(lib, :kmm_torch_record_stream; throw_error = false), C_NULL)
     _fp_kmm_torch_live_allocations[] = something(Libdl.dlsym(lib, :kmm_torch_live_allocations; throw_error = false), C_NULL)
+    _fp_kmm_manager_trace_start[] = something(Libdl.dlsym(lib, :kmm_manager_trace_start; throw_error = false), C_NULL)
+    _fp_kmm_manager_trace_stop[] = something(Libdl.dlsym(lib, :kmm_manager_trace_stop; throw_error = false), C_NULL)
+    _fp_kmm_manager_trace_records[] = something(Libdl.dlsym(lib, :kmm_manager_trace_records; throw_error = false), C_NULL)
+    _fp_kmm_manager_trace_save[] = something(Libdl.dlsym(lib, :kmm_manager_trace_save; throw_error = false), C_NULL)
+    _fp_kmm_trace_action_name[] = something(Libdl.dlsym(lib, :kmm_trace_action_name; throw_error = false), C_NULL)
+    _fp_kmm_manager_memory_map[] = something(Libdl.dlsym(lib, :kmm_manager_memory_map; throw_error = false), C_NULL)
+    _fp_kmm_manager_figure_svg[] = something(Libdl.dlsym(lib, :kmm_manager_figure_svg; throw_error = false), C_NULL)
     libkmm[] = path
     return lib
 end
@@ -1988,6 +2059,166 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_torch_live_allocations(out)
     check_status(unchecked_kmm_torch_live_allocations(out))
+end
+
+"""
+Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+manager (a trace already recording is stopped first; the last trace's records are dropped).
+With `path` NULL the records go to a ring of the last `capacity` records (0: 65,536; at most
+`KMM_TRACE_MAX_RECORDS`), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
+written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
+`KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+
+Returns the status; `kmm_manager_trace_start` is the checked form.
+"""
+@inline function unchecked_kmm_manager_trace_start(manager, capacity, path, flags)
+    fp = _fp_kmm_manager_trace_start[]
+    fp == C_NULL && throw_missing(:kmm_manager_trace_start)
+    ccall(fp, KmmStatus, (KmmManager, UInt64, Ptr{Cchar}, UInt32), manager, capacity, path, flags)
+end
+"""
+Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+manager (a trace already recording is stopped first; the last trace's records are dropped).
+With `path` NULL the records go to a ring of the last `capacity` records (0: 65,536; at most
+`KMM_TRACE_MAX_RECORDS`), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
+written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
+`KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_manager_trace_start(manager, capacity, path, flags)
+    check_status(unchecked_kmm_manager_trace_start(manager, capacity, path, flags))
+end
+
+"""
+Stops the trace; a file trace is flushed and closed (a write that failed while recording is
+reported here). A ring's records stay readable until the next start. Without a trace
+recording it does nothing.
+
+Returns the status; `kmm_manager_trace_stop` is the checked form.
+"""
+@inline function unchecked_kmm_manager_trace_stop(manager)
+    fp = _fp_kmm_manager_trace_stop[]
+    fp == C_NULL && throw_missing(:kmm_manager_trace_stop)
+    ccall(fp, KmmStatus, (KmmManager,), manager)
+end
+"""
+Stops the trace; a file trace is flushed and closed (a write that failed while recording is
+reported here). A ring's records stay readable until the next start. Without a trace
+recording it does nothing.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_manager_trace_stop(manager)
+    check_status(unchecked_kmm_manager_trace_stop(manager))
+end
+
+"""
+Copies the ring trace's records, oldest first, into `out` (`capacity` entries; the oldest
+ones when it is too small), and writes how many it holds to `*count` and, when `dropped` is
+not NULL, how many older ones the ring let go. `out` may be NULL when `capacity` is 0.
+`KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace.
+
+Returns the status; `kmm_manager_trace_records` is the checked form.
+"""
+@inline function unchecked_kmm_manager_trace_records(manager, out, capacity, count, dropped)
+    fp = _fp_kmm_manager_trace_records[]
+    fp == C_NULL && throw_missing(:kmm_manager_trace_records)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{KmmTraceRecord}, Csize_t, Ptr{Csize_t}, Ptr{UInt64}), manager, out, capacity, count, dropped)
+end
+"""
+Copies the ring trace's records, oldest first, into `out` (`capacity` entries; the oldest
+ones when it is too small), and writes how many it holds to `*count` and, when `dropped` is
+not NULL, how many older ones the ring let go. `out` may be NULL when `capacity` is 0.
+`KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_manager_trace_records(manager, out, capacity, count, dropped)
+    check_status(unchecked_kmm_manager_trace_records(manager, out, capacity, count, dropped))
+end
+
+"""
+Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
+`KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
+file cannot be written.
+
+Returns the status; `kmm_manager_trace_save` is the checked form.
+"""
+@inline function unchecked_kmm_manager_trace_save(manager, path, flags)
+    fp = _fp_kmm_manager_trace_save[]
+    fp == C_NULL && throw_missing(:kmm_manager_trace_save)
+    ccall(fp, KmmStatus, (KmmManager, Ptr{Cchar}, UInt32), manager, path, flags)
+end
+"""
+Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
+`KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
+file cannot be written.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_manager_trace_save(manager, path, flags)
+    check_status(unchecked_kmm_manager_trace_save(manager, path, flags))
+end
+
+"""
+The name of a `KmmTraceAction` as the CSV writes it ("allocate", "allocate failure", ...), or
+"unknown". Static string; never NULL; do not free.
+"""
+@inline function kmm_trace_action_name(action)
+    fp = _fp_kmm_trace_action_name[]
+    fp == C_NULL && throw_missing(:kmm_trace_action_name)
+    ccall(fp, Ptr{Cchar}, (UInt32,), action)
+end
+
+"""
+Copies the map of the manager's memory of `kind` (a `KmmMemoryKind`) into `out`
+(`capacity` entries; the first ones when it is too small) and writes how many segments it has
+to `*count`: every chunk in address order, cut into its buffers' blocks and the free space
+between them. `out` may be NULL when `capacity` is 0.
+
+Returns the status; `kmm_manager_memory_map` is the checked form.
+"""
+@inline function unchecked_kmm_manager_memory_map(manager, kind, out, capacity, count)
+    fp = _fp_kmm_manager_memory_map[]
+    fp == C_NULL && throw_missing(:kmm_manager_memory_map)
+    ccall(fp, KmmStatus, (KmmManager, UInt32, Ptr{KmmMapSegment}, Csize_t, Ptr{Csize_t}), manager, kind, out, capacity, count)
+end
+"""
+Copies the map of the manager's memory of `kind` (a `KmmMemoryKind`) into `out`
+(`capacity` entries; the first ones when it is too small) and writes how many segments it has
+to `*count`: every chunk in address order, cut into its buffers' blocks and the free space
+between them. `out` may be NULL when `capacity` is 0.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_manager_memory_map(manager, kind, out, capacity, count)
+    check_status(unchecked_kmm_manager_memory_map(manager, kind, out, capacity, count))
+end
+
+"""
+Draws a figure (a `KmmFigure`) as SVG into `buf` as a NUL-terminated string, truncated to
+`len` bytes, and writes the length the whole text needs (with its NUL) to `*needed` when
+`needed` is not NULL; `buf` may be NULL when `len` is 0. The timeline needs a ring trace
+(`KMM_ERROR_INVALID_ARGUMENT` without one).
+
+Returns the status; `kmm_manager_figure_svg` is the checked form.
+"""
+@inline function unchecked_kmm_manager_figure_svg(manager, figure, buf, len, needed)
+    fp = _fp_kmm_manager_figure_svg[]
+    fp == C_NULL && throw_missing(:kmm_manager_figure_svg)
+    ccall(fp, KmmStatus, (KmmManager, UInt32, Ptr{Cchar}, Csize_t, Ptr{Csize_t}), manager, figure, buf, len, needed)
+end
+"""
+Draws a figure (a `KmmFigure`) as SVG into `buf` as a NUL-terminated string, truncated to
+`len` bytes, and writes the length the whole text needs (with its NUL) to `*needed` when
+`needed` is not NULL; `buf` may be NULL when `len` is 0. The timeline needs a ring trace
+(`KMM_ERROR_INVALID_ARGUMENT` without one).
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_manager_figure_svg(manager, figure, buf, len, needed)
+    check_status(unchecked_kmm_manager_figure_svg(manager, figure, buf, len, needed))
 end
 
 end # module LibKmm

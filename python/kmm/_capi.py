@@ -18,6 +18,9 @@ KMM_MATCH_ACCUMULATE = 1
 KMM_MATCH_SKIP_CHECKS = 2
 KMM_TORCH_OOM_ABORT = 0
 KMM_TORCH_OOM_NULL = 1
+KMM_TRACE_RMM_ONLY = 1
+KMM_TRACE_DEFAULT_RECORDS = 65536
+KMM_TRACE_MAX_RECORDS = 16777216
 KMM_ABI_VERSION = 2
 KMM_MAX_BUFFER_BYTES = 281474976710656
 KMM_FREE_FORCE = 1
@@ -39,6 +42,16 @@ KMM_ERROR_BACKEND = 4002
 KMM_ERROR_NOT_SUPPORTED = 4003
 KMM_ERROR_COMPILE = 4004
 KMM_ERROR_INTERNAL = 9001
+
+Action = c_uint32
+Allocate = 0
+Free = 1
+AllocateFailure = 2
+Map = 3
+Unmap = 4
+Move = 5
+Trim = 6
+Wrap = 7
 
 KmmBackend = c_uint32
 KMM_BACKEND_AUTO = 0
@@ -203,6 +216,34 @@ class KmmMatchOutputs(Structure):
     ]
 
 
+class KmmTraceRecord(Structure):
+    _fields_ = [
+        ("time_ns", c_uint64),
+        ("thread", c_uint64),
+        ("action", c_uint32),
+        ("kind", c_uint32),
+        ("address", c_uint64),
+        ("bytes", c_uint64),
+        ("stream", c_uint64),
+        ("buffer", c_uint64),
+        ("from", c_uint64),
+        ("in_use", c_uint64),
+        ("reserved", c_uint64),
+    ]
+
+
+class KmmMapSegment(Structure):
+    _fields_ = [
+        ("chunk", c_uint64),
+        ("address", c_uint64),
+        ("bytes", c_uint64),
+        ("state", c_uint32),
+        ("_reserved", c_uint32),
+        ("buffer", c_uint64),
+        ("requested", c_uint64),
+    ]
+
+
 #: Every enum of the header: name -> {value: member name}.
 ENUMS = {
     "KmmStatus": {0: "KMM_OK", 1001: "KMM_ERROR_NULL_POINTER", 1002: "KMM_ERROR_INVALID_ARGUMENT",
@@ -211,6 +252,8 @@ ENUMS = {
         2003: "KMM_ERROR_WRONG_KIND", 3001: "KMM_ERROR_OUT_OF_MEMORY",
         4001: "KMM_ERROR_BACKEND_UNAVAILABLE", 4002: "KMM_ERROR_BACKEND",
         4003: "KMM_ERROR_NOT_SUPPORTED", 4004: "KMM_ERROR_COMPILE", 9001: "KMM_ERROR_INTERNAL"},
+    "Action": {0: "Allocate", 1: "Free", 2: "AllocateFailure", 3: "Map", 4: "Unmap", 5: "Move",
+        6: "Trim", 7: "Wrap"},
     "KmmBackend": {0: "KMM_BACKEND_AUTO", 1: "KMM_BACKEND_HOST", 2: "KMM_BACKEND_CUDA"},
     "KmmAllocMode": {0: "KMM_ALLOC_POOL", 1: "KMM_ALLOC_CUDA_ASYNC", 2: "KMM_ALLOC_DIRECT"},
     "KmmSuballocator": {0: "KMM_SUBALLOC_BINNED", 1: "KMM_SUBALLOC_HEAP", 2: "KMM_SUBALLOC_FIXED",
@@ -225,7 +268,8 @@ ENUMS = {
 STRUCTS = {"KmmBufferInfo": KmmBufferInfo, "KmmConfig": KmmConfig, "KmmManagerInfo": KmmManagerInfo,
     "KmmMemoryStats": KmmMemoryStats, "KmmKernelArg": KmmKernelArg,
     "KmmFispSequence": KmmFispSequence, "KmmMrstatModel": KmmMrstatModel,
-    "KmmPssfpSequence": KmmPssfpSequence, "KmmMatchOutputs": KmmMatchOutputs}
+    "KmmPssfpSequence": KmmPssfpSequence, "KmmMatchOutputs": KmmMatchOutputs,
+    "KmmTraceRecord": KmmTraceRecord, "KmmMapSegment": KmmMapSegment}
 
 #: Every function of the header: name -> (restype, argtypes), in the header's order.
 FUNCTIONS = {
@@ -313,4 +357,14 @@ FUNCTIONS = {
     "kmm_torch_free": (None, [c_void_p, c_size_t, c_int32, c_void_p]),
     "kmm_torch_record_stream": (KmmStatus, [c_void_p, c_void_p]),
     "kmm_torch_live_allocations": (KmmStatus, [POINTER(c_uint64)]),
+    "kmm_manager_trace_start": (KmmStatus, [KmmManager, c_uint64, c_char_p, c_uint32]),
+    "kmm_manager_trace_stop": (KmmStatus, [KmmManager]),
+    "kmm_manager_trace_records": (KmmStatus, [KmmManager, POINTER(KmmTraceRecord), c_size_t,
+        POINTER(c_size_t), POINTER(c_uint64)]),
+    "kmm_manager_trace_save": (KmmStatus, [KmmManager, c_char_p, c_uint32]),
+    "kmm_trace_action_name": (c_char_p, [c_uint32]),
+    "kmm_manager_memory_map": (KmmStatus, [KmmManager, c_uint32, POINTER(KmmMapSegment), c_size_t,
+        POINTER(c_size_t)]),
+    "kmm_manager_figure_svg": (KmmStatus, [KmmManager, c_uint32, c_char_p, c_size_t,
+        POINTER(c_size_t)]),
 }

@@ -22,6 +22,10 @@ pub const KMM_TRACE_RMM_ONLY: u32 = 1;
 /// The ring's size when `kmm_manager_trace_start` is given a capacity of 0.
 pub const KMM_TRACE_DEFAULT_RECORDS: u64 = 65_536;
 
+/// The largest ring `kmm_manager_trace_start` makes (records of 88 bytes: 1.4 GiB).
+pub const KMM_TRACE_MAX_RECORDS: u64 = 16_777_216;
+const _: () = assert!(KMM_TRACE_MAX_RECORDS as usize == MAX_RING_RECORDS);
+
 /// What a trace record says happened (`KmmTraceRecord.action`).
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,7 +175,7 @@ fn write_items<T, C: for<'a> From<&'a T>>(items: &[T], out: *mut C, capacity: us
 /// Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
 /// manager (a trace already recording is stopped first; the last trace's records are dropped).
 /// With `path` NULL the records go to a ring of the last `capacity` records (0: 65,536; at most
-/// 2^24), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
+/// `KMM_TRACE_MAX_RECORDS`), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
 /// written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
 /// `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
 #[no_mangle]

@@ -301,7 +301,7 @@ fn tsc_rate() -> Option<f64> {
 }
 
 /// The largest ring a trace may keep (each record is 88 bytes: 2^24 records are 1.4 GiB).
-pub const MAX_RING_RECORDS: usize = 1 << 24;
+pub(crate) const MAX_RING_RECORDS: usize = 1 << 24;
 
 /// The calling thread's id as the operating system knows it (what profilers and RMM's logs show).
 fn thread_id() -> u64 {
