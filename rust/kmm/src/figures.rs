@@ -284,3 +284,21 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     out += "</svg>";
     out
 }
+
+/// Figures one above the other, as one SVG (each keeps its own size).
+pub fn stack(figures: &[String]) -> String {
+    let height_of = |svg: &str| -> f64 {
+        let at = svg.find("height=\"").map(|i| i + 8).unwrap_or(0);
+        svg[at..].split('"').next().and_then(|h| h.parse().ok()).unwrap_or(0.0)
+    };
+    let total: f64 = figures.iter().map(|f| height_of(f)).sum();
+    let mut out = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{WIDTH}\" height=\"{total}\" viewBox=\"0 0 {WIDTH} {total}\">");
+    let mut y = 0.0;
+    for f in figures {
+        // A nested svg element takes a position; the figure's own attributes follow.
+        out += &f.replacen("<svg ", &format!("<svg y=\"{y}\" "), 1);
+        y += height_of(f);
+    }
+    out += "</svg>";
+    out
+}

@@ -431,8 +431,13 @@ fn figures_are_svg_with_titles_axes_and_legends() {
         assert!(timeline.contains(words), "the timeline lacks {words:?}");
     }
     assert!(svg(&m, 1).unwrap().contains("Pinned memory map"));
+    let overview = svg(&m, 3).unwrap();
+    for words in ["Device memory map", "Pinned memory map", "Memory timeline"] {
+        assert_eq!(overview.matches(words).count(), 1, "the overview has one {words:?}");
+    }
+    assert_eq!(overview.matches("<svg").count(), 4, "three figures in one");
     m.free(pinned);
-    expect_err(svg(&m, 3).unwrap_err(), KMM_ERROR_INVALID_ARGUMENT, &["figure = 3", "KmmFigure"]);
+    expect_err(svg(&m, 4).unwrap_err(), KMM_ERROR_INVALID_ARGUMENT, &["figure = 4", "KmmFigure"]);
 }
 
 #[test]

@@ -110,6 +110,9 @@ pub enum KmmFigure {
     KMM_FIGURE_PINNED_MAP = 1,
     /// Bytes in use and reserved over time, per kind, from the ring trace.
     KMM_FIGURE_TIMELINE = 2,
+    /// What a status shows: the device map, the pinned map when pinned memory is reserved, and
+    /// the timeline when the manager has a ring trace.
+    KMM_FIGURE_OVERVIEW = 3,
 }
 
 impl From<&Record> for KmmTraceRecord {
@@ -283,27 +286,42 @@ pub extern "C" fn kmm_manager_figure_svg(manager: KmmManager, figure: u32, buf: 
     boundary(|| {
         let svg = with_manager(manager, |m| {
             let title = |what: &str| format!("{what}: {} (device {}), {:?} mode", m.device_name(), m.device(), m.config().alloc_mode);
+            let map = |kind: MemoryKind| {
+                let what = if kind == MemoryKind::Device { "Device memory map" } else { "Pinned memory map" };
+                crate::figures::memory_map_svg(&m.memory_map(kind), &title(what))
+            };
+            let timeline = || {
+                m.trace_records().map(|(records, counts, _)| {
+                    let what = if counts.dropped > 0 {
+                        format!("Memory timeline (last {} of {} records)", records.len(), counts.recorded)
+                    } else {
+                        "Memory timeline".to_string()
+                    };
+                    crate::figures::timeline_svg(&records, &title(&what))
+                })
+            };
             match figure {
-                0 | 1 => {
-                    let kind = if figure == 0 { MemoryKind::Device } else { MemoryKind::Pinned };
-                    let what = if figure == 0 { "Device memory map" } else { "Pinned memory map" };
-                    Ok(crate::figures::memory_map_svg(&m.memory_map(kind), &title(what)))
-                }
-                2 => match m.trace_records() {
-                    Some((records, counts, _)) => {
-                        let what = if counts.dropped > 0 {
-                            format!("Memory timeline (last {} of {} records)", records.len(), counts.recorded)
-                        } else {
-                            "Memory timeline".to_string()
-                        };
-                        Ok(crate::figures::timeline_svg(&records, &title(&what)))
-                    }
+                0 => Ok(map(MemoryKind::Device)),
+                1 => Ok(map(MemoryKind::Pinned)),
+                2 => match timeline() {
+                    Some(svg) => Ok(svg),
                     None => fail!(
                         KMM_ERROR_INVALID_ARGUMENT,
                         "figure = 2 (the timeline) needs a ring trace: start one with kmm_manager_trace_start, path NULL"
                     ),
                 },
-                v => fail!(KMM_ERROR_INVALID_ARGUMENT, "figure = {v} is not a KmmFigure (0 = device map, 1 = pinned map, 2 = timeline)"),
+                3 => {
+                    let mut figures = vec![map(MemoryKind::Device)];
+                    if !m.memory_map(MemoryKind::Pinned).segments.is_empty() {
+                        figures.push(map(MemoryKind::Pinned));
+                    }
+                    figures.extend(timeline());
+                    Ok(crate::figures::stack(&figures))
+                }
+                v => fail!(
+                    KMM_ERROR_INVALID_ARGUMENT,
+                    "figure = {v} is not a KmmFigure (0 = device map, 1 = pinned map, 2 = timeline, 3 = overview)"
+                ),
             }
         })?;
         write_text(&svg, buf, len, needed)
