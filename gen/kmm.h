@@ -801,9 +801,14 @@ typedef struct {
    */
   uint64_t buffer;
   /**
-   * A move's old address; a failed allocation's `KmmStatus`; else 0.
+   * A move's old address (else 0).
    */
-  uint64_t from;
+  uint64_t moved_from;
+  /**
+   * A failed allocation's `KmmStatus` (else 0).
+   */
+  uint32_t status;
+  uint32_t _reserved;
   /**
    * The manager's bytes in use of this kind just after the event.
    */

@@ -354,7 +354,9 @@ struct KmmTraceRecord
     bytes::UInt64
     stream::UInt64
     buffer::UInt64
-    from::UInt64
+    moved_from::UInt64
+    status::UInt32
+    _reserved::UInt32
     in_use::UInt64
     reserved::UInt64
 end

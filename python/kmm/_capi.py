@@ -226,7 +226,9 @@ class KmmTraceRecord(Structure):
         ("bytes", c_uint64),
         ("stream", c_uint64),
         ("buffer", c_uint64),
-        ("from", c_uint64),
+        ("moved_from", c_uint64),
+        ("status", c_uint32),
+        ("_reserved", c_uint32),
         ("in_use", c_uint64),
         ("reserved", c_uint64),
     ]

@@ -46,7 +46,19 @@ class WrongKindError(KmmError, TypeError):
 
 
 class OutOfMemoryError(KmmError, MemoryError):
+    """Out of memory after every rung. The message gives the request, the free space and the
+    largest free block, the largest holders and what was tried; from `Manager.alloc` and
+    arrays, `memory_status` holds the manager's status at the failure (shown in Jupyter)."""
+
     status = 3001
+    memory_status = None
+
+    def _repr_html_(self):
+        if self.memory_status is None:
+            return None
+        import html
+
+        return "<pre>%s</pre>%s" % (html.escape(str(self)), self.memory_status.svg)
 
 
 class BackendUnavailableError(KmmError, RuntimeError):

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from . import _args, _lib
-from ._errors import InvalidHandleError, check
+from ._errors import InvalidHandleError, OutOfMemoryError, check, error
 
 _lib_ = _lib.lib
 KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
@@ -77,7 +77,11 @@ class Buffer:
         scratch, addr = _scratch(manager)
         status = _plugin_alloc(manager._live(), nbytes, kind, manager._stream, addr, addr + 8)
         if status:
-            check(status)
+            e = error(status)
+            if isinstance(e, OutOfMemoryError):
+                # The memory as the failure left it: the error shows its map in Jupyter.
+                e.memory_status = manager.status()
+            raise e
         self = cls.__new__(cls)
         self._manager = manager
         self._handle = scratch[0]

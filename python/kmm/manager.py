@@ -179,6 +179,46 @@ class Manager:
         check(_lib_.kmm_manager_summary(self._live(), buf, needed.value, None))
         return buf.value.decode("utf-8", "replace")
 
+    def status(self):
+        """The memory now: counters, the readable table and figures (`kmm.observe.MemoryStatus`;
+        Jupyter shows the table, the memory maps and, with a ring trace, the timeline)."""
+        from .observe import MemoryStatus
+
+        return MemoryStatus(self)
+
+    def memory_map(self, kind="device"):
+        """Every chunk of "device" or "pinned" memory, cut into blocks and free space
+        (`kmm.observe.MemoryMap`; a figure in Jupyter)."""
+        from .observe import MemoryMap
+
+        return MemoryMap(self._live(), KIND_NAMES[kind_code(kind)])
+
+    def trace_start(self, capacity=0, path=None, rmm_only=False):
+        """Records every allocation, free, map, unmap, move, trim and failed allocation: into a
+        ring of the last `capacity` records (0: 65,536), or, with `path`, into that CSV file as
+        they happen (`rmm_only`: only what RMM's replay benchmark reads). Replaces the last
+        trace."""
+        from .observe import trace_start
+
+        trace_start(self._live(), capacity, path, rmm_only)
+
+    def trace_stop(self):
+        """Stops the trace (a file trace is closed); a ring's records stay readable."""
+        check(_lib_.kmm_manager_trace_stop(self._live()))
+
+    def trace(self):
+        """The ring trace's records, oldest first (`kmm.observe.MemoryTrace`; a timeline in
+        Jupyter)."""
+        from .observe import MemoryTrace
+
+        return MemoryTrace(self._live())
+
+    def save_trace(self, path, rmm_only=False):
+        """Writes the ring trace to the CSV file `path` (RMM's columns first)."""
+        from .observe import save_trace
+
+        save_trace(self._live(), path, rmm_only)
+
     def memory_info(self):
         """(free, total) bytes of the device."""
         free, total = ctypes.c_uint64(), ctypes.c_uint64()

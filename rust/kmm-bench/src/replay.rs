@@ -67,7 +67,7 @@ pub fn plan(records: &[Record]) -> Plan {
                 None => plan.unmatched_frees += 1,
             },
             Some(Action::Move) if !by_buffer => {
-                if let Some(v) = live.remove(&r.from) {
+                if let Some(v) = live.remove(&r.moved_from) {
                     live.insert(r.address, v);
                 }
             }

@@ -9,6 +9,8 @@ use std::fmt::Write;
 
 const WIDTH: f64 = 760.0;
 const LEFT: f64 = 150.0;
+/// The maps' rows are labelled with a chunk's address and size.
+const MAP_LEFT: f64 = 205.0;
 const RIGHT: f64 = 20.0;
 const TOP: f64 = 46.0;
 const FONT: &str = "font-family=\"sans-serif\" font-size=\"12\"";
@@ -61,8 +63,8 @@ fn header(out: &mut String, height: f64, title: &str) {
     );
 }
 
-fn legend(out: &mut String, y: f64, entries: &[(&str, &str)]) {
-    let mut x = LEFT;
+fn legend(out: &mut String, left: f64, y: f64, entries: &[(&str, &str)]) {
+    let mut x = left;
     for (colour, label) in entries {
         let _ = write!(
             out,
@@ -91,10 +93,10 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     header(&mut out, height, title);
     let largest = chunks.iter().map(|c| c.iter().map(|s| s.bytes).sum::<u64>()).max().unwrap_or(0);
     let (div, unit) = byte_unit(largest);
-    let plot_w = WIDTH - LEFT - RIGHT;
+    let plot_w = WIDTH - MAP_LEFT - RIGHT;
     let scale = if largest == 0 { 0.0 } else { plot_w / largest as f64 };
     if chunks.is_empty() {
-        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no memory reserved</text>", LEFT + plot_w / 2.0, TOP + 12.0);
+        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no memory reserved</text>", MAP_LEFT + plot_w / 2.0, TOP + 12.0);
     }
     for (row, chunk) in chunks.iter().take(MAX_ROWS).enumerate() {
         let y = TOP + row as f64 * row_h;
@@ -102,7 +104,7 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
         let _ = write!(
             out,
             "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" font-family=\"monospace\" font-size=\"11\">{:#x} ({})</text>",
-            LEFT - 6.0,
+            MAP_LEFT - 6.0,
             y + row_h * 0.68,
             chunk[0].chunk,
             human_bytes(size)
@@ -113,9 +115,9 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
                 SegmentState::InUse => IN_USE,
                 SegmentState::Mapped => MAPPED,
             };
-            let x = LEFT + (s.address - s.chunk) as f64 * scale;
+            let x = MAP_LEFT + (s.address - s.chunk) as f64 * scale;
             // Every block stays visible, however small next to the largest chunk.
-            let w = (s.bytes as f64 * scale).max(0.6);
+            let w = (s.bytes as f64 * scale).max(1.0);
             let what = match s.state {
                 SegmentState::Free => "free".to_string(),
                 _ => format!("buffer {:#x}: {} asked", s.buffer, human_bytes(s.requested)),
@@ -133,10 +135,10 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     }
     // The x axis: offset within a chunk.
     let axis_y = TOP + plot_h + 4.0;
-    let _ = write!(out, "<line x1=\"{LEFT}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#333\"/>", LEFT + plot_w);
+    let _ = write!(out, "<line x1=\"{MAP_LEFT}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#333\"/>", MAP_LEFT + plot_w);
     for t in ticks(largest as f64 / div) {
-        let x = LEFT + t * div * scale;
-        if x > LEFT + plot_w + 0.5 {
+        let x = MAP_LEFT + t * div * scale;
+        if x > MAP_LEFT + plot_w + 0.5 {
             break;
         }
         let _ = write!(
@@ -150,13 +152,13 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     let _ = write!(
         out,
         "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>offset in chunk ({unit})</text>",
-        LEFT + plot_w / 2.0,
+        MAP_LEFT + plot_w / 2.0,
         axis_y + 33.0
     );
-    let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>chunk (size)</text>", LEFT - 6.0, TOP - 6.0);
+    let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>chunk (size)</text>", MAP_LEFT - 6.0, TOP - 6.0);
     let more = chunks.len().saturating_sub(MAX_ROWS);
     let free = format!("free ({}, largest {})", human_bytes(map.free_bytes()), human_bytes(map.largest_free()));
-    legend(&mut out, height - 12.0, &[(FREE, free.as_str()), (IN_USE, "in use"), (MAPPED, "mapped (never moves)")]);
+    legend(&mut out, MAP_LEFT, height - 12.0, &[(FREE, free.as_str()), (IN_USE, "in use"), (MAPPED, "mapped (never moves)")]);
     if more > 0 {
         let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>and {more} more chunks</text>", WIDTH - RIGHT, height - 12.0);
     }

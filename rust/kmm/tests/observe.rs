@@ -136,11 +136,11 @@ fn trims_failures_and_moves_are_recorded() {
     let moves: Vec<_> = r.iter().filter(|r| r.action == MOVE).collect();
     assert!(!moves.is_empty(), "compaction moved buffers");
     for mv in &moves {
-        assert_ne!(mv.address, mv.from);
+        assert_ne!(mv.address, mv.moved_from);
         assert!(all.contains(&mv.buffer), "a move names a live buffer");
     }
     let failure = r.iter().find(|r| r.action == FAILURE).expect("the failed allocation is recorded");
-    assert_eq!((failure.bytes, failure.from), (5 << 20, KMM_ERROR_OUT_OF_MEMORY as u64));
+    assert_eq!((failure.bytes, failure.status), (5 << 20, KMM_ERROR_OUT_OF_MEMORY as u32));
     let trimmed: u64 = r.iter().filter(|r| r.action == TRIM).map(|r| r.bytes).sum();
     assert!(trimmed >= 2 << 20, "the trim gave back the chunk(s): {trimmed} bytes");
     assert_eq!(r.last().unwrap().reserved, 0);
@@ -149,7 +149,7 @@ fn trims_failures_and_moves_are_recorded() {
     for x in &r {
         match x.action {
             ALLOCATE => assert!(at.insert(x.buffer, x.address).is_none()),
-            MOVE => assert_eq!(at.insert(x.buffer, x.address), Some(x.from), "a move starts where the buffer was"),
+            MOVE => assert_eq!(at.insert(x.buffer, x.address), Some(x.moved_from), "a move starts where the buffer was"),
             FREE => assert_eq!(at.remove(&x.buffer), Some(x.address), "a free names where the buffer is"),
             _ => {}
         }
@@ -401,7 +401,7 @@ fn threads_sharing_a_traced_manager_leave_a_consistent_trace() {
             }
             FREE => assert_eq!(live.remove(&x.address).map(|v| v.1), Some(x.buffer)),
             MOVE => {
-                let (bytes, buffer) = live.remove(&x.from).expect("a move starts at a live buffer");
+                let (bytes, buffer) = live.remove(&x.moved_from).expect("a move starts at a live buffer");
                 assert_eq!(buffer, x.buffer);
                 live.insert(x.address, (bytes, buffer));
             }

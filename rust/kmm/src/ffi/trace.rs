@@ -22,7 +22,7 @@ pub const KMM_TRACE_RMM_ONLY: u32 = 1;
 /// The ring's size when `kmm_manager_trace_start` is given a capacity of 0.
 pub const KMM_TRACE_DEFAULT_RECORDS: u64 = 65_536;
 
-/// The largest ring `kmm_manager_trace_start` makes (records of 88 bytes: 1.4 GiB).
+/// The largest ring `kmm_manager_trace_start` makes (records of 96 bytes: 1.5 GiB).
 pub const KMM_TRACE_MAX_RECORDS: u64 = 16_777_216;
 const _: () = assert!(KMM_TRACE_MAX_RECORDS as usize == MAX_RING_RECORDS);
 
@@ -32,11 +32,11 @@ const _: () = assert!(KMM_TRACE_MAX_RECORDS as usize == MAX_RING_RECORDS);
 pub enum KmmTraceAction {
     KMM_TRACE_ALLOCATE = 0,
     KMM_TRACE_FREE = 1,
-    /// An allocation that failed; `from` holds its `KmmStatus`.
+    /// An allocation that failed; `status` holds its `KmmStatus`.
     KMM_TRACE_ALLOCATE_FAILURE = 2,
     KMM_TRACE_MAP = 3,
     KMM_TRACE_UNMAP = 4,
-    /// Compaction moved an unmapped buffer from `from` to `address`.
+    /// Compaction moved an unmapped buffer from `moved_from` to `address`.
     KMM_TRACE_MOVE = 5,
     /// A free chunk of `bytes` at `address` went back to the device (or the host).
     KMM_TRACE_TRIM = 6,
@@ -62,8 +62,11 @@ pub struct KmmTraceRecord {
     pub stream: u64,
     /// The buffer (0 for a trim and a failed allocation).
     pub buffer: u64,
-    /// A move's old address; a failed allocation's `KmmStatus`; else 0.
-    pub from: u64,
+    /// A move's old address (else 0).
+    pub moved_from: u64,
+    /// A failed allocation's `KmmStatus` (else 0).
+    pub status: u32,
+    pub _reserved: u32,
     /// The manager's bytes in use of this kind just after the event.
     pub in_use: u64,
     /// The manager's reserved bytes of this kind just after the event; `UINT64_MAX` where CUDA's
@@ -126,7 +129,9 @@ impl From<&Record> for KmmTraceRecord {
             bytes: r.bytes,
             stream: r.stream,
             buffer: r.buffer,
-            from: r.from,
+            moved_from: r.moved_from,
+            status: r.status,
+            _reserved: 0,
             in_use: r.in_use,
             reserved: r.reserved,
         }

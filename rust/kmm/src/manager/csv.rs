@@ -67,8 +67,8 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
     let secs = r.time_ns / 1_000_000_000;
     let nanos = r.time_ns % 1_000_000_000;
     let kind = if r.kind == 0 { "device" } else { "pinned" };
-    let from = if action == Action::Move { format!("{:#x}", r.from) } else { String::new() };
-    let status = match KmmStatus::from_u32(r.from as u32) {
+    let from = if action == Action::Move { format!("{:#x}", r.moved_from) } else { String::new() };
+    let status = match KmmStatus::from_u32(r.status) {
         Some(s) if action == Action::AllocateFailure => s.name().to_str().unwrap_or_default().to_string(),
         _ => String::new(),
     };
@@ -122,7 +122,7 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
         let [thread, time, stream, buffer, kind, from, status, in_use, reserved] = optional;
         let status_code = match get(status) {
             "" => 0,
-            name => (0..64).find(|&v| KmmStatus::from_u32(v).is_some_and(|s| s.name().to_str() == Ok(name))).unwrap_or(0) as u64,
+            name => (0..64).find(|&v| KmmStatus::from_u32(v).is_some_and(|s| s.name().to_str() == Ok(name))).unwrap_or(0),
         };
         records.push(Record {
             time_ns: get(time).parse::<f64>().map_or(0, |s| (s * 1e9).round() as u64),
@@ -136,7 +136,8 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
             bytes: number(at(size_col), "size")?,
             stream: number(get(stream), "stream")?,
             buffer: number(get(buffer), "buffer")?,
-            from: if action == Action::AllocateFailure { status_code } else { number(get(from), "from")? },
+            moved_from: number(get(from), "from")?,
+            status: status_code,
             in_use: number(get(in_use), "in use")?,
             reserved: match get(reserved) {
                 "" => u64::MAX,

@@ -60,7 +60,7 @@ impl MemoryMap {
         self.segments.iter().filter(|s| s.state == SegmentState::Free).map(|s| s.bytes).max().unwrap_or(0)
     }
 
-    /// 1 - largest free block / free bytes: 0 when the free space is one block (or none).
+    /// 1 - largest free range / free bytes: 0 when the free space is one range (or none).
     pub fn fragmentation(&self) -> f64 {
         let free = self.free_bytes();
         if free == 0 {
@@ -196,11 +196,15 @@ impl Manager {
             stats.usage.live_buffers,
             human_bytes(stats.resource.reserved)
         );
+        // The largest block the pool could serve (a binned pool serves a slab's free slots to
+        // their own size only, so it may be less than the largest free range of the map).
+        let free = map.free_bytes();
+        let largest = stats.resource.largest_free.min(map.largest_free());
+        let fragmentation = if free == 0 { 0.0 } else { 1.0 - largest as f64 / free as f64 };
         text += &format!(
-            "  free in the pool: {}; largest free block: {}; fragmentation {:.2} (1 - largest free block / free bytes)\n",
-            human_bytes(map.free_bytes()),
-            human_bytes(map.largest_free()),
-            map.fragmentation()
+            "  free in the pool: {}; largest free block: {}; fragmentation {fragmentation:.2} (1 - largest free block / free bytes)\n",
+            human_bytes(free),
+            human_bytes(largest),
         );
         let mut holders: Vec<_> = map.segments.iter().filter(|s| s.state != SegmentState::Free).collect();
         holders.sort_by_key(|s| std::cmp::Reverse(s.requested));

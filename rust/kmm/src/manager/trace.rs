@@ -75,7 +75,8 @@ impl Action {
     }
 }
 
-/// One event. `bytes` is what the caller asked for (allocate, free, map, unmap, wrap, failure),
+/// One event. `extra` of `Tracer::record` is a move's old address and a failure's status.
+/// `bytes` is what the caller asked for (allocate, free, map, unmap, wrap, failure),
 /// the bytes moved (move) or the chunk's size (trim); `in_use` and `reserved` are the manager's
 /// figures for `kind` just after the event (other threads' events of that moment may be in
 /// them); `reserved` is `u64::MAX` where the manager does not count it (CUDA's own pool).
@@ -92,8 +93,10 @@ pub struct Record {
     pub stream: u64,
     /// The buffer's handle (0 for a trim, and for a failed allocation).
     pub buffer: u64,
-    /// A move's old address; a failed allocation's `KmmStatus`.
-    pub from: u64,
+    /// A move's old address (else 0).
+    pub moved_from: u64,
+    /// A failed allocation's `KmmStatus` (else 0).
+    pub status: u32,
     pub in_use: u64,
     pub reserved: u64,
 }
@@ -164,7 +167,7 @@ impl Tracer {
 
     /// Adds one record; its time, and the manager's figures, are read under the trace's lock.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn record(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, from: u64) {
+    pub(super) fn record(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
         let k = kind as usize;
         let thread = thread_id();
         let mut guard = self.store.lock();
@@ -179,7 +182,8 @@ impl Tracer {
             bytes,
             stream,
             buffer,
-            from,
+            moved_from: if action == Action::Move { extra } else { 0 },
+            status: if action == Action::AllocateFailure { extra as u32 } else { 0 },
             in_use: self.in_use[k].current(),
             reserved,
         };
@@ -300,7 +304,7 @@ fn tsc_rate() -> Option<f64> {
     })
 }
 
-/// The largest ring a trace may keep (each record is 88 bytes: 2^24 records are 1.4 GiB).
+/// The largest ring a trace may keep (each record is 96 bytes: 2^24 records are 1.5 GiB).
 pub(crate) const MAX_RING_RECORDS: usize = 1 << 24;
 
 /// The calling thread's id as the operating system knows it (what profilers and RMM's logs show).
