@@ -24,8 +24,10 @@ end
     KmmOutOfMemoryError
 
 An allocation of `bytes` failed with `KMM_ERROR_OUT_OF_MEMORY` even after Kmm.jl ran
-`GC.gc(false)`, `GC.gc(true)` and `trim!` and retried. `status` is the manager's
-`memory_status` at the time, shown with the error.
+`GC.gc(false)`, `GC.gc(true)` and `trim!` and retried. The message gives the request, the free
+space and the largest free block, the largest holders and what was tried. `status` is the
+manager's `memory_status` at the time, shown with the error; in a notebook, showing the caught
+error draws its memory map.
 """
 struct KmmOutOfMemoryError <: Exception
     bytes::Int

@@ -297,13 +297,16 @@ end
 """
     MemoryStatus
 
-What `memory_status` returns: the `device` and `pinned` counters (`LibKmm.KmmMemoryStats`)
-and the library's readable table (`text`), which is how it displays.
+What `memory_status` returns: the `device` and `pinned` counters (`LibKmm.KmmMemoryStats`),
+the library's readable table (`text`), which is how it displays as text, and its figures
+(`svg`: the device map, the pinned map when pinned memory is reserved, the memory timeline when
+the manager has a ring trace), which notebooks show with the table.
 """
 struct MemoryStatus
     device::LibKmm.KmmMemoryStats
     pinned::LibKmm.KmmMemoryStats
     text::String
+    svg::String
 end
 Base.show(io::IO, s::MemoryStatus) = print(io, s.text)
 Base.show(io::IO, ::MIME"text/plain", s::MemoryStatus) = print(io, s.text)
@@ -313,6 +316,8 @@ Base.show(io::IO, ::MIME"text/plain", s::MemoryStatus) = print(io, s.text)
 
 A readable table of the manager's memory: in use, reserved, peaks, counts and the largest free
 block, for device and pinned memory. Its fields hold the numbers (`memory_status(m).device.in_use`).
+In a notebook it also shows the memory maps and, while a ring trace exists (`Kmm.trace_start!`),
+the memory timeline.
 """
 function memory_status(m::KmmManager = default_manager())
     h = handle(m)
@@ -321,7 +326,7 @@ function memory_status(m::KmmManager = default_manager())
     buf = Vector{UInt8}(undef, needed[] + 64)
     LibKmm.kmm_manager_summary(h, buf, length(buf), needed)
     text = GC.@preserve buf unsafe_string(pointer(buf))
-    MemoryStatus(memory_stats(m, :device), memory_stats(m, :pinned), rstrip(text))
+    MemoryStatus(memory_stats(m, :device), memory_stats(m, :pinned), rstrip(text), figure_svg(m, :overview))
 end
 
 function Base.show(io::IO, m::KmmManager)
