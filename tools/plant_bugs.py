@@ -423,6 +423,31 @@ PLANTS = [
      "            if check_basis_first {\n",
      "            if false && check_basis_first {\n",
      ["qmri_compressed"]),
+    # Traces (issue 20). The RMM form writes a move as it is: RMM's parser refuses the row.
+    ("trace-rmm-form-keeps-moves", "rust/kmm/src/manager/csv.rs",
+     "                    line(out, r, Action::Free, old, 0)?;\n                    line(out, r, Action::Allocate, r.address, 0)\n",
+     "                    let _ = old;\n                    line(out, r, Action::Move, r.address, 0)\n",
+     ["observe"]),
+    # A compaction's move is not recorded: later frees name addresses no record gave.
+    ("trace-misses-moves", "rust/kmm/src/manager/lane.rs",
+     "        if let Some(t) = self.trace {\n            t.record(Action::Move,",
+     "        if let Some(t) = self.trace.filter(|_| false) {\n            t.record(Action::Move,",
+     ["observe"]),
+    # Chunks given back are not recorded (the trim's row).
+    ("trace-misses-trims", "rust/kmm/src/manager/mod.rs",
+     "                            t.record(trace::Action::Trim, kind, base, size, self.raw_stream(), 0, 0);\n",
+     "",
+     ["observe"]),
+    # A full ring stops taking records instead of dropping the oldest.
+    ("trace-ring-keeps-the-oldest", "rust/kmm/src/manager/trace.rs",
+     "                    records[*next] = record;\n",
+     "",
+     ["observe"]),
+    # The memory map shows mapped buffers as merely in use (they never move; the map must say so).
+    ("map-forgets-mapped-buffers", "rust/kmm/src/manager/observe.rs",
+     "let state = if mapped { SegmentState::Mapped } else { SegmentState::InUse };",
+     "let state = if mapped && false { SegmentState::Mapped } else { SegmentState::InUse };",
+     ["observe", "py:test_observe.py"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
