@@ -525,7 +525,9 @@ def main():
                     lib = os.path.join(env["CARGO_TARGET_DIR"], "release", "libkmm.so")
                     rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
                     if rc == 0:
-                        rc, out, dt = sh(f"python3 -m pytest -q -p no:warnings -p no:cacheprovider tests/{t[3:]}",
+                        # This interpreter (run the tool in the venv): a python3 without pytest
+                        # fails too, which is not the plant being caught.
+                        rc, out, dt = sh(f"{sys.executable} -m pytest -q -p no:warnings -p no:cacheprovider tests/{t[3:]}",
                                          os.path.join(wt, "python"), dict(env, KMM_LIBRARY=lib))
                 elif t.startswith("jl:"):
                     lib = os.path.join(env["CARGO_TARGET_DIR"], "release", "libkmm.so")
@@ -552,6 +554,8 @@ def main():
                     verdict = "PLANT DID NOT BUILD"
                 elif "no test target named" in out:
                     verdict = f"NO TEST BINARY {binary} at HEAD"
+                elif "No module named pytest" in out:
+                    verdict = "PYTEST MISSING (run the tool with the venv's python3)"
                 elif gpu_only and not a.gpu:
                     verdict = "needs GPU, not run here (plant builds)" if rc == 0 else "BUILD FAILED"
                 else:
