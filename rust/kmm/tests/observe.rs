@@ -111,6 +111,7 @@ fn a_full_ring_keeps_the_newest_records_oldest_first_and_counts_the_rest() {
 #[test]
 fn trims_failures_and_moves_are_recorded() {
     let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
         c.chunk_size = 2 << 20;
         c.hard_limit = 4 << 20;
         c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
@@ -313,6 +314,7 @@ fn replay_as_rmm(text: &str) -> (usize, usize) {
 #[test]
 fn the_rmm_form_is_what_rmm_replay_accepts_with_moves_as_free_and_allocate() {
     let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
         c.chunk_size = 2 << 20;
         c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
         c.compaction_ratio_pct = 100;
