@@ -78,7 +78,7 @@
 #define KMM_TRACE_DEFAULT_RECORDS 65536
 
 /**
- * The largest ring `kmm_manager_trace_start` makes (records of 88 bytes: 1.4 GiB).
+ * The largest ring `kmm_manager_trace_start` makes (records of 96 bytes: 1.5 GiB a ring).
  */
 #define KMM_TRACE_MAX_RECORDS 16777216
 
@@ -1482,8 +1482,10 @@ KmmStatus kmm_torch_live_allocations(uint64_t *out);
 /**
  * Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
  * manager (a trace already recording is stopped first; the last trace's records are dropped).
- * With `path` NULL the records go to a ring of the last `capacity` records (0: 65,536; at most
- * `KMM_TRACE_MAX_RECORDS`), read with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
+ * With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
+ * `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
+ * parallel (up to `capacity` x 96 bytes per lane in use), and one for the manager's own events;
+ * read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
  * written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
  * `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
  */
@@ -1500,9 +1502,9 @@ KmmStatus kmm_manager_trace_start(KmmManager manager,
 KmmStatus kmm_manager_trace_stop(KmmManager manager);
 
 /**
- * Copies the ring trace's records, oldest first, into `out` (`capacity` entries; the oldest
- * ones when it is too small), and writes how many it holds to `*count` and, when `dropped` is
- * not NULL, how many older ones the ring let go. `out` may be NULL when `capacity` is 0.
+ * Copies the ring trace's records, oldest first (the rings merged in time order), into `out`
+ * (`capacity` entries; the oldest ones when it is too small), and writes how many there are to
+ * `*count` and, when `dropped` is not NULL, how many older ones the rings let go. `out` may be NULL when `capacity` is 0.
  * `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace.
  */
 KmmStatus kmm_manager_trace_records(KmmManager manager,

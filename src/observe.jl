@@ -98,8 +98,9 @@ end
     Kmm.trace_start!(mgr = Kmm.default_manager(); capacity = 0, path = nothing, rmm_only = false)
 
 Records every allocation, free, map, unmap, move, trim and failed allocation of the manager:
-into a ring of the last `capacity` records (0 means 65,536; at most 2^24), read with `trace`
-and `save_trace`; or, with `path`, into that CSV file as the events happen (`rmm_only`: only
+into rings of the last `capacity` records (0 means 65,536; at most 2^24; one per lane of the
+manager, so threads record in parallel), read merged in time order with `trace` and
+`save_trace`; or, with `path`, into that CSV file as the events happen (`rmm_only`: only
 what RMM's replay benchmark reads). Replaces the manager's last trace. Off by default.
 """
 function trace_start!(m::KmmManager = default_manager(); capacity::Integer = 0, path = nothing,

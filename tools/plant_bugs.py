@@ -440,7 +440,7 @@ PLANTS = [
      ["observe"]),
     # A full ring stops taking records instead of dropping the oldest.
     ("trace-ring-keeps-the-oldest", "rust/kmm/src/manager/trace.rs",
-     "                    records[*next] = record;\n",
+     "            self.records[self.next] = record;\n",
      "",
      ["observe"]),
     # The memory map shows mapped buffers as merely in use (they never move; the map must say so).

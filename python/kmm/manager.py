@@ -194,10 +194,10 @@ class Manager:
         return MemoryMap(self._live(), KIND_NAMES[kind_code(kind)])
 
     def trace_start(self, capacity=0, path=None, rmm_only=False):
-        """Records every allocation, free, map, unmap, move, trim and failed allocation: into a
-        ring of the last `capacity` records (0: 65,536), or, with `path`, into that CSV file as
-        they happen (`rmm_only`: only what RMM's replay benchmark reads). Replaces the last
-        trace."""
+        """Records every allocation, free, map, unmap, move, trim and failed allocation: into
+        rings of the last `capacity` records (0: 65,536; one per lane of the manager, so threads
+        record in parallel), or, with `path`, into that CSV file as they happen (`rmm_only`: only
+        what RMM's replay benchmark reads). Replaces the last trace."""
         from .observe import trace_start
 
         trace_start(self._live(), capacity, path, rmm_only)

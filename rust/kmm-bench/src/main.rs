@@ -215,7 +215,9 @@ fn main() {
     for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 8x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
         let ops = trace(n, 1000, min, max, 42);
         // The default manager, then the same without compaction (its peer for what moving costs).
-        // Each run of a traced manager records every operation into a ring that holds them all.
+        // A traced manager records every operation into a ring of the default size (65,536
+        // records), or of KMM_BENCH_TRACE_CAPACITY records.
+        let capacity: u64 = std::env::var("KMM_BENCH_TRACE_CAPACITY").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
         let timed = |ratio_pct: Option<u32>, traced: bool| {
             let m = manager(backend, |c| {
                 if let Some(pct) = ratio_pct {
@@ -223,7 +225,7 @@ fn main() {
                 }
             });
             if traced {
-                ok(kmm::ffi::trace::kmm_manager_trace_start(m, 2 * n as u64, std::ptr::null(), 0));
+                ok(kmm::ffi::trace::kmm_manager_trace_start(m, capacity, std::ptr::null(), 0));
             }
             let mut kmm = KmmAlloc(m);
             run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be

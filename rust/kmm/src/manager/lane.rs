@@ -8,7 +8,7 @@ use super::cells::LaneCells;
 use super::config::{MemoryKind, MAX_BUFFER_BYTES};
 use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
-use super::trace::{Action, Tracer};
+use super::trace::{Action, LaneTrace};
 use crate::backend::{Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
@@ -113,7 +113,7 @@ pub struct State {
     /// costs one wait on a completed event at its first map.
     pub(super) fence_query_in: Option<u32>,
     /// The manager's trace while one records (see `trace`).
-    pub(super) trace: Option<Arc<Tracer>>,
+    pub(super) trace: Option<LaneTrace>,
 }
 
 /// Device allocations between two queries of the moves' fence.
@@ -140,7 +140,7 @@ struct LaneCaller<'a> {
     /// The pool asked `may_grow` and was told no.
     declined: bool,
     moved: usize,
-    trace: Option<&'a Tracer>,
+    trace: Option<&'a mut LaneTrace>,
 }
 
 impl Relocator for LaneCaller<'_> {
@@ -222,8 +222,9 @@ impl Relocator for LaneCaller<'_> {
         record.users.insert(self.home);
         record.settling = true;
         self.moved += 1;
-        if let Some(t) = self.trace {
-            t.record(Action::Move, MemoryKind::Device, r.to.addr, record.bytes, self.home, self.buffers.handle_at(r.owner), r.from.addr);
+        let bytes = record.bytes;
+        if let Some(t) = self.trace.as_deref_mut() {
+            t.record(Action::Move, MemoryKind::Device, r.to.addr, bytes, self.home, self.buffers.handle_at(r.owner), r.from.addr);
         }
         Ok(())
     }
@@ -267,7 +268,7 @@ impl State {
             in_use_here: self.usage[k].in_use,
             declined: false,
             moved: 0,
-            trace: self.trace.as_deref(),
+            trace: self.trace.as_mut(),
         };
         let allocated = self.resources[k].allocate(bytes, owner, &mut caller);
         let declined = caller.declined;
@@ -302,7 +303,7 @@ impl State {
     pub(super) fn insert_traced(&mut self, action: Action, record: BufferRecord, stream: u64) -> Result<u64> {
         let (kind, addr, bytes) = (record.kind, record.addr, record.bytes);
         let handle = self.insert_buffer(record)?;
-        if let Some(t) = &self.trace {
+        if let Some(t) = &mut self.trace {
             t.record(action, kind, addr, bytes, stream, handle, 0);
         }
         Ok(handle)
@@ -393,7 +394,7 @@ impl State {
         let k = record.kind as usize;
         self.usage[k].on_free(record.bytes);
         self.in_use[k].sub(record.bytes);
-        if let Some(t) = &self.trace {
+        if let Some(t) = &mut self.trace {
             t.record(Action::Free, record.kind, record.addr, record.bytes, self.home, handle, 0);
         }
         match record.origin {
@@ -432,7 +433,7 @@ impl State {
         if wait.is_none() {
             r.settling = false;
         }
-        if let Some(t) = &self.trace {
+        if let Some(t) = &mut self.trace {
             t.record(Action::Map, r.kind, r.addr, r.bytes, self.home, handle, 0);
         }
         Ok((r.addr, wait))
@@ -451,7 +452,7 @@ impl State {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
         }
         r.pins -= 1;
-        if let Some(t) = &self.trace {
+        if let Some(t) = &mut self.trace {
             t.record(Action::Unmap, r.kind, r.addr, r.bytes, self.home, handle, 0);
         }
         Ok(())

@@ -2,7 +2,7 @@
 //! time), a map of every chunk and block, and an out-of-memory error that explains itself.
 
 use super::lane::Origin;
-use super::trace::{Record, Sink, TraceCounts, Tracer};
+use super::trace::{LaneTrace, Record, Sink, TraceCounts, Tracer};
 use super::{human_bytes, AllocMode, Manager, MemoryKind};
 use crate::error::{lock, Result};
 use crate::pool::ResourceCounters;
@@ -86,7 +86,7 @@ impl Manager {
         let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool)?);
         let mut slot = lock(&self.trace);
         for lane in self.lanes() {
-            self.lane(lane).trace = Some(tracer.clone());
+            self.lane(lane).trace = Some(LaneTrace::new(&tracer));
         }
         *slot = TraceSlot { tracer: Some(tracer), recording: true };
         Ok(())
@@ -100,7 +100,9 @@ impl Manager {
             return Ok(());
         }
         for lane in self.lanes() {
-            self.lane(lane).trace = None;
+            if let Some(lane_trace) = self.lane(lane).trace.take() {
+                lane_trace.stop();
+            }
         }
         slot.recording = false;
         let tracer = slot.tracer.clone().expect("a recording trace is kept");
@@ -116,7 +118,13 @@ impl Manager {
     pub fn trace_records(&self) -> Option<(Vec<Record>, TraceCounts, bool)> {
         let slot = lock(&self.trace);
         let tracer = slot.tracer.as_ref().filter(|t| t.is_ring())?;
-        let (records, counts) = tracer.records();
+        let (mut live, mut counts) = (Vec::new(), TraceCounts::default());
+        for lane in self.lanes() {
+            if let Some(ring) = self.lane(lane).trace.as_ref().and_then(LaneTrace::ring) {
+                ring.collect(&mut live, &mut counts);
+            }
+        }
+        let (records, counts) = tracer.records(live, counts);
         Some((records, counts, slot.recording))
     }
 

@@ -1,8 +1,8 @@
 //! A manager's allocation trace: off by default; once started, every allocation, free, map,
-//! unmap, move, trim and failed allocation becomes one record, in a bounded ring (the default)
+//! unmap, move, trim and failed allocation becomes one record, in bounded rings (the default)
 //! or a CSV file written as the events happen. A record is made under the lock of the lane whose
-//! state the event changed, so for each address the records come in the order the events
-//! happened; records of one trace are ordered by one lock, and their times come from inside it.
+//! state the event changed, with a time from one clock for all threads: for each address the
+//! records come in the order the events happened, and reading merges the lanes' rings by time.
 //! With the trace off an event costs one test of a field its lane already holds.
 
 use super::csv;
@@ -103,21 +103,70 @@ pub struct Record {
 
 /// Where records go.
 pub enum Sink {
-    /// The last `capacity` records; older ones are dropped (and counted).
+    /// A ring per lane (and one for the manager's own events), each keeping its last `capacity`
+    /// records; older ones are dropped (and counted).
     Ring { capacity: usize },
     /// A CSV file written as events happen (see `csv`).
     File { path: std::path::PathBuf, rmm_only: bool },
 }
 
-enum Store {
-    Ring { records: Vec<Record>, next: usize, capacity: usize },
-    File { out: BufWriter<File>, writer: csv::Writer, failed: Option<String> },
+/// The last records of one lane (or of the manager's own events).
+#[derive(Default)]
+pub(super) struct Ring {
+    records: Vec<Record>,
+    next: usize,
+    capacity: usize,
+    counts: TraceCounts,
 }
 
-/// A started trace; lanes hold it while it records.
+impl Ring {
+    fn new(capacity: usize) -> Ring {
+        Ring { capacity, ..Ring::default() }
+    }
+
+    fn push(&mut self, record: Record) {
+        self.counts.recorded += 1;
+        if self.records.len() < self.capacity {
+            self.records.push(record);
+        } else {
+            self.records[self.next] = record;
+            self.counts.dropped += 1;
+        }
+        // A compare, not a division: this runs on every traced operation.
+        self.next += 1;
+        if self.next == self.capacity {
+            self.next = 0;
+        }
+    }
+
+    /// Adds its records, oldest first, to `out` (as one more ring) and its counts to `counts`.
+    pub(super) fn collect(&self, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
+        // A full ring's oldest record is where the next one goes.
+        let start = if self.records.len() == self.capacity { self.next } else { 0 };
+        let mut records = self.records[start..].to_vec();
+        records.extend_from_slice(&self.records[..start]);
+        out.push(records);
+        counts.recorded += self.counts.recorded;
+        counts.dropped += self.counts.dropped;
+    }
+}
+
+struct FileStore {
+    out: BufWriter<File>,
+    writer: csv::Writer,
+    failed: Option<String>,
+}
+
+/// A started trace, shared by the manager's lanes. A ring trace gives each lane a ring of its
+/// own (`LaneTrace`), written under the lane's lock: threads that share a manager record in
+/// parallel, and a record takes no lock of its own. A file trace writes under one lock.
 pub struct Tracer {
     clock: Clock,
-    store: Mutex<(Store, TraceCounts)>,
+    capacity: usize,
+    file: Option<Mutex<FileStore>>,
+    /// The manager's own events (trims, failed allocations), and the rings of lanes the trace
+    /// stopped recording in.
+    kept: Mutex<(Ring, Vec<Ring>)>,
     in_use: Arc<[Gauge; 2]>,
     limits: [Arc<Limit>; 2],
     /// Device memory comes from CUDA's pool, which counts its own reservation.
@@ -131,6 +180,39 @@ pub struct TraceCounts {
     pub dropped: u64,
 }
 
+/// What a lane holds while a trace records: the trace, and the lane's ring (a ring trace).
+pub(super) struct LaneTrace {
+    tracer: Arc<Tracer>,
+    ring: Option<Ring>,
+}
+
+impl LaneTrace {
+    pub(super) fn new(tracer: &Arc<Tracer>) -> LaneTrace {
+        let ring = tracer.file.is_none().then(|| Ring::new(tracer.capacity));
+        LaneTrace { tracer: tracer.clone(), ring }
+    }
+
+    /// Adds a record of an event of this lane (its lock is held).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record(&mut self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
+        match &mut self.ring {
+            Some(ring) => ring.push(self.tracer.make(action, kind, address, bytes, stream, buffer, extra)),
+            None => self.tracer.record(action, kind, address, bytes, stream, buffer, extra),
+        }
+    }
+
+    /// Ends the lane's part in the trace; its ring stays readable with the trace.
+    pub(super) fn stop(self) {
+        if let Some(ring) = self.ring {
+            self.tracer.kept.lock().1.push(ring);
+        }
+    }
+
+    pub(super) fn ring(&self) -> Option<&Ring> {
+        self.ring.as_ref()
+    }
+}
+
 impl Tracer {
     pub(super) fn start(
         sink: Sink,
@@ -138,12 +220,12 @@ impl Tracer {
         limits: [Arc<Limit>; 2],
         device_reserve_uncounted: bool,
     ) -> Result<Tracer> {
-        let store = match sink {
+        let (capacity, file) = match sink {
             Sink::Ring { capacity } => {
                 if capacity == 0 || capacity > MAX_RING_RECORDS {
                     fail!(KMM_ERROR_INVALID_ARGUMENT, "capacity = {capacity} records must be in 1..={MAX_RING_RECORDS}");
                 }
-                Store::Ring { records: Vec::with_capacity(capacity.min(1 << 16)), next: 0, capacity }
+                (capacity, None)
             }
             Sink::File { path, rmm_only } => {
                 let file = File::create(&path)
@@ -153,29 +235,29 @@ impl Tracer {
                 writer
                     .header(&mut out)
                     .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot write the trace file: {e}", path.display()))?;
-                Store::File { out, writer, failed: None }
+                (0, Some(Mutex::new(FileStore { out, writer, failed: None })))
             }
         };
         Ok(Tracer {
             clock: Clock::start(),
-            store: Mutex::new((store, TraceCounts::default())),
+            capacity,
+            file,
+            kept: Mutex::new((Ring::new(capacity.max(1)), Vec::new())),
             in_use,
             limits,
             device_reserve_uncounted,
         })
     }
 
-    /// Adds one record; its time, and the manager's figures, are read under the trace's lock.
+    /// A record of an event now, with the manager's figures after it.
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn record(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
+    #[inline]
+    fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Record {
         let k = kind as usize;
-        let thread = thread_id();
-        let mut guard = self.store.lock();
-        let (store, counts) = &mut *guard;
         let reserved = if k == 0 && self.device_reserve_uncounted { u64::MAX } else { self.limits[k].used().current() };
-        let record = Record {
+        Record {
             time_ns: self.clock.elapsed_ns(),
-            thread,
+            thread: thread_id(),
             action: action as u32,
             kind: k as u32,
             address,
@@ -186,56 +268,50 @@ impl Tracer {
             status: if action == Action::AllocateFailure { extra as u32 } else { 0 },
             in_use: self.in_use[k].current(),
             reserved,
-        };
-        counts.recorded += 1;
-        match store {
-            Store::Ring { records, next, capacity } => {
-                if records.len() < *capacity {
-                    records.push(record);
-                } else {
-                    records[*next] = record;
-                    counts.dropped += 1;
-                }
-                // A compare, not a division: this runs on every traced operation.
-                *next += 1;
-                if *next == *capacity {
-                    *next = 0;
-                }
-            }
-            Store::File { out, writer, failed } => {
+        }
+    }
+
+    /// Adds a record of an event of the manager's own (no lane's lock held), or of any event of
+    /// a file trace; the time is read under the lock, so file rows come in time order.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn record(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
+        match &self.file {
+            Some(file) => {
+                let mut f = file.lock();
+                let record = self.make(action, kind, address, bytes, stream, buffer, extra);
+                let FileStore { out, writer, failed } = &mut *f;
                 if failed.is_none() {
                     if let Err(e) = writer.row(out, &record) {
                         *failed = Some(e.to_string());
                     }
                 }
             }
+            None => {
+                let mut kept = self.kept.lock();
+                let record = self.make(action, kind, address, bytes, stream, buffer, extra);
+                kept.0.push(record);
+            }
         }
     }
 
-    /// The ring's records, oldest first (none for a file trace), and the counts.
-    pub fn records(&self) -> (Vec<Record>, TraceCounts) {
-        let guard = self.store.lock();
-        let (store, counts) = &*guard;
-        let records = match store {
-            Store::Ring { records, next, capacity } if records.len() == *capacity => {
-                let mut v = records[*next..].to_vec();
-                v.extend_from_slice(&records[..*next]);
-                v
-            }
-            Store::Ring { records, .. } => records.clone(),
-            Store::File { .. } => Vec::new(),
-        };
-        (records, *counts)
+    /// The records of the lanes still recording (`out`, `counts`: see `Ring::collect`) with
+    /// those of every ring the trace keeps, merged in time order.
+    pub(super) fn records(&self, mut rings: Vec<Vec<Record>>, mut counts: TraceCounts) -> (Vec<Record>, TraceCounts) {
+        let kept = self.kept.lock();
+        for ring in std::iter::once(&kept.0).chain(kept.1.iter()) {
+            ring.collect(&mut rings, &mut counts);
+        }
+        (merge(rings), counts)
     }
 
     /// Flushes a file trace; the first write error, if any, names the file's problem.
     pub(super) fn finish(&self) -> Result<()> {
-        let mut guard = self.store.lock();
-        if let Store::File { out, failed, .. } = &mut guard.0 {
-            if let Err(e) = out.flush() {
-                failed.get_or_insert(e.to_string());
+        if let Some(file) = &self.file {
+            let mut f = file.lock();
+            if let Err(e) = f.out.flush() {
+                f.failed.get_or_insert(e.to_string());
             }
-            if let Some(e) = failed.take() {
+            if let Some(e) = f.failed.take() {
                 fail!(KMM_ERROR_INTERNAL, "writing the trace file failed: {e}");
             }
         }
@@ -243,7 +319,22 @@ impl Tracer {
     }
 
     pub fn is_ring(&self) -> bool {
-        matches!(self.store.lock().0, Store::Ring { .. })
+        self.file.is_none()
+    }
+}
+
+/// Rings merged by time, each ring's records kept in the order it made them (those of one lane
+/// are ordered by its lock, whatever clock skew between cores the time-stamp counter has).
+fn merge(rings: Vec<Vec<Record>>) -> Vec<Record> {
+    let mut heads = vec![0usize; rings.len()];
+    let mut out = Vec::with_capacity(rings.iter().map(Vec::len).sum());
+    loop {
+        let next = (0..rings.len()).filter(|&i| heads[i] < rings[i].len()).min_by_key(|&i| (rings[i][heads[i]].time_ns, i));
+        let Some(i) = next else {
+            return out;
+        };
+        out.push(rings[i][heads[i]]);
+        heads[i] += 1;
     }
 }
 
