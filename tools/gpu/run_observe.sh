@@ -22,3 +22,5 @@ done
 for trace in .gpu/traces/*.csv; do
   echo "== replay $trace"; .gpu/replay "$trace" --repeat 5
 done
+echo "== python test_observe.py on CUDA"
+PYTHONPATH=python KMM_LIBRARY=$PWD/.gpu/libkmm.so KMM_TEST_BACKEND=cuda python3 -m pytest -q -p no:cacheprovider python/tests/test_observe.py 2>&1 | tail -3
