@@ -215,18 +215,15 @@ fn main() {
     for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 8x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
         let ops = trace(n, 1000, min, max, 42);
         // The default manager, then the same without compaction (its peer for what moving costs).
-        // A traced manager records every operation into a ring of the default size (65,536
+        // A traced manager records every operation into rings of the default size (65,536
         // records), or of KMM_BENCH_TRACE_CAPACITY records.
         let capacity: u64 = std::env::var("KMM_BENCH_TRACE_CAPACITY").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-        let timed = |ratio_pct: Option<u32>, traced: bool| {
+        let timed = |ratio_pct: Option<u32>| {
             let m = manager(backend, |c| {
                 if let Some(pct) = ratio_pct {
                     c.compaction_ratio_pct = pct;
                 }
             });
-            if traced {
-                ok(kmm::ffi::trace::kmm_manager_trace_start(m, capacity, std::ptr::null(), 0));
-            }
             let mut kmm = KmmAlloc(m);
             run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be
             ok(kmm_manager_reset_peaks(m));
@@ -235,12 +232,25 @@ fn main() {
             ok(kmm_manager_destroy(m, 0));
             (ns, s)
         };
-        let (kmm_ns, s) = timed(None, false);
+        let (kmm_ns, s) = timed(None);
         r.row(&format!("trace {name}: Kmm pool (C ABI)"), format!("{kmm_ns:.1} ns/op"), target);
-        let (traced_ns, _) = timed(None, true);
+        // Tracing's cost: one manager runs the trace with its trace off and recording to a ring,
+        // alternately, so that the machine's drift between runs cancels in each pair.
+        let m = manager(backend, |_| {});
+        let mut kmm = KmmAlloc(m);
+        run(&ops, &mut kmm);
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for _ in 0..7 {
+            off.push(run(&ops, &mut kmm));
+            ok(kmm::ffi::trace::kmm_manager_trace_start(m, capacity, std::ptr::null(), 0));
+            on.push(run(&ops, &mut kmm));
+            ok(kmm::ffi::trace::kmm_manager_trace_stop(m));
+        }
+        ok(kmm_manager_destroy(m, 0));
+        let added = median(off.iter().zip(&on).map(|(a, b)| b - a).collect());
         r.row(
             &format!("trace {name}: Kmm pool, recording a ring trace"),
-            format!("{traced_ns:.1} ns/op ({:+.1} ns per operation)", traced_ns - kmm_ns),
+            format!("{:.1} ns/op, {:.1} with the trace off: {added:+.1} ns per operation (median of 7 pairs)", median(on), median(off)),
             "<= 50 ns added",
         );
         if name == "R" {
@@ -261,7 +271,7 @@ fn main() {
                 ),
                 "",
             );
-            let (still_ns, still) = timed(Some(0), false);
+            let (still_ns, still) = timed(Some(0));
             r.row(
                 "trace R: Kmm pool without compaction (compaction_ratio_pct = 0)",
                 format!("{still_ns:.1} ns/op ({:.2}x the default's time), peak reserved / in use {:.3}", kmm_ns / still_ns, frag(&still)),

@@ -120,8 +120,8 @@ impl Manager {
         let tracer = slot.tracer.as_ref().filter(|t| t.is_ring())?;
         let (mut live, mut counts) = (Vec::new(), TraceCounts::default());
         for lane in self.lanes() {
-            if let Some(ring) = self.lane(lane).trace.as_ref().and_then(LaneTrace::ring) {
-                ring.collect(&mut live, &mut counts);
+            if let Some(lane_trace) = &self.lane(lane).trace {
+                lane_trace.collect(&mut live, &mut counts);
             }
         }
         let (records, counts) = tracer.records(live, counts);

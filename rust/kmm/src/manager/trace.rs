@@ -124,6 +124,7 @@ impl Ring {
         Ring { capacity, ..Ring::default() }
     }
 
+    #[inline]
     fn push(&mut self, record: Record) {
         self.counts.recorded += 1;
         if self.records.len() < self.capacity {
@@ -139,12 +140,16 @@ impl Ring {
         }
     }
 
-    /// Adds its records, oldest first, to `out` (as one more ring) and its counts to `counts`.
-    pub(super) fn collect(&self, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
+    /// Adds its records, oldest first, to `out` (as one more ring), their times in nanoseconds
+    /// (a ring keeps the clock's raw reading), and its counts to `counts`.
+    fn collect(&self, clock: &Clock, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
         // A full ring's oldest record is where the next one goes.
         let start = if self.records.len() == self.capacity { self.next } else { 0 };
         let mut records = self.records[start..].to_vec();
         records.extend_from_slice(&self.records[..start]);
+        for r in &mut records {
+            r.time_ns = clock.to_ns(r.time_ns);
+        }
         out.push(records);
         counts.recorded += self.counts.recorded;
         counts.dropped += self.counts.dropped;
@@ -194,6 +199,7 @@ impl LaneTrace {
 
     /// Adds a record of an event of this lane (its lock is held).
     #[allow(clippy::too_many_arguments)]
+    #[inline]
     pub(super) fn record(&mut self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
         match &mut self.ring {
             Some(ring) => ring.push(self.tracer.make(action, kind, address, bytes, stream, buffer, extra)),
@@ -208,8 +214,11 @@ impl LaneTrace {
         }
     }
 
-    pub(super) fn ring(&self) -> Option<&Ring> {
-        self.ring.as_ref()
+    /// Adds the lane's ring, if it has one (see `Ring::collect`).
+    pub(super) fn collect(&self, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
+        if let Some(ring) = &self.ring {
+            ring.collect(&self.tracer.clock, out, counts);
+        }
     }
 }
 
@@ -249,14 +258,15 @@ impl Tracer {
         })
     }
 
-    /// A record of an event now, with the manager's figures after it.
+    /// A record of an event now, with the manager's figures after it; its time is the clock's
+    /// raw reading (see `Clock`).
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Record {
         let k = kind as usize;
         let reserved = if k == 0 && self.device_reserve_uncounted { u64::MAX } else { self.limits[k].used().current() };
         Record {
-            time_ns: self.clock.elapsed_ns(),
+            time_ns: self.clock.now(),
             thread: thread_id(),
             action: action as u32,
             kind: k as u32,
@@ -278,7 +288,8 @@ impl Tracer {
         match &self.file {
             Some(file) => {
                 let mut f = file.lock();
-                let record = self.make(action, kind, address, bytes, stream, buffer, extra);
+                let mut record = self.make(action, kind, address, bytes, stream, buffer, extra);
+                record.time_ns = self.clock.to_ns(record.time_ns);
                 let FileStore { out, writer, failed } = &mut *f;
                 if failed.is_none() {
                     if let Err(e) = writer.row(out, &record) {
@@ -299,7 +310,7 @@ impl Tracer {
     pub(super) fn records(&self, mut rings: Vec<Vec<Record>>, mut counts: TraceCounts) -> (Vec<Record>, TraceCounts) {
         let kept = self.kept.lock();
         for ring in std::iter::once(&kept.0).chain(kept.1.iter()) {
-            ring.collect(&mut rings, &mut counts);
+            ring.collect(&self.clock, &mut rings, &mut counts);
         }
         (merge(rings), counts)
     }
@@ -341,7 +352,8 @@ fn merge(rings: Vec<Vec<Record>>) -> Vec<Record> {
 /// Time since a trace started. Where the processor's time-stamp counter runs at one rate on
 /// every core whatever the power state (Linux on x86-64 with `constant_tsc` and `nonstop_tsc`),
 /// it is read directly: a read costs a third of the system clock's (11 ns against 30 ns on the
-/// build machine), and a traced operation reads it once.
+/// build machine), and a traced operation reads it once. Readings are kept raw (ticks) and
+/// turned into nanoseconds when read.
 struct Clock {
     start: Instant,
     tsc: Option<(u64, f64)>,
@@ -353,10 +365,18 @@ impl Clock {
         Clock { start: Instant::now(), tsc }
     }
 
-    fn elapsed_ns(&self) -> u64 {
+    #[inline]
+    fn now(&self) -> u64 {
         match self.tsc {
-            Some((start, ns_per_tick)) => (read_tsc().wrapping_sub(start) as f64 * ns_per_tick) as u64,
+            Some((start, _)) => read_tsc().wrapping_sub(start),
             None => self.start.elapsed().as_nanos() as u64,
+        }
+    }
+
+    fn to_ns(&self, raw: u64) -> u64 {
+        match self.tsc {
+            Some((_, ns_per_tick)) => (raw as f64 * ns_per_tick) as u64,
+            None => raw,
         }
     }
 }
