@@ -181,43 +181,6 @@ typedef uint32_t KmmStatus;
 #endif // __cplusplus
 
 /**
- * What a record says happened. The first three are RMM's actions (its logging adaptor's names).
- */
-enum Action
-#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
-  : uint32_t
-#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
- {
-  Allocate = 0,
-  Free = 1,
-  /**
-   * An allocation the caller saw fail (out of memory after every rung, or a bad request).
-   */
-  AllocateFailure = 2,
-  Map = 3,
-  Unmap = 4,
-  /**
-   * Compaction moved an unmapped buffer: `address` is its new place, `from` the old one.
-   */
-  Move = 5,
-  /**
-   * A free chunk went back to the device (or the host's pinned memory).
-   */
-  Trim = 6,
-  /**
-   * Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
-   */
-  Wrap = 7,
-};
-#ifndef __cplusplus
-#if __STDC_VERSION__ >= 202311L
-typedef enum Action Action;
-#else
-typedef uint32_t Action;
-#endif // __STDC_VERSION__ >= 202311L
-#endif // __cplusplus
-
-/**
  * Which backend a manager runs on (`KmmConfig.backend`).
  */
 enum KmmBackend
@@ -408,6 +371,100 @@ enum KmmArgKind
 typedef enum KmmArgKind KmmArgKind;
 #else
 typedef uint32_t KmmArgKind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * What a trace record says happened (`KmmTraceRecord.action`).
+ */
+enum KmmTraceAction
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  KMM_TRACE_ALLOCATE = 0,
+  KMM_TRACE_FREE = 1,
+  /**
+   * An allocation that failed; `status` holds its `KmmStatus`.
+   */
+  KMM_TRACE_ALLOCATE_FAILURE = 2,
+  KMM_TRACE_MAP = 3,
+  KMM_TRACE_UNMAP = 4,
+  /**
+   * Compaction moved an unmapped buffer from `moved_from` to `address`.
+   */
+  KMM_TRACE_MOVE = 5,
+  /**
+   * A free chunk of `bytes` at `address` went back to the device (or the host).
+   */
+  KMM_TRACE_TRIM = 6,
+  /**
+   * Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
+   */
+  KMM_TRACE_WRAP = 7,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum KmmTraceAction KmmTraceAction;
+#else
+typedef uint32_t KmmTraceAction;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * What a stretch of a chunk holds (`KmmMapSegment.state`).
+ */
+enum KmmSegmentState
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  KMM_SEGMENT_FREE = 0,
+  KMM_SEGMENT_IN_USE = 1,
+  /**
+   * In use and mapped: its address is out, so it never moves.
+   */
+  KMM_SEGMENT_MAPPED = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum KmmSegmentState KmmSegmentState;
+#else
+typedef uint32_t KmmSegmentState;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Which figure `kmm_manager_figure_svg` draws.
+ */
+enum KmmFigure
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * The device memory map: each chunk a row, blocks coloured free, in use and mapped.
+   */
+  KMM_FIGURE_DEVICE_MAP = 0,
+  /**
+   * The same for pinned host memory.
+   */
+  KMM_FIGURE_PINNED_MAP = 1,
+  /**
+   * Bytes in use and reserved over time, per kind, from the ring trace.
+   */
+  KMM_FIGURE_TIMELINE = 2,
+  /**
+   * What a status shows: the device map, the pinned map when pinned memory is reserved, and
+   * the timeline when the manager has a ring trace.
+   */
+  KMM_FIGURE_OVERVIEW = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum KmmFigure KmmFigure;
+#else
+typedef uint32_t KmmFigure;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -848,8 +905,6 @@ typedef struct {
    */
   uint64_t requested;
 } KmmMapSegment;
-
-#define Action_ALL { Allocate, Free, AllocateFailure, Map, Unmap, Move, Trim, Wrap, }
 
 
 

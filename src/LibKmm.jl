@@ -109,19 +109,6 @@ const KMM_ERROR_COMPILE = UInt32(4004)
 const KMM_ERROR_INTERNAL = UInt32(9001)
 
 """
-What a record says happened. The first three are RMM's actions (its logging adaptor's names).
-"""
-const Action = UInt32
-const Allocate = UInt32(0)
-const Free = UInt32(1)
-const AllocateFailure = UInt32(2)
-const Map = UInt32(3)
-const Unmap = UInt32(4)
-const Move = UInt32(5)
-const Trim = UInt32(6)
-const Wrap = UInt32(7)
-
-"""
 Which backend a manager runs on (`KmmConfig.backend`).
 """
 const KmmBackend = UInt32
@@ -171,6 +158,36 @@ const KMM_ARG_F32 = UInt32(3)
 const KMM_ARG_F64 = UInt32(4)
 const KMM_ARG_U64 = UInt32(5)
 const KMM_ARG_U32 = UInt32(6)
+
+"""
+What a trace record says happened (`KmmTraceRecord.action`).
+"""
+const KmmTraceAction = UInt32
+const KMM_TRACE_ALLOCATE = UInt32(0)
+const KMM_TRACE_FREE = UInt32(1)
+const KMM_TRACE_ALLOCATE_FAILURE = UInt32(2)
+const KMM_TRACE_MAP = UInt32(3)
+const KMM_TRACE_UNMAP = UInt32(4)
+const KMM_TRACE_MOVE = UInt32(5)
+const KMM_TRACE_TRIM = UInt32(6)
+const KMM_TRACE_WRAP = UInt32(7)
+
+"""
+What a stretch of a chunk holds (`KmmMapSegment.state`).
+"""
+const KmmSegmentState = UInt32
+const KMM_SEGMENT_FREE = UInt32(0)
+const KMM_SEGMENT_IN_USE = UInt32(1)
+const KMM_SEGMENT_MAPPED = UInt32(2)
+
+"""
+Which figure `kmm_manager_figure_svg` draws.
+"""
+const KmmFigure = UInt32
+const KMM_FIGURE_DEVICE_MAP = UInt32(0)
+const KMM_FIGURE_PINNED_MAP = UInt32(1)
+const KMM_FIGURE_TIMELINE = UInt32(2)
+const KMM_FIGURE_OVERVIEW = UInt32(3)
 
 # handle types
 """

@@ -43,16 +43,6 @@ KMM_ERROR_NOT_SUPPORTED = 4003
 KMM_ERROR_COMPILE = 4004
 KMM_ERROR_INTERNAL = 9001
 
-Action = c_uint32
-Allocate = 0
-Free = 1
-AllocateFailure = 2
-Map = 3
-Unmap = 4
-Move = 5
-Trim = 6
-Wrap = 7
-
 KmmBackend = c_uint32
 KMM_BACKEND_AUTO = 0
 KMM_BACKEND_HOST = 1
@@ -85,6 +75,27 @@ KMM_ARG_F32 = 3
 KMM_ARG_F64 = 4
 KMM_ARG_U64 = 5
 KMM_ARG_U32 = 6
+
+KmmTraceAction = c_uint32
+KMM_TRACE_ALLOCATE = 0
+KMM_TRACE_FREE = 1
+KMM_TRACE_ALLOCATE_FAILURE = 2
+KMM_TRACE_MAP = 3
+KMM_TRACE_UNMAP = 4
+KMM_TRACE_MOVE = 5
+KMM_TRACE_TRIM = 6
+KMM_TRACE_WRAP = 7
+
+KmmSegmentState = c_uint32
+KMM_SEGMENT_FREE = 0
+KMM_SEGMENT_IN_USE = 1
+KMM_SEGMENT_MAPPED = 2
+
+KmmFigure = c_uint32
+KMM_FIGURE_DEVICE_MAP = 0
+KMM_FIGURE_PINNED_MAP = 1
+KMM_FIGURE_TIMELINE = 2
+KMM_FIGURE_OVERVIEW = 3
 
 # handle and callback types
 KmmManager = c_uint64
@@ -254,8 +265,6 @@ ENUMS = {
         2003: "KMM_ERROR_WRONG_KIND", 3001: "KMM_ERROR_OUT_OF_MEMORY",
         4001: "KMM_ERROR_BACKEND_UNAVAILABLE", 4002: "KMM_ERROR_BACKEND",
         4003: "KMM_ERROR_NOT_SUPPORTED", 4004: "KMM_ERROR_COMPILE", 9001: "KMM_ERROR_INTERNAL"},
-    "Action": {0: "Allocate", 1: "Free", 2: "AllocateFailure", 3: "Map", 4: "Unmap", 5: "Move",
-        6: "Trim", 7: "Wrap"},
     "KmmBackend": {0: "KMM_BACKEND_AUTO", 1: "KMM_BACKEND_HOST", 2: "KMM_BACKEND_CUDA"},
     "KmmAllocMode": {0: "KMM_ALLOC_POOL", 1: "KMM_ALLOC_CUDA_ASYNC", 2: "KMM_ALLOC_DIRECT"},
     "KmmSuballocator": {0: "KMM_SUBALLOC_BINNED", 1: "KMM_SUBALLOC_HEAP", 2: "KMM_SUBALLOC_FIXED",
@@ -264,6 +273,12 @@ ENUMS = {
     "KmmOwnership": {0: "KMM_BORROW", 1: "KMM_ADOPT"},
     "KmmArgKind": {0: "KMM_ARG_BUFFER", 1: "KMM_ARG_I32", 2: "KMM_ARG_I64", 3: "KMM_ARG_F32",
         4: "KMM_ARG_F64", 5: "KMM_ARG_U64", 6: "KMM_ARG_U32"},
+    "KmmTraceAction": {0: "KMM_TRACE_ALLOCATE", 1: "KMM_TRACE_FREE",
+        2: "KMM_TRACE_ALLOCATE_FAILURE", 3: "KMM_TRACE_MAP", 4: "KMM_TRACE_UNMAP",
+        5: "KMM_TRACE_MOVE", 6: "KMM_TRACE_TRIM", 7: "KMM_TRACE_WRAP"},
+    "KmmSegmentState": {0: "KMM_SEGMENT_FREE", 1: "KMM_SEGMENT_IN_USE", 2: "KMM_SEGMENT_MAPPED"},
+    "KmmFigure": {0: "KMM_FIGURE_DEVICE_MAP", 1: "KMM_FIGURE_PINNED_MAP", 2: "KMM_FIGURE_TIMELINE",
+        3: "KMM_FIGURE_OVERVIEW"},
 }
 
 #: Every struct of the header, by name.

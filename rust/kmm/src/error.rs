@@ -91,6 +91,11 @@ impl KmmStatus {
         Self::ALL.iter().copied().find(|s| *s as u32 == value)
     }
 
+    /// The status of a name ("KMM_ERROR_OUT_OF_MEMORY"), as `name` gives it.
+    pub fn from_name(name: &str) -> Option<KmmStatus> {
+        Self::ALL.iter().copied().find(|s| s.name().to_str() == Ok(name))
+    }
+
     pub fn name(self) -> &'static std::ffi::CStr {
         use KmmStatus::*;
         match self {

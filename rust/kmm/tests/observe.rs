@@ -363,8 +363,17 @@ fn threads_sharing_a_traced_manager_leave_a_consistent_trace() {
     let m = pool_manager();
     ok(kmm_manager_trace_start(m.0, 1 << 20, std::ptr::null(), 0));
     let handle = m.0;
+    let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
-        for t in 0..8u64 {
+        // Trims give free chunks back while the others allocate: a trim is recorded before any
+        // later allocation at its address.
+        let stop = &stop;
+        s.spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                ok(kmm_manager_trim(handle, 0));
+            }
+        });
+        let workers: Vec<_> = (0..8u64).map(|t| {
             s.spawn(move || {
                 let mut live = Vec::new();
                 let mut x = t + 1;
@@ -382,8 +391,12 @@ fn threads_sharing_a_traced_manager_leave_a_consistent_trace() {
                 for b in live {
                     ok(kmm_buffer_free(handle, b, 0));
                 }
-            });
+            })
+        }).collect();
+        for w in workers {
+            w.join().unwrap();
         }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
     });
     let (r, dropped) = records(&m);
     assert_eq!(dropped, 0);
@@ -407,11 +420,21 @@ fn threads_sharing_a_traced_manager_leave_a_consistent_trace() {
                 assert_eq!(buffer, x.buffer);
                 live.insert(x.address, (bytes, buffer));
             }
+            TRIM => {
+                let end = x.address + x.bytes;
+                assert!(
+                    live.range(x.address..end).next().is_none() && live.range(..x.address).next_back().is_none_or(|(&a, &(b, _))| a + b <= x.address),
+                    "a trim of {:#x}+{} while a buffer in it is live",
+                    x.address,
+                    x.bytes
+                );
+            }
             _ => {}
         }
     }
     assert!(live.is_empty());
-    assert_eq!(r.iter().map(|x| x.thread).collect::<std::collections::HashSet<_>>().len(), 8, "one thread id per thread");
+    assert!(r.iter().any(|x| x.action == TRIM), "the trims gave chunks back");
+    assert!(r.iter().map(|x| x.thread).collect::<std::collections::HashSet<_>>().len() >= 8, "one thread id per thread");
 }
 
 #[test]
@@ -467,4 +490,107 @@ fn bad_arguments_are_refused_and_nothing_changes() {
     assert_eq!((name(ALLOCATE), name(FAILURE), name(99)), ("allocate", "allocate failure", "unknown"));
     let _ = UNMAP;
     let _ = MAP;
+}
+
+#[test]
+fn wrapped_memory_is_mapped_once_and_zero_byte_wraps_not_at_all() {
+    let m = pool_manager();
+    let pooled = m.alloc(64 << 10, DEVICE);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, pooled, &mut p));
+    let mut outside = vec![0u8; 8192];
+    let q = outside.as_mut_ptr();
+    let mut w = [0u64; 5];
+    let wrap = |ptr: *mut u8, bytes: u64, out: &mut u64| ok(kmm_buffer_wrap(m.0, ptr.cast(), bytes, DEVICE, 0, out));
+    wrap(q, 4096, &mut w[0]);
+    wrap(q, 4096, &mut w[1]); // the same memory twice
+    wrap(unsafe { q.add(2048) }, 4096, &mut w[2]); // overlapping the first
+    wrap(unsafe { q.add(8192) }, 0, &mut w[3]); // zero bytes, past the end
+    wrap((p + 1024) as *mut u8, 1024, &mut w[4]); // inside the pool buffer
+    let map = memory_map(&m, DEVICE);
+    for pair in map.windows(2) {
+        assert!(pair[0].address + pair[0].bytes <= pair[1].address, "segments overlap: {:?}", pair);
+    }
+    for seg in &map {
+        assert!(seg.address >= seg.chunk && seg.bytes > 0, "{seg:?}");
+    }
+    let outside_segments: Vec<_> = map.iter().filter(|s| s.chunk == q as u64).collect();
+    assert_eq!(outside_segments.iter().map(|s| s.bytes).sum::<u64>(), 6144, "the wraps' union, once: {outside_segments:?}");
+    assert!(outside_segments.iter().all(|s| s.state != 0), "no free space is invented between aliases");
+    assert!(!map.iter().any(|s| s.buffer == w[3]), "a zero-byte wrap holds no memory");
+    let total: u64 = map.iter().map(|s| s.bytes).sum();
+    assert_eq!(total, m.stats(DEVICE).reserved - 0 + 6144, "pool chunks plus the wrapped union");
+    assert!(svg(&m, 0).unwrap().matches("x=\"-").count() == 0);
+    for b in w {
+        m.free(b);
+    }
+    ok(kmm_buffer_unmap(m.0, pooled));
+    drop(outside);
+}
+
+#[test]
+fn the_header_declares_the_trace_enums_and_nothing_internal() {
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../gen/kmm.h")).unwrap();
+    for name in ["KmmTraceAction", "KMM_TRACE_ALLOCATE_FAILURE", "KmmSegmentState", "KMM_SEGMENT_MAPPED", "KmmFigure", "KMM_FIGURE_OVERVIEW"] {
+        assert!(header.contains(name), "gen/kmm.h lacks {name}");
+    }
+    assert!(!header.contains("Action_ALL"), "an internal constant leaks into the header");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_trace_file_that_fails_is_reported_and_the_next_trace_starts() {
+    let m = pool_manager();
+    let full = CString::new("/dev/full").unwrap();
+    ok(kmm_manager_trace_start(m.0, 0, full.as_ptr(), 0));
+    for _ in 0..2000 {
+        m.free(m.alloc(100, DEVICE));
+    }
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    m.free(m.alloc(100, DEVICE));
+    assert_eq!(records(&m).0.len(), 2, "the ring trace replaced the failed file trace");
+    ok(kmm_manager_trace_start(m.0, 0, full.as_ptr(), 0));
+    for _ in 0..2000 {
+        m.free(m.alloc(100, DEVICE));
+    }
+    expect_err(kmm_manager_trace_stop(m.0), KMM_ERROR_INVALID_ARGUMENT, &["path = /dev/full", "writing the trace file failed"]);
+}
+
+#[test]
+fn pinned_rows_stay_out_of_the_rmm_form() {
+    let m = pool_manager();
+    let (path, cpath) = temp_path("rmm-pinned.csv");
+    ok(kmm_manager_trace_start(m.0, 0, cpath.as_ptr(), KMM_TRACE_RMM_ONLY));
+    let d = m.alloc(500, DEVICE);
+    let p = m.alloc(600, PINNED);
+    m.free(p);
+    m.free(d);
+    ok(kmm_manager_trace_stop(m.0));
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(replay_as_rmm(&text), (1, 1));
+    assert!(!text.contains(",pinned,"), "{text}");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn the_csv_reader_refuses_what_the_writer_never_writes() {
+    let header = "Thread,Time,Action,Pointer,Size,Stream,Buffer,Kind,From,Status,InUse,Reserved\n";
+    let good = "7,0.000000100,allocate failure,0x0,4096,0x0,,device,,KMM_ERROR_OUT_OF_MEMORY,0,\n";
+    let r = csv::read(&format!("\u{feff}{header}{good}")).expect("a BOM and a failure row read");
+    assert_eq!((r[0].status, r[0].time_ns, r[0].reserved), (KMM_ERROR_OUT_OF_MEMORY as u32, 100, u64::MAX));
+    for (row, words) in [
+        ("7,0.1,allocate\n", "line 2: the pointer is missing"),
+        ("7,0.1,allocate,0x7f\n", "line 2: the size is missing"),
+        ("7,inf,allocate,0x10,5\n", "line 2: time `inf`"),
+        ("7,-3.5,allocate,0x10,5\n", "line 2: time `-3.5`"),
+        ("7,NaN,allocate,0x10,5\n", "line 2: time `NaN`"),
+        ("7,0.1,allocate,0x+10,5\n", "line 2: pointer `0x+10`"),
+        ("7,0.1,allocate,0x10,+5\n", "line 2: size `+5`"),
+        ("7,0.1,allocate,0x10,5,0x0,,shared\n", "line 2: kind `shared`"),
+        ("7,0.1,allocate failure,0x0,5,0x0,,device,,KMM_SOMETHING\n", "line 2: status `KMM_SOMETHING`"),
+    ] {
+        let e = csv::read(&format!("{header}{row}")).unwrap_err();
+        assert!(e.message.contains(words), "{row:?}: {}", e.message);
+    }
+    assert!(csv::read("Thread,Time\n").unwrap_err().message.starts_with("line 1:"));
 }

@@ -74,16 +74,16 @@ pub(crate) fn check_out<T>(ptr: *mut T, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Writes `text` into `buf` as a NUL-terminated string, truncated to `len` bytes, and the length
-/// the whole text needs (with its NUL) to `*needed` when `needed` is not NULL; `buf` may be NULL
-/// when `len` is 0.
+/// Writes `text` into `buf` as a NUL-terminated string, truncated to `len` bytes (at a character
+/// boundary: what is written is UTF-8), and the length the whole text needs (with its NUL) to
+/// `*needed` when `needed` is not NULL; `buf` may be NULL when `len` is 0.
 pub(crate) fn write_text(text: &str, buf: *mut c_char, len: usize, needed: *mut usize) -> Result<()> {
     if buf.is_null() && len > 0 {
         fail!(KMM_ERROR_NULL_POINTER, "buf is NULL but len = {len}");
     }
     let bytes = text.as_bytes();
     if len > 0 {
-        let n = bytes.len().min(len - 1);
+        let n = (0..=bytes.len().min(len - 1)).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
         // SAFETY: buf holds len >= n + 1 bytes.
         unsafe {
             std::ptr::copy_nonoverlapping(bytes.as_ptr(), buf as *mut u8, n);

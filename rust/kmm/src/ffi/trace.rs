@@ -9,7 +9,7 @@ use crate::error::{KmmStatus, Result};
 use crate::fail;
 use crate::manager::csv;
 use crate::manager::trace::{Action, Record, Sink, MAX_RING_RECORDS};
-use crate::manager::{MapSegment, MemoryKind};
+use crate::manager::{Figure, MapSegment};
 use std::ffi::{c_char, CStr};
 use std::io::Write;
 use std::path::PathBuf;
@@ -157,9 +157,15 @@ fn path_arg(path: *const c_char, name: &str) -> Result<PathBuf> {
         fail!(KMM_ERROR_NULL_POINTER, "{name} is NULL");
     }
     // SAFETY: non-null, and the caller passes a NUL-terminated string.
-    let text = unsafe { CStr::from_ptr(path) };
-    match text.to_str() {
-        Ok("") => fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} is empty"),
+    let bytes = unsafe { CStr::from_ptr(path) }.to_bytes();
+    if bytes.is_empty() {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} is empty");
+    }
+    // A path is bytes on Unix (Python passes os.fsencode's); elsewhere it must be UTF-8.
+    #[cfg(unix)]
+    return Ok(PathBuf::from(<std::ffi::OsStr as std::os::unix::ffi::OsStrExt>::from_bytes(bytes)));
+    #[cfg(not(unix))]
+    match std::str::from_utf8(bytes) {
         Ok(s) => Ok(PathBuf::from(s)),
         Err(_) => fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} is not UTF-8"),
     }
@@ -229,10 +235,18 @@ pub extern "C" fn kmm_manager_trace_records(
     dropped: *mut u64,
 ) -> KmmStatus {
     boundary(|| {
-        let Some((records, counts, _)) = with_manager(manager, |m| Ok(m.trace_records()))? else {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "manager {manager:#x} has no ring trace (start one with kmm_manager_trace_start, path NULL)");
+        let no_ring = || crate::err!(KMM_ERROR_INVALID_ARGUMENT, "manager {manager:#x} has no ring trace (start one with kmm_manager_trace_start, path NULL)");
+        // Asked for the count only: counted without copying the rings.
+        let counts = if capacity == 0 {
+            let (len, counts) = with_manager(manager, |m| Ok(m.trace_len()))?.ok_or_else(no_ring)?;
+            check_out(count, "count")?;
+            write_out(count, "count", len)?;
+            counts
+        } else {
+            let (records, counts, _) = with_manager(manager, |m| Ok(m.trace_records()))?.ok_or_else(no_ring)?;
+            write_items(&records, out, capacity, count)?;
+            counts
         };
-        write_items(&records, out, capacity, count)?;
         if !dropped.is_null() {
             write_out(dropped, "dropped", counts.dropped)?;
         }
@@ -291,46 +305,17 @@ pub extern "C" fn kmm_manager_memory_map(manager: KmmManager, kind: u32, out: *m
 #[no_mangle]
 pub extern "C" fn kmm_manager_figure_svg(manager: KmmManager, figure: u32, buf: *mut c_char, len: usize, needed: *mut usize) -> KmmStatus {
     boundary(|| {
-        let svg = with_manager(manager, |m| {
-            let title = |what: &str| format!("{what}: {} (device {}), {:?} mode", m.device_name(), m.device(), m.config().alloc_mode);
-            let map = |kind: MemoryKind| {
-                let what = if kind == MemoryKind::Device { "Device memory map" } else { "Pinned memory map" };
-                crate::figures::memory_map_svg(&m.memory_map(kind), &title(what))
-            };
-            let timeline = || {
-                m.trace_records().map(|(records, counts, _)| {
-                    let what = if counts.dropped > 0 {
-                        format!("Memory timeline (last {} of {} records)", records.len(), counts.recorded)
-                    } else {
-                        "Memory timeline".to_string()
-                    };
-                    crate::figures::timeline_svg(&records, &title(&what))
-                })
-            };
-            match figure {
-                0 => Ok(map(MemoryKind::Device)),
-                1 => Ok(map(MemoryKind::Pinned)),
-                2 => match timeline() {
-                    Some(svg) => Ok(svg),
-                    None => fail!(
-                        KMM_ERROR_INVALID_ARGUMENT,
-                        "figure = 2 (the timeline) needs a ring trace: start one with kmm_manager_trace_start, path NULL"
-                    ),
-                },
-                3 => {
-                    let mut figures = vec![map(MemoryKind::Device)];
-                    if !m.memory_map(MemoryKind::Pinned).segments.is_empty() {
-                        figures.push(map(MemoryKind::Pinned));
-                    }
-                    figures.extend(timeline());
-                    Ok(crate::figures::stack(&figures))
-                }
-                v => fail!(
-                    KMM_ERROR_INVALID_ARGUMENT,
-                    "figure = {v} is not a KmmFigure (0 = device map, 1 = pinned map, 2 = timeline, 3 = overview)"
-                ),
-            }
-        })?;
+        let figure = match figure {
+            0 => Figure::DeviceMap,
+            1 => Figure::PinnedMap,
+            2 => Figure::Timeline,
+            3 => Figure::Overview,
+            v => fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "figure = {v} is not a KmmFigure (0 = device map, 1 = pinned map, 2 = timeline, 3 = overview)"
+            ),
+        };
+        let svg = with_manager(manager, |m| m.figure_svg(figure))?;
         write_text(&svg, buf, len, needed)
     })
 }

@@ -7,7 +7,8 @@
 //! replay refuses other streams, and runs on the default stream anyway), a move as a free at the
 //! old address and an allocation at the new one (RMM knows no moves, and matches a free to its
 //! allocation by address), and no row for buffers it did not see allocated (zero-byte buffers,
-//! wrapped memory, buffers older than the trace), whose frees its replay could not match.
+//! wrapped memory, buffers older than the trace), whose frees its replay could not match, and no
+//! pinned rows (its replay allocates every row as device memory).
 
 use super::trace::{Action, Record};
 use crate::error::{KmmStatus, Result};
@@ -39,6 +40,9 @@ impl Writer {
         };
         if !self.rmm_only {
             return line(out, r, action, r.address, r.stream);
+        }
+        if r.kind != 0 {
+            return Ok(());
         }
         match action {
             Action::Allocate if r.bytes > 0 => {
@@ -86,8 +90,10 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
 
 /// Reads a trace in either form, or a log of RMM's logging adaptor (its columns only: "free"
 /// or "deallocate" rows become frees; times it wrote as a clock time read as 0). Columns are
-/// found by name; Action, Pointer and Size are required.
+/// found by name; Action, Pointer and Size are required in the header and in every row. Anything
+/// else that is not what the writer writes is an error naming the line and the value.
 pub fn read(text: &str) -> Result<Vec<Record>> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let Some((_, header)) = lines.next() else {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "the trace is empty (no header line)");
@@ -95,49 +101,64 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
     let names: Vec<&str> = header.split(',').map(str::trim).collect();
     let col = |name: &str| names.iter().position(|n| *n == name);
     let (Some(action_col), Some(pointer_col), Some(size_col)) = (col("Action"), col("Pointer"), col("Size")) else {
-        fail!(KMM_ERROR_INVALID_ARGUMENT, "the trace's header `{header}` lacks one of Action, Pointer, Size");
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "line 1: the trace's header `{header}` lacks one of Action, Pointer, Size");
     };
     let optional = ["Thread", "Time", "Stream", "Buffer", "Kind", "From", "Status", "InUse", "Reserved"].map(col);
     let mut records = Vec::new();
     for (n, line) in lines {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        let at = |i: usize| fields.get(i).copied().unwrap_or("");
         let bad = |what: &str, value: &str| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {what} `{value}` is not valid", n + 1);
-        let action = match at(action_col) {
+        let required = |i: usize, what: &str| match fields.get(i) {
+            Some(v) if !v.is_empty() => Ok(*v),
+            _ => Err(crate::err!(KMM_ERROR_INVALID_ARGUMENT, "line {}: the {what} is missing (a cut-off line?)", n + 1)),
+        };
+        let get = |c: Option<usize>| c.and_then(|i| fields.get(i).copied()).unwrap_or("");
+        let number = |s: &str, what: &str| -> Result<u64> {
+            let parsed = match s {
+                "" | "(nil)" => Ok(0),
+                _ => match s.strip_prefix("0x") {
+                    Some(hex) if hex.bytes().all(|b| b.is_ascii_hexdigit()) => u64::from_str_radix(hex, 16).map_err(|_| ()),
+                    Some(_) => Err(()),
+                    None if s.bytes().all(|b| b.is_ascii_digit()) => s.parse().map_err(|_| ()),
+                    None => Err(()),
+                },
+            };
+            parsed.map_err(|_| bad(what, s))
+        };
+        let action = match required(action_col, "action")? {
             "deallocate" => Action::Free,
             name => Action::from_name(name).ok_or_else(|| bad("action", name))?,
         };
-        let get = |c: Option<usize>| c.map(at).unwrap_or("");
-        let number = |s: &str, what: &str| -> Result<u64> {
-            match s {
-                "" => Ok(0),
-                "(nil)" => Ok(0),
-                _ => match s.strip_prefix("0x") {
-                    Some(hex) => u64::from_str_radix(hex, 16),
-                    None => s.parse(),
-                }
-                .map_err(|_| bad(what, s)),
-            }
-        };
         let [thread, time, stream, buffer, kind, from, status, in_use, reserved] = optional;
-        let status_code = match get(status) {
+        let time_ns = match get(time) {
             "" => 0,
-            name => (0..64).find(|&v| KmmStatus::from_u32(v).is_some_and(|s| s.name().to_str() == Ok(name))).unwrap_or(0),
+            // RMM's logging adaptor writes a clock time (10:00:00.000001): no offset to read.
+            t if t.contains(':') => 0,
+            t => match t.parse::<f64>() {
+                Ok(secs) if secs.is_finite() && (0.0..1.8e10).contains(&secs) => (secs * 1e9).round() as u64,
+                _ => return Err(bad("time", t)),
+            },
+        };
+        let status = match get(status) {
+            "" => 0,
+            name => KmmStatus::from_name(name).ok_or_else(|| bad("status", name))? as u32,
+        };
+        let kind = match get(kind) {
+            "" | "device" => 0,
+            "pinned" => 1,
+            other => return Err(bad("kind", other)),
         };
         records.push(Record {
-            time_ns: get(time).parse::<f64>().map_or(0, |s| (s * 1e9).round() as u64),
+            time_ns,
             thread: number(get(thread), "thread")?,
             action: action as u32,
-            kind: match get(kind) {
-                "pinned" => 1,
-                _ => 0,
-            },
-            address: number(at(pointer_col), "pointer")?,
-            bytes: number(at(size_col), "size")?,
+            kind,
+            address: number(required(pointer_col, "pointer")?, "pointer")?,
+            bytes: number(required(size_col, "size")?, "size")?,
             stream: number(get(stream), "stream")?,
             buffer: number(get(buffer), "buffer")?,
             moved_from: number(get(from), "from")?,
-            status: status_code,
+            status,
             in_use: number(get(in_use), "in use")?,
             reserved: match get(reserved) {
                 "" => u64::MAX,

@@ -20,7 +20,7 @@ pub mod trace;
 
 pub use config::{AllocMode, Config, MemoryKind, MAX_BUFFER_BYTES};
 pub use lane::{Growth, State};
-pub use observe::{MapSegment, MemoryMap, SegmentState};
+pub use observe::{Figure, MapSegment, MemoryMap, SegmentState};
 pub use report::{human_bytes, KindStats};
 
 use crate::backend::{self, Backend, BackendKind, Event, Stream};
@@ -420,16 +420,14 @@ impl Manager {
             for (base, size) in chunks {
                 // SAFETY: the chunk came from this upstream, no block of it is handed out any
                 // more, and the work queued before its blocks' frees has run.
-                match unsafe { self.upstreams[k].deallocate(base, size) } {
-                    Ok(()) => {
-                        if let Some(t) = &trace {
-                            t.record(trace::Action::Trim, kind, base, size, self.raw_stream(), 0, 0);
-                        }
-                    }
-                    Err(e) => {
-                        lock(&self.unfenced).push((k, base, size));
-                        failure.get_or_insert(e);
-                    }
+                // Recorded first: once the chunk is back, another lane may be given the same
+                // address upstream, and its allocation must come after the trim in the trace.
+                if let Some(t) = &trace {
+                    t.record(trace::Action::Trim, kind, base, size, self.raw_stream(), 0, 0);
+                }
+                if let Err(e) = unsafe { self.upstreams[k].deallocate(base, size) } {
+                    lock(&self.unfenced).push((k, base, size));
+                    failure.get_or_insert(e);
                 }
             }
         }

@@ -71,7 +71,58 @@ impl MemoryMap {
     }
 }
 
+/// A figure of a manager's memory (see `crate::figures`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figure {
+    DeviceMap,
+    PinnedMap,
+    /// From the ring trace.
+    Timeline,
+    /// What a status shows: the device map, the pinned map when pinned memory is reserved, and
+    /// the timeline when there is a ring trace.
+    Overview,
+}
+
 impl Manager {
+    /// A figure as SVG; the timeline needs a ring trace.
+    pub fn figure_svg(&self, figure: Figure) -> Result<String> {
+        let title = |what: &str| format!("{what}: {} (device {}), {:?} mode", self.device_name(), self.device(), self.config.alloc_mode);
+        let map = |kind: MemoryKind, map: &MemoryMap| {
+            let what = if kind == MemoryKind::Device { "Device memory map" } else { "Pinned memory map" };
+            crate::figures::memory_map_svg(map, &title(what))
+        };
+        let timeline = || {
+            self.trace_records().map(|(records, counts, _)| {
+                let what = if counts.dropped > 0 {
+                    format!("Memory timeline (last {} of {} records)", records.len(), counts.recorded)
+                } else {
+                    "Memory timeline".to_string()
+                };
+                crate::figures::timeline_svg(&records, &title(&what))
+            })
+        };
+        Ok(match figure {
+            Figure::DeviceMap => map(MemoryKind::Device, &self.memory_map(MemoryKind::Device)),
+            Figure::PinnedMap => map(MemoryKind::Pinned, &self.memory_map(MemoryKind::Pinned)),
+            Figure::Timeline => match timeline() {
+                Some(svg) => svg,
+                None => crate::fail!(
+                    KMM_ERROR_INVALID_ARGUMENT,
+                    "figure = 2 (the timeline) needs a ring trace: start one with kmm_manager_trace_start, path NULL"
+                ),
+            },
+            Figure::Overview => {
+                let mut figures = vec![map(MemoryKind::Device, &self.memory_map(MemoryKind::Device))];
+                let pinned = self.memory_map(MemoryKind::Pinned);
+                if !pinned.segments.is_empty() {
+                    figures.push(map(MemoryKind::Pinned, &pinned));
+                }
+                figures.extend(timeline());
+                crate::figures::stack(&figures)
+            }
+        })
+    }
+
     /// The trace while it records.
     pub(super) fn recording(&self) -> Option<Arc<Tracer>> {
         let slot = lock(&self.trace);
@@ -79,9 +130,10 @@ impl Manager {
     }
 
     /// Starts a trace into `sink`, replacing the last one (a trace still recording is stopped
-    /// first). Every lane records into it from its next event on.
+    /// first; a write error of its file is `trace_stop`'s to report, and is dropped here). Every
+    /// lane records into it from its next event on.
     pub fn trace_start(&self, sink: Sink) -> Result<()> {
-        self.trace_stop()?;
+        let _ = self.trace_stop();
         let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;
         let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool)?);
         let mut slot = lock(&self.trace);
@@ -128,6 +180,21 @@ impl Manager {
         Some((records, counts, slot.recording))
     }
 
+    /// How many records `trace_records` would give, and the counts, without copying them;
+    /// `None` as there.
+    pub fn trace_len(&self) -> Option<(usize, TraceCounts)> {
+        let slot = lock(&self.trace);
+        let tracer = slot.tracer.as_ref().filter(|t| t.is_ring())?;
+        let mut tally = (0, TraceCounts::default());
+        for lane in self.lanes() {
+            if let Some(lane_trace) = &self.lane(lane).trace {
+                lane_trace.tally(&mut tally);
+            }
+        }
+        tracer.tally_kept(&mut tally);
+        Some(tally)
+    }
+
     /// The map of `kind`'s memory now: every chunk, its buffers' blocks and the free space
     /// between them.
     pub fn memory_map(&self, kind: MemoryKind) -> MemoryMap {
@@ -144,7 +211,10 @@ impl Manager {
                     Origin::Borrowed => r.bytes,
                     Origin::Empty => continue,
                 };
-                blocks.push((r.addr, size, handle, r.bytes, r.pins > 0));
+                // A zero-byte wrap holds no memory.
+                if size > 0 {
+                    blocks.push((r.addr, size, handle, r.bytes, r.pins > 0));
+                }
             }
         }
         chunks.sort_unstable();
@@ -154,8 +224,17 @@ impl Manager {
             let i = chunks.partition_point(|c| c.0 <= addr);
             i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
         };
-        let whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !within(&chunks, b.0)).map(|b| (b.0, b.1)).collect();
-        chunks.extend(whole);
+        let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !within(&chunks, b.0)).map(|b| (b.0, b.1)).collect();
+        // The same memory wrapped twice (or overlapping wraps) is one chunk.
+        whole.sort_unstable();
+        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(whole.len());
+        for (base, size) in whole {
+            match merged.last_mut() {
+                Some((b, s)) if base <= *b + *s => *s = (*s).max(base + size - *b),
+                _ => merged.push((base, size)),
+            }
+        }
+        chunks.extend(merged);
         chunks.sort_unstable();
         let mut segments = Vec::with_capacity(blocks.len() * 2 + chunks.len());
         let mut next_block = blocks.iter().peekable();
@@ -170,9 +249,13 @@ impl Manager {
                 if addr > at {
                     segments.push(MapSegment { chunk: base, address: at, bytes: addr - at, state: SegmentState::Free, buffer: 0, requested: 0 });
                 }
-                let state = if mapped { SegmentState::Mapped } else { SegmentState::InUse };
-                segments.push(MapSegment { chunk: base, address: addr, bytes, state, buffer, requested });
-                at = at.max(addr + bytes);
+                // Wrapped memory that aliases another buffer's shows once: segments never overlap.
+                let (start, stop) = (addr.max(at), (addr + bytes).min(end));
+                if stop > start {
+                    let state = if mapped { SegmentState::Mapped } else { SegmentState::InUse };
+                    segments.push(MapSegment { chunk: base, address: start, bytes: stop - start, state, buffer, requested });
+                    at = stop;
+                }
             }
             if at < end {
                 segments.push(MapSegment { chunk: base, address: at, bytes: end - at, state: SegmentState::Free, buffer: 0, requested: 0 });
@@ -181,12 +264,44 @@ impl Manager {
         MemoryMap { segments }
     }
 
+    /// What the buffers of `kind` hold, in one pass over them (no map is built: an
+    /// out-of-memory error's cost must not grow with the buffers by more than a pass): the
+    /// bytes of pool chunks, the bytes of blocks in them, and the three largest buffers
+    /// (handle, bytes asked, mapped).
+    fn holdings(&self, kind: MemoryKind) -> (u64, u64, Vec<(u64, u64, bool)>) {
+        let k = kind as usize;
+        let mut chunks: Vec<(u64, u64)> = Vec::new();
+        let mut blocks: Vec<(u64, u64)> = Vec::new();
+        let mut top: Vec<(u64, u64, bool)> = Vec::with_capacity(4);
+        for lane in self.lanes() {
+            let st = self.lane(lane);
+            chunks.extend(st.resources[k].chunks());
+            for (handle, r) in st.buffers.iter().filter(|(_, r)| r.kind == kind) {
+                if let Origin::Resource(b) = r.origin {
+                    blocks.push((b.addr, b.size));
+                }
+                if r.bytes > top.last().map_or(0, |t| t.1) || top.len() < 3 {
+                    top.push((handle, r.bytes, r.pins > 0));
+                    top.sort_by_key(|t| std::cmp::Reverse(t.1));
+                    top.truncate(3);
+                }
+            }
+        }
+        chunks.sort_unstable();
+        let in_chunks = |addr: u64| {
+            let i = chunks.partition_point(|c| c.0 <= addr);
+            i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
+        };
+        let held: u64 = blocks.iter().filter(|b| in_chunks(b.0)).map(|b| b.1).sum();
+        (chunks.iter().map(|c| c.1).sum(), held, top)
+    }
+
     /// The message of an allocation that failed after every rung: the request, what the manager
     /// holds and where the free space is, the largest holders, what was tried (`before`: the
     /// resource counters before the rungs), and where to see the whole map.
     pub(super) fn explain_out_of_memory(&self, bytes: u64, kind: MemoryKind, before: &ResourceCounters, cause: &str) -> String {
         let stats = self.stats(kind);
-        let map = self.memory_map(kind);
+        let (chunk_bytes, held, top) = self.holdings(kind);
         let name = format!("{kind:?}").to_lowercase();
         let mut text = format!("allocating {} ({bytes} bytes) of {name} memory failed: {cause}\n", human_bytes(bytes));
         let limit = match kind {
@@ -198,47 +313,49 @@ impl Manager {
             (MemoryKind::Device, Ok((free, total))) => format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)),
             _ => String::new(),
         };
+        let n = stats.usage.live_buffers;
         text += &format!(
-            "  in use: {} in {} buffers; reserved: {} ({limit}{device})\n",
+            "  in use: {} in {n} buffer{}; reserved: {} ({limit}{device})\n",
             human_bytes(stats.usage.in_use),
-            stats.usage.live_buffers,
+            if n == 1 { "" } else { "s" },
             human_bytes(stats.resource.reserved)
         );
-        // The largest block the pool could serve (a binned pool serves a slab's free slots to
-        // their own size only, so it may be less than the largest free range of the map).
-        let free = map.free_bytes();
-        let largest = stats.resource.largest_free.min(map.largest_free());
-        let fragmentation = if free == 0 { 0.0 } else { 1.0 - largest as f64 / free as f64 };
-        text += &format!(
-            "  free in the pool: {}; largest free block: {}; fragmentation {fragmentation:.2} (1 - largest free block / free bytes)\n",
-            human_bytes(free),
-            human_bytes(largest),
-        );
-        let mut holders: Vec<_> = map.segments.iter().filter(|s| s.state != SegmentState::Free).collect();
-        holders.sort_by_key(|s| std::cmp::Reverse(s.requested));
-        if !holders.is_empty() {
-            let list: Vec<String> = holders
+        let pooled = kind == MemoryKind::Pinned || self.config.alloc_mode == AllocMode::Pool;
+        if pooled {
+            // The largest block the pool could serve (a binned pool serves a slab's free slots
+            // to their own size only, so it may be less than the largest free range of the map).
+            let free = chunk_bytes.saturating_sub(held);
+            let largest = stats.resource.largest_free.min(free);
+            let fragmentation = if free == 0 { 0.0 } else { 1.0 - largest as f64 / free as f64 };
+            text += &format!(
+                "  free in the pool: {}; largest free block: {}; fragmentation {fragmentation:.2} (1 - largest free block / free bytes)\n",
+                human_bytes(free),
+                human_bytes(largest),
+            );
+        } else {
+            text += &format!("  no pool: each buffer is an allocation of its own ({:?} mode)\n", self.config.alloc_mode);
+        }
+        if !top.is_empty() {
+            let list: Vec<String> = top
                 .iter()
-                .take(3)
-                .map(|s| {
-                    let mapped = if s.state == SegmentState::Mapped { ", mapped" } else { "" };
-                    format!("buffer {:#x} {}{mapped}", s.buffer, human_bytes(s.requested))
-                })
+                .map(|&(buffer, asked, mapped)| format!("buffer {buffer:#x} {}{}", human_bytes(asked), if mapped { ", mapped" } else { "" }))
                 .collect();
             text += &format!("  largest holders: {}\n", list.join("; "));
         }
         let released = before.reserved.saturating_sub(stats.resource.reserved);
-        let moved = stats.resource.compactions.saturating_sub(before.compactions);
-        let moved_bytes = stats.resource.relocated_bytes.saturating_sub(before.relocated_bytes);
-        let compaction = if kind == MemoryKind::Device && self.pools_compact {
-            format!("compaction (moved {} into place, {moved} allocation(s) served so)", human_bytes(moved_bytes))
+        let tried = if pooled {
+            let moved = stats.resource.compactions.saturating_sub(before.compactions);
+            let moved_bytes = stats.resource.relocated_bytes.saturating_sub(before.relocated_bytes);
+            let compaction = if kind == MemoryKind::Device && self.pools_compact {
+                format!("compaction (moved {} into place, {moved} allocation(s) served so)", human_bytes(moved_bytes))
+            } else {
+                "no compaction (this pool does not move buffers)".to_string()
+            };
+            format!("the other lanes' free blocks; giving cached memory back once the work that used it had run ({} released); {compaction}", human_bytes(released))
         } else {
-            "no compaction (this pool does not move buffers)".to_string()
+            format!("giving back memory whose frees the stream had passed ({} released)", human_bytes(released))
         };
-        text += &format!(
-            "  tried: the other lanes' free blocks; giving cached memory back once the work that used it had run ({} released); {compaction}; no spill (Kmm does not spill to host)\n",
-            human_bytes(released)
-        );
+        text += &format!("  tried: {tried}; no spill (Kmm does not spill to host)\n");
         text += "  the map of every chunk: kmm_manager_memory_map (C), Kmm.memory_map(manager) (Julia), Manager.memory_map() (Python)";
         text
     }

@@ -37,7 +37,7 @@ pub enum Action {
 }
 
 impl Action {
-    pub const ALL: [Action; 8] = [
+    const ALL: [Action; 8] = [
         Action::Allocate,
         Action::Free,
         Action::AllocateFailure,
@@ -140,6 +140,12 @@ impl Ring {
         }
     }
 
+    fn tally(&self, tally: &mut (usize, TraceCounts)) {
+        tally.0 += self.records.len();
+        tally.1.recorded += self.counts.recorded;
+        tally.1.dropped += self.counts.dropped;
+    }
+
     /// Adds its records, oldest first, to `out` (as one more ring), their times in nanoseconds
     /// (a ring keeps the clock's raw reading), and its counts to `counts`.
     fn collect(&self, clock: &Clock, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
@@ -158,8 +164,12 @@ impl Ring {
 
 struct FileStore {
     out: BufWriter<File>,
+    path: std::path::PathBuf,
     writer: csv::Writer,
     failed: Option<String>,
+    /// Set when the trace stops: a record made by a call still holding the trace is dropped,
+    /// so nothing is written after the stop has flushed the file.
+    closed: bool,
 }
 
 /// A started trace, shared by the manager's lanes. A ring trace gives each lane a ring of its
@@ -214,6 +224,13 @@ impl LaneTrace {
         }
     }
 
+    /// Adds the records its ring holds and its counts (none for a file trace) to `tally`.
+    pub(super) fn tally(&self, tally: &mut (usize, TraceCounts)) {
+        if let Some(r) = &self.ring {
+            r.tally(tally);
+        }
+    }
+
     /// Adds the lane's ring, if it has one (see `Ring::collect`).
     pub(super) fn collect(&self, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
         if let Some(ring) = &self.ring {
@@ -244,7 +261,7 @@ impl Tracer {
                 writer
                     .header(&mut out)
                     .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot write the trace file: {e}", path.display()))?;
-                (0, Some(Mutex::new(FileStore { out, writer, failed: None })))
+                (0, Some(Mutex::new(FileStore { out, path, writer, failed: None, closed: false })))
             }
         };
         Ok(Tracer {
@@ -264,7 +281,12 @@ impl Tracer {
     #[inline(always)]
     fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Record {
         let k = kind as usize;
-        let reserved = if k == 0 && self.device_reserve_uncounted { u64::MAX } else { self.limits[k].used().current() };
+        let reserved = match self.limits[k].used().current() {
+            _ if k == 0 && self.device_reserve_uncounted => u64::MAX,
+            // A trim is recorded just before its chunk goes back: the figure after it.
+            held if action == Action::Trim => held.saturating_sub(bytes),
+            held => held,
+        };
         Record {
             time_ns: self.clock.now(),
             thread: thread_id(),
@@ -290,8 +312,8 @@ impl Tracer {
                 let mut f = file.lock();
                 let mut record = self.make(action, kind, address, bytes, stream, buffer, extra);
                 record.time_ns = self.clock.to_ns(record.time_ns);
-                let FileStore { out, writer, failed } = &mut *f;
-                if failed.is_none() {
+                let FileStore { out, writer, failed, closed, .. } = &mut *f;
+                if failed.is_none() && !*closed {
                     if let Err(e) = writer.row(out, &record) {
                         *failed = Some(e.to_string());
                     }
@@ -305,6 +327,14 @@ impl Tracer {
         }
     }
 
+    /// Adds the records of the rings the trace keeps, and their counts, to `tally`.
+    pub(super) fn tally_kept(&self, tally: &mut (usize, TraceCounts)) {
+        let kept = self.kept.lock();
+        for ring in std::iter::once(&kept.0).chain(kept.1.iter()) {
+            ring.tally(tally);
+        }
+    }
+
     /// The records of the lanes still recording (`out`, `counts`: see `Ring::collect`) with
     /// those of every ring the trace keeps, merged in time order.
     pub(super) fn records(&self, mut rings: Vec<Vec<Record>>, mut counts: TraceCounts) -> (Vec<Record>, TraceCounts) {
@@ -315,15 +345,17 @@ impl Tracer {
         (merge(rings), counts)
     }
 
-    /// Flushes a file trace; the first write error, if any, names the file's problem.
+    /// Flushes and closes a file trace; the first write error, if any, names the file's
+    /// problem (as a bad `path`, the argument that chose the file).
     pub(super) fn finish(&self) -> Result<()> {
         if let Some(file) = &self.file {
             let mut f = file.lock();
+            f.closed = true;
             if let Err(e) = f.out.flush() {
                 f.failed.get_or_insert(e.to_string());
             }
             if let Some(e) = f.failed.take() {
-                fail!(KMM_ERROR_INTERNAL, "writing the trace file failed: {e}");
+                fail!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: writing the trace file failed: {e}", f.path.display());
             }
         }
         Ok(())
@@ -337,16 +369,18 @@ impl Tracer {
 /// Rings merged by time, each ring's records kept in the order it made them (those of one lane
 /// are ordered by its lock, whatever clock skew between cores the time-stamp counter has).
 fn merge(rings: Vec<Vec<Record>>) -> Vec<Record> {
-    let mut heads = vec![0usize; rings.len()];
+    use std::cmp::Reverse;
     let mut out = Vec::with_capacity(rings.iter().map(Vec::len).sum());
-    loop {
-        let next = (0..rings.len()).filter(|&i| heads[i] < rings[i].len()).min_by_key(|&i| (rings[i][heads[i]].time_ns, i));
-        let Some(i) = next else {
-            return out;
-        };
-        out.push(rings[i][heads[i]]);
-        heads[i] += 1;
+    // The head of each ring, smallest time first (ties: the lower ring).
+    let mut heads: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> =
+        rings.iter().enumerate().filter(|(_, r)| !r.is_empty()).map(|(i, r)| Reverse((r[0].time_ns, i, 0))).collect();
+    while let Some(Reverse((_, ring, at))) = heads.pop() {
+        out.push(rings[ring][at]);
+        if let Some(next) = rings[ring].get(at + 1) {
+            heads.push(Reverse((next.time_ns, ring, at + 1)));
+        }
     }
+    out
 }
 
 /// Time since a trace started. Where the processor's time-stamp counter runs at one rate on
@@ -437,4 +471,36 @@ fn os_thread_id() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tracer(sink: Sink) -> Tracer {
+        let limits = [Arc::new(Limit::new(0)), Arc::new(Limit::new(0))];
+        Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false).unwrap()
+    }
+
+    #[test]
+    fn a_stopped_file_trace_writes_nothing_more() {
+        let path = std::env::temp_dir().join(format!("kmm-trace-unit-{}.csv", std::process::id()));
+        let t = tracer(Sink::File { path: path.clone(), rmm_only: false });
+        t.record(Action::Allocate, MemoryKind::Device, 0x1000, 64, 0, 1, 0);
+        t.finish().unwrap();
+        // A call that took the trace before the stop records after it.
+        t.record(Action::Free, MemoryKind::Device, 0x1000, 64, 0, 1, 0);
+        drop(t);
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(text.lines().count(), 2, "the header and the one record before the stop:\n{text}");
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn rings_merge_by_time_and_keep_each_ring_in_its_order() {
+        let at = |t: u64, buffer: u64| Record { time_ns: t, buffer, ..Record::default() };
+        // The second ring's records carry a skewed time; its own order still holds.
+        let merged = merge(vec![vec![at(1, 1), at(5, 2)], vec![at(3, 3), at(2, 4)], vec![], vec![at(4, 5)]]);
+        assert_eq!(merged.iter().map(|r| r.buffer).collect::<Vec<_>>(), [1, 3, 4, 5, 2]);
+    }
 }
