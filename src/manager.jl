@@ -320,12 +320,7 @@ In a notebook it also shows the memory maps and, while a ring trace exists (`Kmm
 the memory timeline.
 """
 function memory_status(m::KmmManager = default_manager())
-    h = handle(m)
-    needed = Ref{Csize_t}(0)
-    LibKmm.kmm_manager_summary(h, C_NULL, 0, needed)
-    buf = Vector{UInt8}(undef, needed[] + 64)
-    LibKmm.kmm_manager_summary(h, buf, length(buf), needed)
-    text = GC.@preserve buf unsafe_string(pointer(buf))
+    text = GC.@preserve m c_text(LibKmm.kmm_manager_summary, handle(m))
     MemoryStatus(memory_stats(m, :device), memory_stats(m, :pinned), rstrip(text), figure_svg(m, :overview))
 end
 

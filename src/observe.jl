@@ -5,14 +5,20 @@
 const FIGURES = (device_map = 0, pinned_map = 1, timeline = 2, overview = 3)
 
 "libkmm's SVG of one figure (`:device_map`, `:pinned_map`, `:timeline` or `:overview`)."
-function figure_svg(m::KmmManager, figure::Symbol)
-    code = getfield(FIGURES, figure)
-    h = handle(m)
+figure_svg(m::KmmManager, figure::Symbol) =
+    GC.@preserve m c_text(LibKmm.kmm_manager_figure_svg, handle(m), getfield(FIGURES, figure))
+
+"""The text of a two-call C function: its length first, then the text, again while it grew in
+between (other threads change what is drawn); read up to its NUL."""
+function c_text(call, args...)
     needed = Ref{Csize_t}(0)
-    GC.@preserve m LibKmm.kmm_manager_figure_svg(h, code, C_NULL, 0, needed)
-    buf = Vector{UInt8}(undef, needed[])
-    GC.@preserve m buf LibKmm.kmm_manager_figure_svg(h, code, buf, length(buf), needed)
-    String(buf[1:end-1])
+    call(args..., C_NULL, 0, needed)
+    while true
+        buf = zeros(UInt8, needed[])
+        n = length(buf)
+        GC.@preserve buf call(args..., buf, n, needed)
+        needed[] <= n && return String(buf[1:something(findfirst(iszero, buf), n + 1) - 1])
+    end
 end
 
 "The items of a two-call C function: the count first, then the array (again if it grew)."

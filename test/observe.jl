@@ -88,3 +88,19 @@ let m = KmmManager(backend = :host, chunk_size = 2 << 20, hard_limit = 4 << 20)
     Kmm.unsafe_free!(keep)
     close(m)
 end
+
+# Texts from libkmm are read again when they grew between the length query and the copy (other
+# threads change what is drawn), and end at their NUL when they shrank.
+let texts = ["abc", "abcdefgh", "ab"], calls = Ref(0)
+    function fake(buf, n, needed)
+        t = texts[min(calls[] += 1, 3)]
+        needed[] = sizeof(t) + 1
+        if buf !== C_NULL && n > 0
+            k = min(sizeof(t), n - 1)
+            copyto!(buf, 1, codeunits(t), 1, k)
+            buf[k+1] = 0
+        end
+    end
+    @test Kmm.c_text(fake) == "ab"
+    @test calls[] == 3
+end

@@ -173,11 +173,9 @@ class Manager:
 
     def summary(self):
         """A readable table of the manager's memory (in use, reserved, peaks, counts)."""
-        needed = ctypes.c_size_t()
-        check(_lib_.kmm_manager_summary(self._live(), None, 0, ctypes.byref(needed)))
-        buf = ctypes.create_string_buffer(needed.value)
-        check(_lib_.kmm_manager_summary(self._live(), buf, needed.value, None))
-        return buf.value.decode("utf-8", "replace")
+        from .observe import _text
+
+        return _text(_lib_.kmm_manager_summary, self._live())
 
     def status(self):
         """The memory now: counters, the readable table and figures (`kmm.observe.MemoryStatus`;

@@ -26,12 +26,20 @@ Segment = namedtuple("Segment", "chunk address bytes state buffer requested")
 
 def figure_svg(handle, figure):
     """libkmm's SVG of a figure ("device_map", "pinned_map", "timeline", "overview")."""
-    code = FIGURES[figure]
+    return _text(_lib_.kmm_manager_figure_svg, handle, FIGURES[figure])
+
+
+def _text(call, handle, *args):
+    """The text a two-call C function gives: its length first, then the text, again while it
+    grew in between (other threads change what is drawn)."""
     needed = ctypes.c_size_t()
-    check(_lib_.kmm_manager_figure_svg(handle, code, None, 0, ctypes.byref(needed)))
-    buf = ctypes.create_string_buffer(needed.value)
-    check(_lib_.kmm_manager_figure_svg(handle, code, buf, needed.value, None))
-    return buf.value.decode("utf-8")
+    check(call(handle, *args, None, 0, ctypes.byref(needed)))
+    while True:
+        size = needed.value
+        buf = ctypes.create_string_buffer(size)
+        check(call(handle, *args, buf, size, ctypes.byref(needed)))
+        if needed.value <= size:
+            return buf.value.decode("utf-8")
 
 
 def _items(call, handle, ctype, *args, tail=()):
