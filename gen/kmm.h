@@ -852,6 +852,10 @@ typedef struct {
    * Bytes asked for; for a move the bytes moved, for a trim the chunk's size.
    */
   uint64_t bytes;
+  /**
+   * The stream the event is ordered on: an allocation's (or a failed one's) own stream; the
+   * manager's for frees, maps, unmaps, moves, trims and wraps.
+   */
   uint64_t stream;
   /**
    * The buffer (0 for a trim and a failed allocation).

@@ -448,6 +448,26 @@ PLANTS = [
      "let state = if mapped { SegmentState::Mapped } else { SegmentState::InUse };",
      "let state = if mapped && false { SegmentState::Mapped } else { SegmentState::InUse };",
      ["observe", "py:test_observe.py"]),
+    # From the review of traces: zero-byte wraps go into the map (a chunk of size 0 swallows them).
+    ("map-keeps-zero-byte-wraps", "rust/kmm/src/manager/observe.rs",
+     "                if size > 0 {\n                    blocks.push(",
+     "                if true {\n                    blocks.push(",
+     ["observe"]),
+    # The RMM form writes pinned rows, which RMM's replay allocates as device memory.
+    ("rmm-form-keeps-pinned-rows", "rust/kmm/src/manager/csv.rs",
+     "        if r.kind != 0 {\n            return Ok(());\n        }\n",
+     "",
+     ["observe"]),
+    # A call that took a file trace before its stop writes after the stop flushed the file.
+    ("trace-file-written-after-stop", "rust/kmm/src/manager/trace.rs",
+     "if failed.is_none() && !*closed {",
+     "if failed.is_none() {",
+     ["lib"]),
+    # A file trace whose writes failed makes the next start fail too.
+    ("failed-trace-file-blocks-next-start", "rust/kmm/src/manager/observe.rs",
+     "        let _ = self.trace_stop();\n",
+     "        self.trace_stop()?;\n",
+     ["observe"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):

@@ -177,7 +177,7 @@ fn main() {
                 gib(s.peak_reserved),
                 s.peak_reserved as f64 / plan.peak_in_use.max(1) as f64
             ),
-            Err(e) => println!("| {name} | failed: {e} | | |"),
+            Err(e) => println!("| {name} | failed: {} | | |", e.lines().next().unwrap_or("")),
         }
     }
     if !cuda {
@@ -204,7 +204,7 @@ fn main() {
         sys::cuMemPoolGetAttribute(pool, high, &mut peak as *mut u64 as *mut _);
         match ns {
             Ok(ns) => println!("| cuMemAllocAsync | {ns:.1} | {} | {:.3} |", gib(peak), peak as f64 / plan.peak_in_use.max(1) as f64),
-            Err(e) => println!("| cuMemAllocAsync | failed: {e} | | |"),
+            Err(e) => println!("| cuMemAllocAsync | failed: {} | | |", e.lines().next().unwrap_or("")),
         }
         // cuMemAlloc reserves what it hands out, rounded to the driver's granularity: its peak
         // is what the device's free memory fell by when the replay's bytes in use peaked.

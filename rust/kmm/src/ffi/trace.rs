@@ -59,6 +59,8 @@ pub struct KmmTraceRecord {
     pub address: u64,
     /// Bytes asked for; for a move the bytes moved, for a trim the chunk's size.
     pub bytes: u64,
+    /// The stream the event is ordered on: an allocation's (or a failed one's) own stream; the
+    /// manager's for frees, maps, unmaps, moves, trims and wraps.
     pub stream: u64,
     /// The buffer (0 for a trim and a failed allocation).
     pub buffer: u64,
