@@ -237,6 +237,7 @@ fn the_memory_map_covers_every_chunk_with_blocks_and_free_space() {
 
 #[test]
 fn in_direct_mode_each_buffer_is_a_chunk_of_its_own() {
+    // (CUDA may hand out small allocations side by side: they stay chunks of their own.)
     let m = Mgr::with(|c| c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32);
     let a = m.alloc(1000, DEVICE);
     let b = m.alloc(5000, DEVICE);

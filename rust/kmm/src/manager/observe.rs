@@ -225,12 +225,13 @@ impl Manager {
             i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
         };
         let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !within(&chunks, b.0)).map(|b| (b.0, b.1)).collect();
-        // The same memory wrapped twice (or overlapping wraps) is one chunk.
+        // The same memory wrapped twice (or overlapping wraps) is one chunk; allocations that
+        // merely touch (CUDA hands out small ones side by side) stay apart.
         whole.sort_unstable();
         let mut merged: Vec<(u64, u64)> = Vec::with_capacity(whole.len());
         for (base, size) in whole {
             match merged.last_mut() {
-                Some((b, s)) if base <= *b + *s => *s = (*s).max(base + size - *b),
+                Some((b, s)) if base < *b + *s => *s = (*s).max(base + size - *b),
                 _ => merged.push((base, size)),
             }
         }
