@@ -135,7 +135,7 @@ impl Manager {
     pub fn trace_start(&self, sink: Sink) -> Result<()> {
         let _ = self.trace_stop();
         let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;
-        let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool)?);
+        let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool, self.raw_stream())?);
         let mut slot = lock(&self.trace);
         for lane in self.lanes() {
             self.lane(lane).trace = Some(LaneTrace::new(&tracer));

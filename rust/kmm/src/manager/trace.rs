@@ -101,6 +101,27 @@ pub struct Record {
     pub reserved: u64,
 }
 
+/// A record as a ring keeps it: one cache line (a traced operation writes one line, not two).
+/// The time is the clock's raw reading; a move's old address takes the stream's place (a move
+/// is always on the manager's stream).
+#[derive(Debug, Clone, Copy, Default)]
+#[repr(C, align(64))]
+struct Entry {
+    ticks: u64,
+    thread: u32,
+    action: u8,
+    kind: u8,
+    status: u16,
+    address: u64,
+    bytes: u64,
+    stream_or_moved_from: u64,
+    buffer: u64,
+    in_use: u64,
+    reserved: u64,
+}
+
+const _: () = assert!(std::mem::size_of::<Entry>() == 64);
+
 /// Where records go.
 pub enum Sink {
     /// A ring per lane (and one for the manager's own events), each keeping its last `capacity`
@@ -113,7 +134,7 @@ pub enum Sink {
 /// The last records of one lane (or of the manager's own events).
 #[derive(Default)]
 pub(super) struct Ring {
-    records: Vec<Record>,
+    records: Vec<Entry>,
     next: usize,
     capacity: usize,
     counts: TraceCounts,
@@ -125,7 +146,7 @@ impl Ring {
     }
 
     #[inline]
-    fn push(&mut self, record: Record) {
+    fn push(&mut self, record: Entry) {
         self.counts.recorded += 1;
         if self.records.len() < self.capacity {
             self.records.push(record);
@@ -146,17 +167,12 @@ impl Ring {
         tally.1.dropped += self.counts.dropped;
     }
 
-    /// Adds its records, oldest first, to `out` (as one more ring), their times in nanoseconds
-    /// (a ring keeps the clock's raw reading), and its counts to `counts`.
-    fn collect(&self, clock: &Clock, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
+    /// Adds its records, oldest first, to `out` (as one more ring) and its counts to `counts`.
+    fn collect(&self, tracer: &Tracer, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
         // A full ring's oldest record is where the next one goes.
         let start = if self.records.len() == self.capacity { self.next } else { 0 };
-        let mut records = self.records[start..].to_vec();
-        records.extend_from_slice(&self.records[..start]);
-        for r in &mut records {
-            r.time_ns = clock.to_ns(r.time_ns);
-        }
-        out.push(records);
+        let (newer, older) = self.records.split_at(start);
+        out.push(older.iter().chain(newer).map(|e| tracer.record_of(e)).collect());
         counts.recorded += self.counts.recorded;
         counts.dropped += self.counts.dropped;
     }
@@ -186,6 +202,8 @@ pub struct Tracer {
     limits: [Arc<Limit>; 2],
     /// Device memory comes from CUDA's pool, which counts its own reservation.
     device_reserve_uncounted: bool,
+    /// The manager's raw stream (a move's).
+    home: u64,
 }
 
 /// How many records a trace made and dropped (ring overflow).
@@ -234,7 +252,7 @@ impl LaneTrace {
     /// Adds the lane's ring, if it has one (see `Ring::collect`).
     pub(super) fn collect(&self, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
         if let Some(ring) = &self.ring {
-            ring.collect(&self.tracer.clock, out, counts);
+            ring.collect(&self.tracer, out, counts);
         }
     }
 }
@@ -245,6 +263,7 @@ impl Tracer {
         in_use: Arc<[Gauge; 2]>,
         limits: [Arc<Limit>; 2],
         device_reserve_uncounted: bool,
+        home: u64,
     ) -> Result<Tracer> {
         let (capacity, file) = match sink {
             Sink::Ring { capacity } => {
@@ -272,6 +291,7 @@ impl Tracer {
             in_use,
             limits,
             device_reserve_uncounted,
+            home,
         })
     }
 
@@ -279,7 +299,7 @@ impl Tracer {
     /// raw reading (see `Clock`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Record {
+    fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Entry {
         let k = kind as usize;
         let reserved = match self.limits[k].used().current() {
             _ if k == 0 && self.device_reserve_uncounted => u64::MAX,
@@ -287,19 +307,37 @@ impl Tracer {
             held if action == Action::Trim => held.saturating_sub(bytes),
             held => held,
         };
-        Record {
-            time_ns: self.clock.now(),
+        Entry {
+            ticks: self.clock.now(),
             thread: thread_id(),
-            action: action as u32,
-            kind: k as u32,
+            action: action as u8,
+            kind: k as u8,
+            status: if action == Action::AllocateFailure { extra as u16 } else { 0 },
             address,
             bytes,
-            stream,
+            stream_or_moved_from: if action == Action::Move { extra } else { stream },
             buffer,
-            moved_from: if action == Action::Move { extra } else { 0 },
-            status: if action == Action::AllocateFailure { extra as u32 } else { 0 },
             in_use: self.in_use[k].current(),
             reserved,
+        }
+    }
+
+    /// The record an entry keeps, its time in nanoseconds.
+    fn record_of(&self, e: &Entry) -> Record {
+        let moved = e.action == Action::Move as u8;
+        Record {
+            time_ns: self.clock.to_ns(e.ticks),
+            thread: e.thread as u64,
+            action: e.action as u32,
+            kind: e.kind as u32,
+            address: e.address,
+            bytes: e.bytes,
+            stream: if moved { self.home } else { e.stream_or_moved_from },
+            buffer: e.buffer,
+            moved_from: if moved { e.stream_or_moved_from } else { 0 },
+            status: e.status as u32,
+            in_use: e.in_use,
+            reserved: e.reserved,
         }
     }
 
@@ -310,8 +348,7 @@ impl Tracer {
         match &self.file {
             Some(file) => {
                 let mut f = file.lock();
-                let mut record = self.make(action, kind, address, bytes, stream, buffer, extra);
-                record.time_ns = self.clock.to_ns(record.time_ns);
+                let record = self.record_of(&self.make(action, kind, address, bytes, stream, buffer, extra));
                 let FileStore { out, writer, failed, closed, .. } = &mut *f;
                 if failed.is_none() && !*closed {
                     if let Err(e) = writer.row(out, &record) {
@@ -340,7 +377,7 @@ impl Tracer {
     pub(super) fn records(&self, mut rings: Vec<Vec<Record>>, mut counts: TraceCounts) -> (Vec<Record>, TraceCounts) {
         let kept = self.kept.lock();
         for ring in std::iter::once(&kept.0).chain(kept.1.iter()) {
-            ring.collect(&self.clock, &mut rings, &mut counts);
+            ring.collect(self, &mut rings, &mut counts);
         }
         (merge(rings), counts)
     }
@@ -449,13 +486,14 @@ fn tsc_rate() -> Option<f64> {
     })
 }
 
-/// The largest ring a trace may keep (each record is 96 bytes: 2^24 records are 1.5 GiB).
+/// The largest ring a trace may keep (each record is 64 bytes: 2^24 records are 1 GiB).
 pub(crate) const MAX_RING_RECORDS: usize = 1 << 24;
 
-/// The calling thread's id as the operating system knows it (what profilers and RMM's logs show).
-fn thread_id() -> u64 {
+/// The calling thread's id as the operating system knows it (what profilers and RMM's logs show;
+/// Linux's fit in 32 bits).
+fn thread_id() -> u32 {
     thread_local! {
-        static ID: u64 = os_thread_id();
+        static ID: u32 = os_thread_id() as u32;
     }
     ID.with(|id| *id)
 }
@@ -479,7 +517,7 @@ mod tests {
 
     fn tracer(sink: Sink) -> Tracer {
         let limits = [Arc::new(Limit::new(0)), Arc::new(Limit::new(0))];
-        Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false).unwrap()
+        Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false, 0).unwrap()
     }
 
     #[test]
