@@ -78,7 +78,7 @@
 #define KMM_TRACE_DEFAULT_RECORDS 65536
 
 /**
- * The largest ring `kmm_manager_trace_start` makes (records of 96 bytes: 1.5 GiB a ring).
+ * The largest ring `kmm_manager_trace_start` makes (records of 64 bytes: 1 GiB a ring).
  */
 #define KMM_TRACE_MAX_RECORDS 16777216
 
@@ -1543,7 +1543,7 @@ KmmStatus kmm_torch_live_allocations(uint64_t *out);
  * manager (a trace already recording is stopped first; the last trace's records are dropped).
  * With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
  * `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
- * parallel (up to `capacity` x 96 bytes per lane in use), and one for the manager's own events;
+ * parallel (up to `capacity` x 64 bytes per lane in use), and one for the manager's own events;
  * read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
  * written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
  * `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
