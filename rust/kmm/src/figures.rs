@@ -78,6 +78,27 @@ fn legend(out: &mut String, left: f64, y: f64, entries: &[(&str, &str)]) {
     }
 }
 
+/// An x axis from 0 to `max` (in the unit its label names) over `width` pixels from `left`:
+/// the line, round ticks with their values, and the label.
+fn x_axis(out: &mut String, left: f64, width: f64, y: f64, max: f64, label: &str) {
+    let _ = write!(out, "<line x1=\"{left}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#333\"/>", left + width);
+    let scale = if max > 0.0 { width / max } else { 0.0 };
+    for t in ticks(max) {
+        let x = left + t * scale;
+        if x > left + width + 0.5 {
+            break;
+        }
+        let _ = write!(
+            out,
+            "<line x1=\"{x:.2}\" y1=\"{y}\" x2=\"{x:.2}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>",
+            y + 4.0,
+            y + 17.0,
+            number(t)
+        );
+    }
+    let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>", left + width / 2.0, y + 33.0, escape(label));
+}
+
 const FREE: &str = "#e6e6e6";
 const IN_USE: &str = "#3b75af";
 const MAPPED: &str = "#ef8636";
@@ -135,26 +156,7 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     }
     // The x axis: offset within a chunk.
     let axis_y = TOP + plot_h + 4.0;
-    let _ = write!(out, "<line x1=\"{MAP_LEFT}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#333\"/>", MAP_LEFT + plot_w);
-    for t in ticks(largest as f64 / div) {
-        let x = MAP_LEFT + t * div * scale;
-        if x > MAP_LEFT + plot_w + 0.5 {
-            break;
-        }
-        let _ = write!(
-            out,
-            "<line x1=\"{x:.2}\" y1=\"{axis_y}\" x2=\"{x:.2}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>",
-            axis_y + 4.0,
-            axis_y + 17.0,
-            number(t)
-        );
-    }
-    let _ = write!(
-        out,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>offset in chunk ({unit})</text>",
-        MAP_LEFT + plot_w / 2.0,
-        axis_y + 33.0
-    );
+    x_axis(&mut out, MAP_LEFT, plot_w, axis_y, largest as f64 / div, &format!("offset in chunk ({unit})"));
     let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>chunk (size)</text>", MAP_LEFT - 6.0, TOP - 6.0);
     let more = chunks.len().saturating_sub(MAX_ROWS);
     let free = format!("free ({}, largest {})", human_bytes(map.free_bytes()), human_bytes(map.largest_free()));
@@ -199,25 +201,8 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
         );
     }
     let axis_y = TOP + plot_h;
-    let _ = write!(
-        out,
-        "<line x1=\"{LEFT}\" y1=\"{axis_y}\" x2=\"{}\" y2=\"{axis_y}\" stroke=\"#333\"/><line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{axis_y}\" stroke=\"#333\"/>",
-        LEFT + plot_w
-    );
-    for t in ticks(end_ns as f64 / t_div) {
-        let x = LEFT + t * t_div / end_ns as f64 * plot_w;
-        if x > LEFT + plot_w + 0.5 {
-            break;
-        }
-        let _ = write!(
-            out,
-            "<line x1=\"{x:.2}\" y1=\"{axis_y}\" x2=\"{x:.2}\" y2=\"{}\" stroke=\"#333\"/><text x=\"{x:.2}\" y=\"{}\" text-anchor=\"middle\" {FONT}>{}</text>",
-            axis_y + 4.0,
-            axis_y + 17.0,
-            number(t)
-        );
-    }
-    let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>time since the trace started ({t_unit})</text>", LEFT + plot_w / 2.0, axis_y + 33.0);
+    let _ = write!(out, "<line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{axis_y}\" stroke=\"#333\"/>");
+    x_axis(&mut out, LEFT, plot_w, axis_y, end_ns as f64 / t_div, &format!("time since the trace started ({t_unit})"));
     let _ = write!(
         out,
         "<text transform=\"translate({},{}) rotate(-90)\" text-anchor=\"middle\" {FONT}>bytes ({unit})</text>",
