@@ -71,6 +71,12 @@ impl MemoryMap {
     }
 }
 
+/// Whether `addr` lies in one of `chunks` (base, size), sorted by base.
+fn in_chunks(chunks: &[(u64, u64)], addr: u64) -> bool {
+    let i = chunks.partition_point(|c| c.0 <= addr);
+    i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
+}
+
 /// A figure of a manager's memory (see `crate::figures`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Figure {
@@ -220,11 +226,7 @@ impl Manager {
         chunks.sort_unstable();
         blocks.sort_unstable();
         // Blocks outside every chunk are whole allocations: each is a chunk of its own.
-        let within = |chunks: &[(u64, u64)], addr: u64| {
-            let i = chunks.partition_point(|c| c.0 <= addr);
-            i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
-        };
-        let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !within(&chunks, b.0)).map(|b| (b.0, b.1)).collect();
+        let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !in_chunks(&chunks, b.0)).map(|b| (b.0, b.1)).collect();
         // The same memory wrapped twice (or overlapping wraps) is one chunk; allocations that
         // merely touch (CUDA hands out small ones side by side) stay apart.
         whole.sort_unstable();
@@ -289,11 +291,7 @@ impl Manager {
             }
         }
         chunks.sort_unstable();
-        let in_chunks = |addr: u64| {
-            let i = chunks.partition_point(|c| c.0 <= addr);
-            i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
-        };
-        let held: u64 = blocks.iter().filter(|b| in_chunks(b.0)).map(|b| b.1).sum();
+        let held: u64 = blocks.iter().filter(|b| in_chunks(&chunks, b.0)).map(|b| b.1).sum();
         (chunks.iter().map(|c| c.1).sum(), held, top)
     }
 
