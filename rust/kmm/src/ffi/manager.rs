@@ -5,6 +5,7 @@ use super::types::*;
 use super::{boundary, check_flags, check_out, write_out, write_text};
 use crate::backend::BackendKind;
 use crate::error::KmmStatus;
+use crate::fail;
 use crate::manager::Config;
 use std::ffi::c_char;
 
@@ -152,6 +153,9 @@ pub extern "C" fn kmm_manager_trim(manager: KmmManager, keep_bytes: u64) -> KmmS
 #[no_mangle]
 pub extern "C" fn kmm_manager_summary(manager: KmmManager, buf: *mut c_char, len: usize, needed: *mut usize) -> KmmStatus {
     boundary(|| {
+        if buf.is_null() && len > 0 {
+            fail!(KMM_ERROR_NULL_POINTER, "buf is NULL but len = {len}");
+        }
         let text = with_manager(manager, |m| Ok(m.summary()))?;
         write_text(&text, buf, len, needed)
     })
