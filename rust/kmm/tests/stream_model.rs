@@ -45,6 +45,11 @@ const MAX_DELAY_US: u64 = 2000;
 /// One configuration of the manager and of the operations.
 struct Variant {
     name: &'static str,
+    threads: usize,
+    /// Plugin allocations (mapped for as long as they live) take part.
+    plugins: bool,
+    /// The smallest buffer is 256 B << this.
+    min_shift: u64,
     /// Allocations may run out of memory (and so give cached memory back).
     limited: bool,
     /// Threads trim (kmm_manager_trim).
@@ -58,7 +63,7 @@ struct Variant {
 
 #[test]
 fn pool() {
-    run_variant(&Variant { name: "pool", limited: false, trims: true, max_live: 8, largest: 1 << 20, config: |_| {} });
+    run_variant(&Variant { name: "pool", threads: THREADS, plugins: true, min_shift: 0, limited: false, trims: true, max_live: 8, largest: 1 << 20, config: |_| {} });
 }
 
 /// Small chunks, a ratio of 100 and a hard limit that keeps the pool tight: an allocation that
@@ -67,6 +72,7 @@ fn pool() {
 fn compaction() {
     run_variant(&Variant {
         name: "compaction",
+        threads: THREADS, plugins: true, min_shift: 0,
         limited: true,
         trims: false,
         max_live: 8,
@@ -86,6 +92,7 @@ fn compaction() {
 fn hard_limit() {
     run_variant(&Variant {
         name: "hard_limit",
+        threads: THREADS, plugins: true, min_shift: 0,
         limited: true,
         trims: false,
         max_live: 4,
@@ -94,6 +101,33 @@ fn hard_limit() {
             c.chunk_size = 2 << 20;
             c.hard_limit = 8 << 20;
             c.compaction_ratio_pct = 0;
+        },
+    });
+}
+
+/// Eight threads, a hard limit well under their live set (8 threads x up to 32 buffers of 64 KiB
+/// to 1 MiB; no plugin allocations, which stay mapped) and spill to host: allocations and uses find the device full,
+/// unmapped buffers (some with foreign work still queued on them) spill, and come back on their
+/// next use, into their own lane's pool or a free block another lane lends. Nothing may run out of
+/// memory (the spill limit holds the live set), and every byte must survive the trips.
+#[test]
+fn spill() {
+    run_variant(&Variant {
+        name: "spill",
+        threads: 8,
+        plugins: false,
+        min_shift: 8,
+        limited: false,
+        trims: true,
+        max_live: 32,
+        largest: 1 << 20,
+        config: |c| {
+            c.chunk_size = 2 << 20;
+            c.hard_limit = 16 << 20;
+            c.spill_limit = 256 << 20;
+            // The pinned pool takes part of the spill; the rest goes to pageable memory.
+            c.pinned_limit = 2 << 20;
+            c.pinned_chunk_size = 2 << 20;
         },
     });
 }
@@ -128,6 +162,10 @@ fn run_variant(variant: &'static Variant) {
         match variant.name {
             "compaction" => assert!(count("compactions") > 0, "the compaction variant moved no buffer"),
             "hard_limit" => assert!(count("chunks_given_back") > 0, "the hard limit variant gave no chunk back"),
+            "spill" => {
+                assert!(count("spills") > 0 && count("restores") > 0, "the spill variant spilled or restored nothing");
+                assert!(count("spilled_past_pinned") > 0, "the spill variant never overflowed into pageable memory");
+            }
             _ => {}
         }
         assert!(!variant.limited || count("alloc_oom") > 0, "the hard limit was never reached");
@@ -193,7 +231,7 @@ fn run_seed(variant: &'static Variant, seed: u64, ops: usize) -> BTreeMap<&'stat
     let host = HostBackend::get(0).unwrap();
     let streams = (0..FOREIGN_STREAMS).map(|_| host.create_stream().unwrap()).collect();
     let ctx = Arc::new(Ctx { variant, seed, m, own_stream: info.stream, streams, failures: Arc::default() });
-    let workers: Vec<_> = (0..THREADS)
+    let workers: Vec<_> = (0..variant.threads)
         .map(|id| {
             let ctx = ctx.clone();
             std::thread::spawn(move || {
@@ -221,6 +259,14 @@ fn run_seed(variant: &'static Variant, seed: u64, ops: usize) -> BTreeMap<&'stat
         }
     }
     let stats = device_stats(m);
+    // Every buffer is freed: nothing stays counted on the device or on the host.
+    assert_eq!((stats.in_use, stats.spilled_bytes, stats.live_buffers), (0, 0, 0), "{}: stats after every free: {stats:?}", variant.name);
+    assert!(stats.spilled_out_bytes >= stats.restored_in_bytes && stats.spills >= stats.restores, "{stats:?}");
+    *counts.entry("spills").or_insert(0) += stats.spills;
+    *counts.entry("restores").or_insert(0) += stats.restores;
+    // More on the host than the pinned limit holds: pageable memory took the rest.
+    *counts.entry("spilled_past_pinned").or_insert(0) += u64::from(stats.peak_spilled_bytes > 2 << 20);
+    *counts.entry("peak_spilled_kib").or_insert(0) += stats.peak_spilled_bytes >> 10;
     *counts.entry("compactions").or_insert(0) += stats.compactions;
     *counts.entry("chunks_given_back").or_insert(0) += stats.upstream_frees;
     *counts.entry("pool_misses").or_insert(0) += stats.pool_misses;
@@ -303,8 +349,9 @@ impl Worker {
                 73..=79 => self.op_copy_buffer(),
                 80..=82 if self.ctx.variant.trims => self.op_trim(),
                 80..=82 => self.op_download(),
-                83..=92 => self.op_plugin_alloc(),
-                93..=97 => self.op_plugin_free(),
+                83..=92 if self.ctx.variant.plugins => self.op_plugin_alloc(),
+                93..=97 if self.ctx.variant.plugins => self.op_plugin_free(),
+                83..=97 => self.op_foreign_work(),
                 _ => self.op_free_all(),
             }
             // A failure is reported with the steps that led to it: stop adding more.
@@ -333,7 +380,8 @@ impl Worker {
 
     /// 256 B to 1 MiB, spread evenly over the powers of two.
     fn size(&mut self) -> u64 {
-        let base = 256u64 << self.rng.below(12);
+        let shift = self.ctx.variant.min_shift;
+        let base = 256u64 << (shift + self.rng.below(12 - shift));
         base + self.rng.below(base)
     }
 

@@ -93,15 +93,26 @@ pub extern "C" fn kmm_buffer_record_stream(manager: KmmManager, buffer: KmmBuffe
 pub extern "C" fn kmm_buffer_info(manager: KmmManager, buffer: KmmBuffer, out: *mut KmmBufferInfo) -> KmmStatus {
     boundary(|| {
         check_out(out, "out")?;
-        let (_, bytes, kind, pins) = with_buffer_state(manager, buffer, |st| st.buffer_info(buffer))?;
-        write_out(out, "out", KmmBufferInfo { bytes, kind: kind as u32, pins })
+        let ((_, bytes, kind, pins), (spilled, never_spill)) =
+            with_buffer_state(manager, buffer, |st| Ok((st.buffer_info(buffer)?, st.spill_flags(buffer)?)))?;
+        let info = KmmBufferInfo { bytes, kind: kind as u32, pins, spilled: spilled as u32, never_spill: never_spill as u32 };
+        write_out(out, "out", info)
     })
+}
+
+/// Marks the buffer never to spill to host memory (`never` true), or lets it spill again
+/// (false; the default). A spilled buffer marked never to spill comes back to the device before
+/// this returns (out of memory if it cannot). Mapped buffers never spill either way.
+#[no_mangle]
+pub extern "C" fn kmm_buffer_never_spill(manager: KmmManager, buffer: KmmBuffer, never: bool) -> KmmStatus {
+    boundary(|| with_manager(manager, |m| m.set_never_spill(buffer, never)))
 }
 
 /// Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
 /// device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
 /// valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
-/// `KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+/// `KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
+/// again for each use. A spilled buffer comes back to the device first. Work on other streams that
 /// uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
 /// before, `kmm_manager_wait_stream` after, before the unmap).
 #[no_mangle]

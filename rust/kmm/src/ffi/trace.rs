@@ -42,6 +42,11 @@ pub enum KmmTraceAction {
     KMM_TRACE_TRIM = 6,
     /// Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
     KMM_TRACE_WRAP = 7,
+    /// A buffer spilled to host memory: `address` is the device place it left, `moved_from` its
+    /// host place.
+    KMM_TRACE_SPILL = 8,
+    /// A spilled buffer came back: `address` is its new device place, `moved_from` its host place.
+    KMM_TRACE_RESTORE = 9,
 }
 
 /// One event of a trace (`kmm_manager_trace_records`).
@@ -64,7 +69,7 @@ pub struct KmmTraceRecord {
     pub stream: u64,
     /// The buffer (0 for a trim and a failed allocation).
     pub buffer: u64,
-    /// A move's old address (else 0).
+    /// A move's old address; a spill's or restore's host address (else 0).
     pub moved_from: u64,
     /// A failed allocation's `KmmStatus` (else 0).
     pub status: u32,

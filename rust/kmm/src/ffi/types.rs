@@ -131,6 +131,11 @@ pub struct KmmConfig {
     /// (compaction; also tried before failing with out of memory). 0 never moves buffers;
     /// otherwise 100 to 1000 (default 108).
     pub compaction_ratio_pct: u32,
+    /// Most bytes of device buffers that may spill to host memory when the device (or
+    /// `hard_limit`) is full: unmapped buffers not marked `kmm_buffer_never_spill` move to the
+    /// host, least recently used first, into pinned memory while `pinned_limit` leaves room, then
+    /// pageable memory, and come back on their next use. 0 never spills (default 0).
+    pub spill_limit: u64,
 }
 
 /// Figures for one memory kind of one manager (`kmm_manager_stats`). Byte counts of "in use"
@@ -157,6 +162,21 @@ pub struct KmmMemoryStats {
     pub compactions: u64,
     /// Bytes moved to make room, also in attempts that then grew the pool.
     pub relocated_bytes: u64,
+    /// Device memory only (0 for pinned): bytes of buffers spilled to host memory now, and
+    /// their peak (`in_use` counts the buffers on the device only).
+    pub spilled_bytes: u64,
+    pub peak_spilled_bytes: u64,
+    /// Of `spilled_bytes`, those in pageable host memory.
+    pub spilled_pageable_bytes: u64,
+    /// Buffers spilled, and restored.
+    pub spills: u64,
+    pub restores: u64,
+    /// Bytes copied to the host by spills, and back by restores.
+    pub spilled_out_bytes: u64,
+    pub restored_in_bytes: u64,
+    /// Host time spent spilling and restoring, in nanoseconds: choosing buffers, queuing the
+    /// copies, and waiting for copies out before their device memory went back.
+    pub spill_time_ns: u64,
 }
 
 /// What `kmm_buffer_info` reports.
@@ -168,6 +188,10 @@ pub struct KmmBufferInfo {
     pub kind: u32,
     /// How many `kmm_buffer_map` calls are not yet matched by `kmm_buffer_unmap`.
     pub pins: u32,
+    /// 1 while the buffer is spilled to host memory (see `KmmConfig.spill_limit`), else 0.
+    pub spilled: u32,
+    /// 1 when the buffer is marked never to spill (`kmm_buffer_never_spill`), else 0.
+    pub never_spill: u32,
 }
 
 /// What `kmm_manager_info` reports.
@@ -220,6 +244,14 @@ impl From<KindStats> for KmmMemoryStats {
             largest_free_block: s.resource.largest_free,
             compactions: s.resource.compactions,
             relocated_bytes: s.resource.relocated_bytes,
+            spilled_bytes: s.spill.spilled_bytes,
+            peak_spilled_bytes: s.spill.peak_spilled_bytes,
+            spilled_pageable_bytes: s.spill.pageable_bytes,
+            spills: s.spill.spills,
+            restores: s.spill.restores,
+            spilled_out_bytes: s.spill.bytes_out,
+            restored_in_bytes: s.spill.bytes_in,
+            spill_time_ns: s.spill.time_ns,
         }
     }
 }
@@ -250,6 +282,7 @@ impl From<&Config> for KmmConfig {
             staging_chunk_size: c.staging_chunk_size,
             staging_chunks: c.staging_chunks,
             compaction_ratio_pct: c.compaction_ratio_pct,
+            spill_limit: c.spill_limit,
         }
     }
 }
@@ -296,6 +329,7 @@ impl TryFrom<&KmmConfig> for Config {
             staging_chunk_size: c.staging_chunk_size,
             staging_chunks: c.staging_chunks,
             compaction_ratio_pct: c.compaction_ratio_pct,
+            spill_limit: c.spill_limit,
         };
         config.validate()?;
         Ok(config)

@@ -14,13 +14,16 @@ use super::{AllocMode, MemoryKind, State};
 use crate::error::Result;
 use crate::fail;
 use crate::pool::upstream::PendingFrees;
+use crate::pool::Block;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Lanes of a pool-mode manager (other modes use one: the driver's allocators lock anyway).
 pub const LANES: usize = 1 << LANE_BITS;
 
+/// A lane's state, and the blocks of its pool that other lanes' buffers held (see `lane`'s
+/// `Origin::Lent`) and gave back while it was busy: it takes them back at its next release.
 #[repr(align(64))]
-struct Lane(parking_lot::Mutex<Option<State>>);
+struct Lane(parking_lot::Mutex<Option<State>>, parking_lot::Mutex<Vec<Block>>);
 
 /// The lane cells of one manager at a time. The lanes sit inline, one pointer hop from an
 /// `Arc<LaneCells>` (as from the boxed slice the registry's slots once held); the mask sits on
@@ -43,13 +46,18 @@ impl LaneCells {
         LaneCells {
             lane_mask: AtomicUsize::new(0),
             frees_pending: AtomicBool::new(false),
-            lanes: std::array::from_fn(|_| Lane(parking_lot::Mutex::new(None))),
+            lanes: std::array::from_fn(|_| Lane(parking_lot::Mutex::new(None), parking_lot::Mutex::new(Vec::new()))),
         }
     }
 
     /// The cell of `lane` (below `LANES`).
     pub(crate) fn lane(&self, lane: usize) -> &parking_lot::Mutex<Option<State>> {
         &self.lanes[lane].0
+    }
+
+    /// The blocks given back to `lane`'s pool by other lanes while it was busy.
+    pub(super) fn inbox(&self, lane: usize) -> &parking_lot::Mutex<Vec<Block>> {
+        &self.lanes[lane].1
     }
 
     /// Puts a new manager's lane states in (`states[i]` into lane i) and sets its lane mask. All
@@ -74,6 +82,8 @@ impl LaneCells {
     pub(super) fn vacate(&self) {
         for lane in self.lanes.iter() {
             let state = lane.0.lock().take();
+            // Blocks of the pool dropped with the state.
+            lane.1.lock().clear();
             drop(state);
         }
     }

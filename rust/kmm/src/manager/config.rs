@@ -38,6 +38,7 @@ pub struct Config {
     pub staging_chunk_size: u64,
     pub staging_chunks: u32,
     pub compaction_ratio_pct: u32,
+    pub spill_limit: u64,
 }
 
 impl Default for Config {
@@ -58,6 +59,7 @@ impl Default for Config {
             staging_chunk_size: 16 << 20,
             staging_chunks: 4,
             compaction_ratio_pct: 108,
+            spill_limit: 0,
         }
     }
 }

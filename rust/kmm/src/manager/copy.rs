@@ -36,21 +36,29 @@ pub enum Completion {
 }
 
 impl Manager {
+    /// Pins the buffer (restoring it first when it is spilled) for a copy of `bytes` at `offset`.
     fn lease(&self, handle: u64, offset: u64, bytes: u64, arg: &str) -> Result<(Lease<'_>, u64, MemoryKind)> {
-        let mut st = self.state_of(handle);
-        let r = st.buffers.get_mut(handle)?;
-        match offset.checked_add(bytes) {
-            Some(end) if end <= r.bytes => {}
-            _ => fail!(
-                KMM_ERROR_OUT_OF_RANGE,
-                "{arg}_offset = {offset} + bytes = {bytes} exceeds the {arg} buffer's size of {} bytes",
-                r.bytes
-            ),
-        }
-        r.pins += 1;
-        // Kmm's own work on the manager's stream: the buffer's free waits for it.
-        r.users.insert(self.raw_stream());
-        Ok((Lease { manager: self, handle }, r.addr + offset, r.kind))
+        let home = self.raw_stream();
+        let (addr, kind) = self.resident(handle, |st| {
+            let r = st.buffers.get_mut(handle)?;
+            match offset.checked_add(bytes) {
+                Some(end) if end <= r.bytes => {}
+                _ => fail!(
+                    KMM_ERROR_OUT_OF_RANGE,
+                    "{arg}_offset = {offset} + bytes = {bytes} exceeds the {arg} buffer's size of {} bytes",
+                    r.bytes
+                ),
+            }
+            if r.is_spilled() {
+                return Ok(None);
+            }
+            r.pins += 1;
+            r.last_use = st.spill.tick();
+            // Kmm's own work on the manager's stream: the buffer's free waits for it.
+            r.users.insert(home);
+            Ok(Some((r.addr + offset, r.kind)))
+        })?;
+        Ok((Lease { manager: self, handle }, addr, kind))
     }
 
     fn complete(&self, completion: Completion) -> Result<Option<u64>> {

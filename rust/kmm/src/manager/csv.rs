@@ -61,6 +61,15 @@ impl Writer {
                 }
                 None => Ok(()),
             },
+            // Device memory given up and taken again: RMM's free and allocate.
+            Action::Spill => match self.live.remove(&r.buffer) {
+                Some(address) => line(out, r, Action::Free, address, 0),
+                None => Ok(()),
+            },
+            Action::Restore => {
+                self.live.insert(r.buffer, r.address);
+                line(out, r, Action::Allocate, r.address, 0)
+            }
             Action::AllocateFailure => line(out, r, action, 0, 0),
             _ => Ok(()),
         }
@@ -71,7 +80,7 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
     let secs = r.time_ns / 1_000_000_000;
     let nanos = r.time_ns % 1_000_000_000;
     let kind = if r.kind == 0 { "device" } else { "pinned" };
-    let from = if action == Action::Move { format!("{:#x}", r.moved_from) } else { String::new() };
+    let from = if action.moves() { format!("{:#x}", r.moved_from) } else { String::new() };
     let status = match KmmStatus::from_u32(r.status) {
         Some(s) if action == Action::AllocateFailure => s.name().to_str().unwrap_or_default().to_string(),
         _ => String::new(),

@@ -129,6 +129,11 @@ impl<T> HandleTable<T> {
         crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} is not live (freed, stale or never issued)")
     }
 
+    /// The slot index of a live handle (the owner its pool blocks carry).
+    pub fn slot_of(&self, handle: u64) -> Result<u32> {
+        self.index_of(handle).map(|i| i as u32)
+    }
+
     pub fn get(&self, handle: u64) -> Result<&T> {
         let i = self.index_of(handle)?;
         Ok(self.slots[i].value.as_ref().expect("checked live"))

@@ -8,6 +8,7 @@ use super::cells::LaneCells;
 use super::config::{MemoryKind, MAX_BUFFER_BYTES};
 use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
+use super::spill::{HostPlace, Spill};
 use super::trace::{Action, LaneTrace};
 use crate::backend::{Backend, Event, Stream};
 use crate::error::{KmmStatus, Result};
@@ -25,6 +26,11 @@ pub(super) enum Origin {
     Resource(Block),
     Borrowed,
     Adopted(Block),
+    /// Spilled to host memory (see `spill`): no device memory until restored.
+    Spilled(HostPlace),
+    /// Restored into a free block of another lane's pool (its own had no room): the block goes
+    /// back to that lane, which never moves it.
+    Lent { lane: usize, block: Block },
 }
 
 pub(super) struct BufferRecord {
@@ -38,6 +44,10 @@ pub(super) struct BufferRecord {
     /// The buffer was moved, or placed while a compaction's copies may still be queued (perhaps
     /// where a moved buffer was): the next `map` waits for them.
     pub settling: bool,
+    /// The spill clock at its last use: the least recent spills first.
+    pub last_use: u64,
+    /// Set by the user: the buffer stays on the device.
+    pub never_spill: bool,
 }
 
 /// What a `map` of a settling buffer waits for: the event after a compaction's copies, or (when
@@ -114,6 +124,8 @@ pub struct State {
     pub(super) fence_query_in: Option<u32>,
     /// The manager's trace while one records (see `trace`).
     pub(super) trace: Option<LaneTrace>,
+    /// The manager's spill store and use clock, shared by its lanes.
+    pub(super) spill: Arc<Spill>,
 }
 
 /// Device allocations between two queries of the moves' fence.
@@ -255,6 +267,30 @@ impl State {
         // Pinned blocks have no owner, and the pinned pool never compacts.
         let device = kind == MemoryKind::Device;
         let owner = if device { self.buffers.next_index() } else { NO_OWNER };
+        let Some(block) = self.allocate_block(bytes, kind, owner, growth)? else {
+            return Ok(None);
+        };
+        if let Err(e) = order::order_alloc(self.backend.as_ref(), &mut self.reuse[k], stream, self.home) {
+            // Unused: back as it came.
+            self.resources[k].deallocate(block)?;
+            self.usage[k].on_failure();
+            return Err(e);
+        }
+        // Until the moves' copies have run, any new device block may lie where a moved buffer
+        // was (the request's own room, or what a window left over or gave back).
+        let mut record = BufferRecord::new(kind, block.addr, bytes, Origin::Resource(block), StreamSet::of(stream));
+        record.settling = device && self.moves_in_flight();
+        record.last_use = self.spill.now();
+        self.insert_traced(Action::Allocate, record, stream).map(Some)
+    }
+
+    /// A block of `bytes` from the lane's resource of `kind`, held by `owner`, compacting and
+    /// growing as far as `growth` lets it: `None` when the lane declined to. Out of memory is
+    /// returned without counting a failure (the manager's rungs come next); other errors count.
+    #[inline]
+    pub(super) fn allocate_block(&mut self, bytes: u64, kind: MemoryKind, owner: u32, growth: Growth) -> Result<Option<Block>> {
+        let k = kind as usize;
+        let device = kind == MemoryKind::Device;
         let mut caller = LaneCaller {
             buffers: &mut self.buffers,
             reuse: &mut self.reuse[k],
@@ -276,27 +312,16 @@ impl State {
         if caller.moved > 0 {
             self.fence_moves();
         }
-        let block = match allocated {
-            Ok(block) => block,
-            Err(_) if declined => return Ok(None),
+        match allocated {
+            Ok(block) => Ok(Some(block)),
+            Err(_) if declined => Ok(None),
             Err(e) => {
                 if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
                     self.usage[k].on_failure();
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        if let Err(e) = order::order_alloc(self.backend.as_ref(), &mut self.reuse[k], stream, self.home) {
-            // Unused: back as it came.
-            self.resources[k].deallocate(block)?;
-            self.usage[k].on_failure();
-            return Err(e);
         }
-        // Until the moves' copies have run, any new device block may lie where a moved buffer
-        // was (the request's own room, or what a window left over or gave back).
-        let mut record = BufferRecord::new(kind, block.addr, bytes, Origin::Resource(block), StreamSet::of(stream));
-        record.settling = device && self.moves_in_flight();
-        self.insert_traced(Action::Allocate, record, stream).map(Some)
     }
 
     /// `insert_buffer`, and its record in the trace (`action`: an allocation or a wrap).
@@ -336,7 +361,7 @@ impl State {
     /// Marks the end of a compaction's copies on the stream, for `map` to wait on. The last
     /// fence's event is recorded again unless a `map` still waits on it; without an event, maps
     /// wait for the stream.
-    fn fence_moves(&mut self) {
+    pub(super) fn fence_moves(&mut self) {
         let reusable = match self.moves_fence.take() {
             Some(MovesFence::Event(e)) if Arc::strong_count(&e) == 1 => Some(e),
             _ => None,
@@ -383,8 +408,11 @@ impl State {
                 );
             }
             let on = match record.origin {
-                Origin::Empty => return Ok(()),
+                // A spilled buffer's streams were waited for before its copy out.
+                Origin::Empty | Origin::Spilled(_) => return Ok(()),
                 Origin::Resource(_) => reuse[record.kind as usize].free_stream(home),
+                // The lending lane's pool takes it back ordered on the manager's stream.
+                Origin::Lent { .. } => home,
                 // Kmm's adopted memory goes back once the manager's stream passed the free, and a
                 // borrowed buffer's owner waits for that stream (`kmm_buffer_wrap`).
                 Origin::Adopted(_) | Origin::Borrowed => home,
@@ -392,26 +420,83 @@ impl State {
             order::order_free(backend, on, &record.users)
         })?;
         let k = record.kind as usize;
-        self.usage[k].on_free(record.bytes);
-        self.in_use[k].sub(record.bytes);
+        // A spilled buffer's bytes left the counts of bytes in use when it spilled.
+        let resident = if matches!(record.origin, Origin::Spilled(_)) { 0 } else { record.bytes };
+        self.usage[k].on_free(resident);
+        self.in_use[k].sub(resident);
         if let Some(t) = &mut self.trace {
             t.record(Action::Free, record.kind, record.addr, record.bytes, self.home, handle, 0);
         }
         match record.origin {
             Origin::Resource(block) => self.resources[k].deallocate(block),
             Origin::Adopted(block) => self.adopted[k].deallocate(block),
+            Origin::Spilled(place) => {
+                self.spill.give_back(place, record.bytes);
+                Ok(())
+            }
+            Origin::Lent { lane, block } => {
+                self.return_lent(lane, block);
+                Ok(())
+            }
             Origin::Empty | Origin::Borrowed => Ok(()),
         }
     }
 
-    /// Records that work on the raw `stream` may use the buffer's memory.
-    pub fn record_stream(&mut self, handle: u64, stream: u64) -> Result<()> {
+    /// Gives a block lent by `lane` back (its reuse already ordered on the manager's stream): at
+    /// once when that lane is not busy, else through its inbox. Never waits for its lock.
+    pub(super) fn return_lent(&self, lane: usize, block: Block) {
+        let Some(cells) = self.place.cells.upgrade() else {
+            return;
+        };
+        if let Some(mut cell) = cells.lane(lane).try_lock() {
+            if let Some(other) = cell.as_mut() {
+                if order::take_over(self.backend.as_ref(), &mut other.reuse[0], self.home).is_ok()
+                    && other.resources[0].deallocate(block).is_ok()
+                {
+                    return;
+                }
+            }
+        }
+        cells.inbox(lane).lock().push(block);
+    }
+
+    /// Takes back the blocks other lanes returned through the inbox while this lane was busy.
+    pub(super) fn take_inbox(&mut self) -> Result<()> {
+        let Some(cells) = self.place.cells.upgrade() else {
+            return Ok(());
+        };
+        let blocks = std::mem::take(&mut *cells.inbox(self.place.lane).lock());
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let taken = order::take_over(self.backend.as_ref(), &mut self.reuse[0], self.home);
+        for (i, &block) in blocks.iter().enumerate() {
+            if let Err(e) = taken.clone().and_then(|_| self.resources[0].deallocate(block)) {
+                cells.inbox(self.place.lane).lock().extend_from_slice(&blocks[i..]);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Records that work on the raw `stream` may use the buffer's memory; `None` when the
+    /// buffer is spilled (the manager restores it first).
+    pub fn record_stream(&mut self, handle: u64, stream: u64) -> Result<Option<()>> {
         let record = self.buffers.get_mut(handle)?;
+        if matches!(record.origin, Origin::Spilled(_)) {
+            return Ok(None);
+        }
         if stream != self.home {
             self.backend.check_stream(stream)?;
         }
         record.users.insert(stream);
-        Ok(())
+        Ok(Some(()))
+    }
+
+    /// Whether the buffer is spilled now, and whether it is marked never to spill.
+    pub fn spill_flags(&self, handle: u64) -> Result<(bool, bool)> {
+        let r = self.buffers.get(handle)?;
+        Ok((matches!(r.origin, Origin::Spilled(_)), r.never_spill))
     }
 
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
@@ -422,9 +507,14 @@ impl State {
     /// Pins the buffer; returns its address and, when a compaction's copies that involve it may
     /// still be queued, the fence to wait for (outside the lock) before the address is used
     /// outside the stream. With `own_work`, Kmm queues work on it on the manager's stream.
-    pub(super) fn map(&mut self, handle: u64, own_work: bool) -> Result<(u64, Option<MovesFence>)> {
+    /// `None` when the buffer is spilled: the manager restores it first.
+    pub(super) fn map(&mut self, handle: u64, own_work: bool) -> Result<Option<(u64, Option<MovesFence>)>> {
         let fence = &self.moves_fence;
         let r = self.buffers.get_mut(handle)?;
+        if matches!(r.origin, Origin::Spilled(_)) {
+            return Ok(None);
+        }
+        r.last_use = self.spill.tick();
         r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
         if own_work {
             r.users.insert(self.home);
@@ -436,7 +526,7 @@ impl State {
         if let Some(t) = &mut self.trace {
             t.record(Action::Map, r.kind, r.addr, r.bytes, self.home, handle, 0);
         }
-        Ok((r.addr, wait))
+        Ok(Some((r.addr, wait)))
     }
 
     /// After a `map`'s wait for the moves' fence succeeded: the buffer's bytes are in place.
@@ -461,6 +551,6 @@ impl State {
 
 impl BufferRecord {
     pub(super) fn new(kind: MemoryKind, addr: u64, bytes: u64, origin: Origin, users: StreamSet) -> Self {
-        BufferRecord { kind, addr, bytes, origin, pins: 0, users, settling: false }
+        BufferRecord { kind, addr, bytes, origin, pins: 0, users, settling: false, last_use: 0, never_spill: false }
     }
 }

@@ -13,6 +13,7 @@ mod observe;
 pub mod order;
 mod peer;
 mod report;
+mod spill;
 mod staging;
 #[cfg(test)]
 mod tests;
@@ -22,6 +23,7 @@ pub use config::{AllocMode, Config, MemoryKind, MAX_BUFFER_BYTES};
 pub use lane::{Growth, State};
 pub use observe::{Figure, MapSegment, MemoryMap, SegmentState};
 pub use report::{human_bytes, KindStats};
+pub use spill::SpillStats;
 
 use crate::backend::{self, Backend, BackendKind, Event, Stream};
 use crate::error::{lock, KmmStatus, Result};
@@ -72,6 +74,8 @@ pub struct Manager {
     pools_compact: bool,
     /// The trace recording now, or the last one (kept for reading); see `observe`.
     trace: Mutex<observe::TraceSlot>,
+    /// Spilled buffers' host memory and the clock of buffers' last uses (see `spill`).
+    spill: Arc<spill::Spill>,
 }
 
 impl Manager {
@@ -108,6 +112,13 @@ impl Manager {
             free_queues.add(Arc::new(PinnedUpstream(backend.clone()))),
         ];
         let free_queues = Arc::new(free_queues);
+        let spill = Arc::new(spill::Spill::new(
+            config.spill_limit,
+            upstreams[1].clone(),
+            config.pinned_chunk_size,
+            backend.clone(),
+            stream.clone(),
+        ));
         let mut lanes = Vec::with_capacity(lane_mask + 1);
         let mut pools_compact = false;
         for lane in 0..=lane_mask {
@@ -157,6 +168,7 @@ impl Manager {
                 moves_fence: None,
                 fence_query_in: None,
                 trace: None,
+                spill: spill.clone(),
             });
         }
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
@@ -175,6 +187,7 @@ impl Manager {
             free_queues,
             pools_compact,
             trace: Mutex::new(observe::TraceSlot::default()),
+            spill,
         })
     }
 
@@ -312,22 +325,23 @@ impl Manager {
     }
 
     /// The out-of-memory rungs of `alloc`, for a caller whose `try_alloc` in its own lane ran
-    /// out of memory: the other lanes (a buffer may live in any), then, after giving every
-    /// lane's cached chunks back once the work that used them has run, all lanes once more.
+    /// out of memory: the other lanes (a buffer may live in any), then the rungs of `climb`
+    /// (cached chunks given back, then spill), trying all lanes after each.
     pub fn alloc_after_release(&self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<u64> {
         let own = cells::alloc_lane(kind, self.lane_mask());
         let last = cells::kind_lane_mask(kind, self.lane_mask());
         let others = move || (0..=last).filter(move |&lane| lane != own);
         let before = self.stats(kind).resource;
+        let mut spilled = 0;
         let retried = match self.alloc_in_lanes(others(), bytes, kind, stream) {
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self
-                .release(kind, 0)
-                .and_then(|_| self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream)),
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.climb(bytes, kind, &mut spilled, || {
+                self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream)
+            }),
             done => done,
         };
         retried.map_err(|e| {
             self.lane(own).usage[kind as usize].on_failure();
-            let explained = self.explain_out_of_memory(bytes, kind, &before, &e.message);
+            let explained = self.explain_out_of_memory(bytes, kind, &before, spilled, &e.message);
             err!(KMM_ERROR_OUT_OF_MEMORY, "{explained}")
         })
     }
@@ -379,6 +393,11 @@ impl Manager {
         for lane in self.lanes() {
             let mut st = self.lane(lane);
             let st = &mut *st;
+            if kind == MemoryKind::Device {
+                if let Err(e) = st.take_inbox() {
+                    failure.get_or_insert(e);
+                }
+            }
             pending.extend(st.resources[k].pending_fence());
             pending.extend(st.adopted[k].pending_fence());
             if let Err(e) = st.adopted[k].detach_free(u64::MAX) {
@@ -470,7 +489,7 @@ impl Manager {
     /// Records that work on the raw `stream` may use the buffer (`kmm_buffer_record_stream`).
     pub fn record_stream(&self, handle: u64, stream: u64) -> Result<()> {
         let stream = self.stream_arg(stream);
-        self.state_of(handle).record_stream(handle, stream)
+        self.resident(handle, |st| st.record_stream(handle, stream))
     }
 
     /// (address, bytes, kind, pins) of a live buffer.
@@ -491,7 +510,7 @@ impl Manager {
     }
 
     fn map_pinned(&self, handle: u64, own_work: bool) -> Result<u64> {
-        let (addr, settle) = self.state_of(handle).map(handle, own_work)?;
+        let (addr, settle) = self.resident(handle, |st| st.map(handle, own_work))?;
         if let Some(fence) = settle {
             if let Err(e) = fence.wait() {
                 let _ = self.unmap(handle);
@@ -530,6 +549,7 @@ impl Manager {
         for kind in [MemoryKind::Device, MemoryKind::Pinned] {
             self.release(kind, keep_bytes)?;
         }
+        self.release_spill()?;
         lock(&self.staging).release()
     }
 
@@ -560,10 +580,12 @@ impl Manager {
             resource.reserved += staged;
             resource.peak_reserved += staged;
         }
-        KindStats { usage, resource }
+        let spill = if kind == MemoryKind::Device { self.spill.stats() } else { SpillStats::default() };
+        KindStats { usage, resource, spill }
     }
 
     pub fn reset_peaks(&self) {
+        self.spill.reset_peak();
         for k in 0..2 {
             self.in_use[k].reset_peak();
             self.limits[k].used().reset_peak();
@@ -672,6 +694,7 @@ impl Drop for Manager {
             let _ = self.release(kind, 0);
         }
         let _ = lock(&self.staging).release();
+        let _ = self.release_spill();
         for (k, base, size) in lock(&self.unfenced).drain(..) {
             // SAFETY: taken out of a pool of this upstream, and the stream has run all its work.
             let _ = unsafe { self.upstreams[k].deallocate(base, size) };

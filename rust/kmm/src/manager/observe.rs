@@ -213,9 +213,9 @@ impl Manager {
             chunks.extend(st.resources[k].chunks());
             for (handle, r) in st.buffers.iter().filter(|(_, r)| r.kind == kind) {
                 let size = match r.origin {
-                    Origin::Resource(b) | Origin::Adopted(b) => b.size,
+                    Origin::Resource(b) | Origin::Adopted(b) | Origin::Lent { block: b, .. } => b.size,
                     Origin::Borrowed => r.bytes,
-                    Origin::Empty => continue,
+                    Origin::Empty | Origin::Spilled(_) => continue,
                 };
                 // A zero-byte wrap holds no memory.
                 if size > 0 {
@@ -280,8 +280,11 @@ impl Manager {
             let st = self.lane(lane);
             chunks.extend(st.resources[k].chunks());
             for (handle, r) in st.buffers.iter().filter(|(_, r)| r.kind == kind) {
-                if let Origin::Resource(b) = r.origin {
-                    blocks.push((b.addr, b.size));
+                match r.origin {
+                    Origin::Resource(b) | Origin::Lent { block: b, .. } => blocks.push((b.addr, b.size)),
+                    // On the host: it holds no device memory.
+                    Origin::Spilled(_) => continue,
+                    _ => {}
                 }
                 if r.bytes > top.last().map_or(0, |t| t.1) || top.len() < 3 {
                     top.push((handle, r.bytes, r.pins > 0));
@@ -298,7 +301,7 @@ impl Manager {
     /// The message of an allocation that failed after every rung: the request, what the manager
     /// holds and where the free space is, the largest holders, what was tried (`before`: the
     /// resource counters before the rungs), and where to see the whole map.
-    pub(super) fn explain_out_of_memory(&self, bytes: u64, kind: MemoryKind, before: &ResourceCounters, cause: &str) -> String {
+    pub(super) fn explain_out_of_memory(&self, bytes: u64, kind: MemoryKind, before: &ResourceCounters, spilled: u64, cause: &str) -> String {
         let stats = self.stats(kind);
         let (chunk_bytes, held, top) = self.holdings(kind);
         let name = format!("{kind:?}").to_lowercase();
@@ -354,7 +357,20 @@ impl Manager {
         } else {
             format!("giving back memory whose frees the stream had passed ({} released)", human_bytes(released))
         };
-        text += &format!("  tried: {tried}; no spill (Kmm does not spill to host)\n");
+        let spill = if kind != MemoryKind::Device {
+            "no spill (only device buffers spill)".to_string()
+        } else if self.config.spill_limit == 0 {
+            "no spill (KmmConfig.spill_limit is 0)".to_string()
+        } else {
+            let s = self.spill_stats();
+            format!(
+                "spill to host ({} spilled now; {} on the host of a spill limit of {}: the device and the limit together cannot hold the live buffers, or what is left on the device is mapped or marked never to spill)",
+                human_bytes(spilled),
+                human_bytes(s.spilled_bytes),
+                human_bytes(self.config.spill_limit)
+            )
+        };
+        text += &format!("  tried: {tried}; {spill}\n");
         text += "  the map of every chunk: kmm_manager_memory_map (C), Kmm.memory_map(manager) (Julia), Manager.memory_map() (Python)";
         text
     }

@@ -9,6 +9,8 @@ use crate::pool::ResourceCounters;
 pub struct KindStats {
     pub usage: UsageCounters,
     pub resource: ResourceCounters,
+    /// Device memory only: what spilling to host did.
+    pub spill: super::SpillStats,
 }
 
 impl Manager {
@@ -48,6 +50,21 @@ impl Manager {
                 "compactions: {} (unmapped device buffers moved instead of growing the pool; {} copied)\n",
                 device.compactions,
                 human_bytes(device.relocated_bytes)
+            );
+        }
+        let spill = self.spill_stats();
+        if spill.spills > 0 || self.config.spill_limit > 0 {
+            out += &format!(
+                "spill: {} on host now (peak {}, {} pageable) of a {} limit; {} spills ({} out), {} restores ({} in), {:.3} s moving\n",
+                human_bytes(spill.spilled_bytes),
+                human_bytes(spill.peak_spilled_bytes),
+                human_bytes(spill.pageable_bytes),
+                human_bytes(self.config.spill_limit),
+                spill.spills,
+                human_bytes(spill.bytes_out),
+                spill.restores,
+                human_bytes(spill.bytes_in),
+                spill.time_ns as f64 * 1e-9
             );
         }
         out

@@ -34,10 +34,14 @@ pub enum Action {
     Trim = 6,
     /// Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
     Wrap = 7,
+    /// A buffer went to host memory: `address` is the device place it left, `from` the host one.
+    Spill = 8,
+    /// A spilled buffer came back: `address` is its new device place, `from` the host one.
+    Restore = 9,
 }
 
 impl Action {
-    const ALL: [Action; 8] = [
+    const ALL: [Action; 10] = [
         Action::Allocate,
         Action::Free,
         Action::AllocateFailure,
@@ -46,6 +50,8 @@ impl Action {
         Action::Move,
         Action::Trim,
         Action::Wrap,
+        Action::Spill,
+        Action::Restore,
     ];
 
     /// The name in the CSV's Action column.
@@ -63,7 +69,14 @@ impl Action {
             Action::Move => c"move",
             Action::Trim => c"trim",
             Action::Wrap => c"wrap",
+            Action::Spill => c"spill",
+            Action::Restore => c"restore",
         }
+    }
+
+    /// Whether the action moves a buffer's bytes (on the manager's stream), from an old place.
+    pub fn moves(self) -> bool {
+        matches!(self, Action::Move | Action::Spill | Action::Restore)
     }
 
     pub fn from_name(name: &str) -> Option<Action> {
@@ -93,7 +106,7 @@ pub struct Record {
     pub stream: u64,
     /// The buffer's handle (0 for a trim, and for a failed allocation).
     pub buffer: u64,
-    /// A move's old address (else 0).
+    /// A move's old address, a spill's or restore's host address (else 0).
     pub moved_from: u64,
     /// A failed allocation's `KmmStatus` (else 0).
     pub status: u32,
@@ -315,7 +328,7 @@ impl Tracer {
             status: if action == Action::AllocateFailure { extra as u16 } else { 0 },
             address,
             bytes,
-            stream_or_moved_from: if action == Action::Move { extra } else { stream },
+            stream_or_moved_from: if action.moves() { extra } else { stream },
             buffer,
             in_use: self.in_use[k].current(),
             reserved,
@@ -324,7 +337,7 @@ impl Tracer {
 
     /// The record an entry keeps, its time in nanoseconds.
     fn record_of(&self, e: &Entry) -> Record {
-        let moved = e.action == Action::Move as u8;
+        let moved = Action::from_u32(e.action as u32).is_some_and(Action::moves);
         Record {
             time_ns: self.clock.to_ns(e.ticks),
             thread: e.thread as u64,

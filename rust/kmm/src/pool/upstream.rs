@@ -17,6 +17,31 @@ impl Upstream for DeviceUpstream {
     }
 }
 
+/// Pageable host memory from the system allocator, page-aligned: where spilled buffers go once
+/// the pinned memory they may use is taken.
+pub struct PageableUpstream;
+
+const PAGE: usize = 4096;
+
+impl Upstream for PageableUpstream {
+    fn allocate(&self, bytes: u64) -> Result<u64> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1) as usize, PAGE)
+            .map_err(|_| crate::err!(KMM_ERROR_SIZE_OVERFLOW, "bytes = {bytes} is too large for host memory"))?;
+        // SAFETY: the layout has a non-zero size.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            crate::fail!(KMM_ERROR_OUT_OF_MEMORY, "the host has no {bytes} bytes of pageable memory left");
+        }
+        Ok(ptr as u64)
+    }
+
+    unsafe fn deallocate(&self, addr: u64, bytes: u64) -> Result<()> {
+        let layout = std::alloc::Layout::from_size_align_unchecked(bytes.max(1) as usize, PAGE);
+        std::alloc::dealloc(addr as *mut u8, layout);
+        Ok(())
+    }
+}
+
 pub struct PinnedUpstream(pub Arc<dyn Backend>);
 
 impl Upstream for PinnedUpstream {

@@ -1,0 +1,452 @@
+//! Spill to host. Under device pressure, unmapped device buffers move to host memory, least
+//! recently used first, and come back on their next use that needs device memory (a map, a copy,
+//! a fill, a qMRI call, a recorded stream). This is what the handles and pins are for: a buffer
+//! that is not mapped has no device address anyone holds, so Kmm may move it, on the device
+//! (compaction) or off it.
+//!
+//! - The copies run on the manager's stream. The copy out waits for every stream that used the
+//!   buffer (the ordering rule of `order`), and the device block goes back to its pool after it,
+//!   stream-ordered; the copy back in is queued before any later work of Kmm's on the buffer, and
+//!   a `map` waits for it (the buffer settles, as after a compaction move).
+//! - Host memory comes from a pinned pool (the manager's pinned upstream and limit) while it has
+//!   room, then from pageable memory, up to `Config::spill_limit` bytes of spilled buffers. A
+//!   copy to pageable memory is synchronous in CUDA: that spill waits for it with its lane locked.
+//! - The store's lock is a leaf: taken under a lane's lock (a free of a spilled buffer), never
+//!   the other way round.
+
+use super::lane::{Origin, State};
+use super::order;
+use super::trace::Action;
+use super::{Growth, Manager, MemoryKind};
+use crate::backend::{Backend, Stream};
+use crate::error::{lock, KmmStatus, Result};
+use crate::pool::deferred::Deferred;
+use crate::pool::direct::DirectResource;
+use crate::pool::pooled::PoolResource;
+use crate::pool::upstream::PageableUpstream;
+use crate::pool::{new_suballocator, Block, MemoryResource, Owner, Relocation, Relocator, SuballocatorKind, Upstream};
+use crate::{err, fail};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Where a spilled buffer's bytes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct HostPlace {
+    pub block: Block,
+    pub pinned: bool,
+}
+
+/// What spilling did, for the manager's device stats.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SpillStats {
+    /// Bytes of buffers on the host now, and the most there have been.
+    pub spilled_bytes: u64,
+    pub peak_spilled_bytes: u64,
+    /// Of `spilled_bytes`, those in pageable memory (the pinned pool was full).
+    pub pageable_bytes: u64,
+    /// Buffers moved out, and back in.
+    pub spills: u64,
+    pub restores: u64,
+    /// Bytes copied out, and back in.
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    /// Host time spent spilling and restoring: choosing buffers, queuing the copies, and waiting
+    /// for copies out before their device memory is given back.
+    pub time_ns: u64,
+}
+
+struct Store {
+    pinned: Deferred<PoolResource>,
+    pageable: Deferred<DirectResource>,
+    stats: SpillStats,
+}
+
+/// A manager's spill: its host store and the clock that orders buffers by their last use. Every
+/// lane holds it (frees of spilled buffers give their host memory back).
+pub(super) struct Spill {
+    /// Most bytes of buffers on the host; 0: never spill.
+    pub limit: u64,
+    store: Mutex<Store>,
+    /// Bumped by every use; a buffer remembers the value at its last one.
+    clock: AtomicU64,
+}
+
+/// Allocations from the store never move anything.
+struct NoMoves;
+
+impl Relocator for NoMoves {
+    fn movable(&mut self, _owner: Owner) -> bool {
+        false
+    }
+    fn relocate(&mut self, r: &Relocation) -> Result<()> {
+        fail!(KMM_ERROR_INTERNAL, "the spill store was asked to move block {:#x}", r.from.addr)
+    }
+}
+
+impl Spill {
+    pub fn new(limit: u64, pinned_upstream: Arc<dyn Upstream>, pinned_chunk: u64, backend: Arc<dyn Backend>, stream: Arc<dyn Stream>) -> Spill {
+        let pool = PoolResource::new(pinned_upstream, new_suballocator(SuballocatorKind::Binned, 4096, 0), pinned_chunk, 4096);
+        let pageable = DirectResource::new(Arc::new(PageableUpstream), 4096);
+        let store = Store {
+            pinned: Deferred::new(pool, backend.clone(), stream.clone()),
+            pageable: Deferred::new(pageable, backend, stream),
+            stats: SpillStats::default(),
+        };
+        Spill { limit, store: Mutex::new(store), clock: AtomicU64::new(1) }
+    }
+
+    /// A use now: the stamp a buffer keeps until its next one.
+    pub fn tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The stamp of an allocation: no newer than the uses after it (a read, not a write, on the
+    /// allocation path).
+    pub fn now(&self) -> u64 {
+        self.clock.load(Ordering::Relaxed)
+    }
+
+    /// Host memory for `bytes` of a buffer about to spill, counted against the limit; `None`
+    /// when it would pass the limit or the host has none.
+    fn take(&self, bytes: u64) -> Result<Option<HostPlace>> {
+        let mut store = lock(&self.store);
+        if store.stats.spilled_bytes.checked_add(bytes).map_or(true, |total| total > self.limit) {
+            return Ok(None);
+        }
+        let place = match store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves) {
+            Ok(block) => HostPlace { block, pinned: true },
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => match store.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves) {
+                Ok(block) => HostPlace { block, pinned: false },
+                Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => return Ok(None),
+                Err(e) => return Err(e),
+            },
+            Err(e) => return Err(e),
+        };
+        let s = &mut store.stats;
+        s.spilled_bytes += bytes;
+        s.peak_spilled_bytes = s.peak_spilled_bytes.max(s.spilled_bytes);
+        if !place.pinned {
+            s.pageable_bytes += bytes;
+        }
+        Ok(Some(place))
+    }
+
+    /// Gives back the host memory of `bytes` of a buffer that was restored, freed or not spilled
+    /// after all: reused once the manager's stream has passed the work queued so far.
+    pub fn give_back(&self, place: HostPlace, bytes: u64) {
+        let mut store = lock(&self.store);
+        // Deferred: never fails, never loses the block.
+        let _ = if place.pinned { store.pinned.deallocate(place.block) } else { store.pageable.deallocate(place.block) };
+        store.stats.spilled_bytes -= bytes;
+        if !place.pinned {
+            store.stats.pageable_bytes -= bytes;
+        }
+    }
+
+    fn count(&self, f: impl FnOnce(&mut SpillStats)) {
+        f(&mut lock(&self.store).stats)
+    }
+
+    pub fn stats(&self) -> SpillStats {
+        lock(&self.store).stats
+    }
+
+    pub fn reset_peak(&self) {
+        let s = &mut lock(&self.store).stats;
+        s.peak_spilled_bytes = s.spilled_bytes;
+    }
+
+    /// Gives the store's free pinned chunks back (pageable memory goes back as it is freed),
+    /// once the work that used them has run; the wait holds no lock.
+    pub fn release(&self, upstream: &dyn Upstream) -> Result<()> {
+        let fences: Vec<_> = {
+            let store = lock(&self.store);
+            store.pinned.pending_fence().into_iter().chain(store.pageable.pending_fence()).collect()
+        };
+        for fence in fences {
+            fence.synchronize()?;
+        }
+        let chunks = {
+            let mut store = lock(&self.store);
+            store.pageable.detach_free(0)?;
+            store.pinned.detach_free(0)?
+        };
+        for (base, size) in chunks {
+            // SAFETY: out of the store's pool, which reclaims a block only once the stream has
+            // passed its free.
+            unsafe { upstream.deallocate(base, size)? };
+        }
+        Ok(())
+    }
+}
+
+impl super::lane::BufferRecord {
+    pub(super) fn is_spilled(&self) -> bool {
+        matches!(self.origin, Origin::Spilled(_))
+    }
+
+    /// Whether the buffer may go to the host now: resident device memory of the pool, unmapped,
+    /// not marked to stay.
+    pub(super) fn spillable(&self) -> bool {
+        self.kind == MemoryKind::Device
+            && self.pins == 0
+            && !self.never_spill
+            && self.bytes > 0
+            && matches!(self.origin, Origin::Resource(_) | Origin::Lent { .. })
+    }
+}
+
+impl State {
+    /// Moves the buffer to `place` if it may still go and was not used since `stamp`; false when
+    /// it stays (the caller gives `place` back, as on an error).
+    pub(super) fn evict(&mut self, handle: u64, place: HostPlace, stamp: u64) -> Result<bool> {
+        let (backend, stream, home) = (self.backend.as_ref(), self.stream.as_ref(), self.home);
+        let Ok(r) = self.buffers.get_mut(handle) else {
+            return Ok(false);
+        };
+        if !r.spillable() || r.last_use != stamp {
+            return Ok(false);
+        }
+        // The copy runs on the manager's stream after every stream that used the buffer; the
+        // block then goes back to a pool ordered on that stream, behind the copy.
+        order::take_over(backend, &mut self.reuse[0], home)?;
+        order::order_free(backend, home, &r.users)?;
+        // SAFETY: the buffer's block is live pool memory and `place` holds `r.bytes`.
+        unsafe { stream.copy_d2h(place.block.addr as *mut u8, r.addr, r.bytes)? };
+        let (bytes, from) = (r.bytes, r.addr);
+        let left = std::mem::replace(&mut r.origin, Origin::Spilled(place));
+        r.addr = 0;
+        r.settling = false;
+        r.users.insert(home);
+        self.usage[0].in_use -= bytes;
+        self.in_use[0].sub(bytes);
+        self.spill.count(|s| {
+            s.spills += 1;
+            s.bytes_out += bytes;
+        });
+        if let Some(t) = &mut self.trace {
+            t.record(Action::Spill, MemoryKind::Device, from, bytes, home, handle, place.block.addr);
+        }
+        match left {
+            Origin::Lent { lane, block } => self.return_lent(lane, block),
+            Origin::Resource(block) => self.resources[0].deallocate(block)?,
+            _ => unreachable!("spillable buffers hold pool blocks"),
+        }
+        Ok(true)
+    }
+
+    /// Brings a spilled buffer back into this lane's pool (compacting or growing it as an
+    /// allocation would); false when it was not spilled.
+    pub(super) fn restore(&mut self, handle: u64) -> Result<bool> {
+        let r = self.buffers.get(handle)?;
+        if !r.is_spilled() {
+            return Ok(false);
+        }
+        let (bytes, owner) = (r.bytes, self.buffers.slot_of(handle)?);
+        let block = self
+            .allocate_block(bytes, MemoryKind::Device, owner, Growth::Allow)?
+            .ok_or_else(|| err!(KMM_ERROR_INTERNAL, "a restore that may grow was declined"))?;
+        if let Err(e) = order::order_alloc(self.backend.as_ref(), &mut self.reuse[0], self.home, self.home) {
+            self.resources[0].deallocate(block)?;
+            return Err(e);
+        }
+        match self.restore_into(handle, Origin::Resource(block), block) {
+            Ok(true) => Ok(true),
+            done => {
+                self.resources[0].deallocate(block)?;
+                done
+            }
+        }
+    }
+
+    /// A free block of this lane's pool (no compaction, no growth) for a spilled buffer of
+    /// another lane, ready for the manager's stream; `None` when none fits.
+    pub(super) fn lend(&mut self, bytes: u64) -> Option<Block> {
+        let block = self.allocate_block(bytes, MemoryKind::Device, crate::pool::NO_OWNER, Growth::Never).ok().flatten()?;
+        if order::order_alloc(self.backend.as_ref(), &mut self.reuse[0], self.home, self.home).is_err() {
+            let _ = self.resources[0].deallocate(block);
+            return None;
+        }
+        Some(block)
+    }
+
+    /// Copies a spilled buffer back into `block` (held as `origin`); false, with nothing done,
+    /// when the buffer is no longer spilled (the caller keeps the block).
+    pub(super) fn restore_into(&mut self, handle: u64, origin: Origin, block: Block) -> Result<bool> {
+        let home = self.home;
+        let r = self.buffers.get_mut(handle)?;
+        let Origin::Spilled(place) = r.origin else {
+            return Ok(false);
+        };
+        let bytes = r.bytes;
+        // SAFETY: `place` holds the buffer's bytes until given back below, after the copy.
+        unsafe { self.stream.copy_h2d(block.addr, place.block.addr as *const u8, bytes)? };
+        r.origin = origin;
+        r.addr = block.addr;
+        r.last_use = self.spill.tick();
+        // Settling: a map waits for the copy in (the moves' fence recorded below).
+        r.settling = true;
+        self.usage[0].in_use += bytes;
+        self.in_use[0].add(bytes);
+        self.spill.give_back(place, bytes);
+        self.spill.count(|s| {
+            s.restores += 1;
+            s.bytes_in += bytes;
+        });
+        self.fence_moves();
+        if let Some(t) = &mut self.trace {
+            t.record(Action::Restore, MemoryKind::Device, block.addr, bytes, home, handle, place.block.addr);
+        }
+        Ok(true)
+    }
+}
+
+/// Uses that find a buffer spilled restore it and try again, this many times at most: other
+/// threads' allocations may spill it again in between.
+const RESTORE_TRIES: u32 = 8;
+
+impl Manager {
+    /// Spills unmapped device buffers, least recently used first, until `goal` bytes went to the
+    /// host or none that fits the limit is left; returns the bytes spilled.
+    fn spill_lru(&self, goal: u64) -> Result<u64> {
+        let mut candidates: Vec<(u64, u64, u64)> = Vec::new();
+        for lane in 0..=super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask()) {
+            let st = self.lane(lane);
+            candidates.extend(st.buffers.iter().filter(|(_, r)| r.spillable()).map(|(h, r)| (r.last_use, h, r.bytes)));
+        }
+        candidates.sort_unstable();
+        let mut spilled = 0u64;
+        for (stamp, handle, bytes) in candidates {
+            if spilled >= goal {
+                break;
+            }
+            // Over the limit: a smaller buffer may still fit.
+            let Some(place) = self.spill.take(bytes)? else {
+                continue;
+            };
+            let evicted = self.state_of(handle).evict(handle, place, stamp);
+            match evicted {
+                Ok(true) => spilled += bytes,
+                Ok(false) => self.spill.give_back(place, bytes),
+                Err(e) => {
+                    self.spill.give_back(place, bytes);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(spilled)
+    }
+
+    /// The out-of-memory rungs for `attempt` (an allocation or a restore of `bytes` of `kind`)
+    /// after it failed once: every lane's cached chunks are given back once the work that used
+    /// them has run, and the attempt repeated; then, while spill is on, device buffers are
+    /// spilled, `bytes` at first and twice as many each time, until the attempt succeeds or none
+    /// is left to spill. `spilled` gets the bytes spilled.
+    pub(super) fn climb<T>(&self, bytes: u64, kind: MemoryKind, spilled: &mut u64, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+        let out_of_memory = |r: &Result<T>| matches!(r, Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY);
+        let mut result = self.release(kind, 0).and_then(|_| attempt());
+        if kind != MemoryKind::Device || self.spill.limit == 0 {
+            return result;
+        }
+        let mut goal = bytes.max(1);
+        while out_of_memory(&result) {
+            let started = Instant::now();
+            let moved = self.spill_lru(goal).and_then(|moved| self.release(kind, 0).map(|_| moved));
+            self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+            match moved {
+                Ok(0) => break,
+                Ok(moved) => *spilled += moved,
+                Err(e) => return Err(e),
+            }
+            result = attempt();
+            goal = goal.saturating_mul(2);
+        }
+        result
+    }
+
+    /// Brings a spilled buffer back to the device; nothing when it is there.
+    pub(super) fn restore(&self, handle: u64) -> Result<()> {
+        let started = Instant::now();
+        let lane = super::handles::lane_of(handle) & self.lane_mask();
+        let first = self.restore_somewhere(handle, lane);
+        let result = match first {
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
+                let bytes = self.lane(lane).buffers.get(handle)?.bytes;
+                let mut spilled = 0;
+                let before = self.stats(MemoryKind::Device).resource;
+                self.climb(bytes, MemoryKind::Device, &mut spilled, || self.restore_somewhere(handle, lane)).map_err(|e| {
+                    let why = format!("restoring spilled buffer {handle:#x}: {}", e.message);
+                    let explained = self.explain_out_of_memory(bytes, MemoryKind::Device, &before, spilled, &why);
+                    err!(KMM_ERROR_OUT_OF_MEMORY, "{explained}")
+                })
+            }
+            done => done,
+        };
+        self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+        result.map(drop)
+    }
+
+    /// One try of a restore: the buffer's own lane (its free blocks, other lanes' free chunks,
+    /// compaction, growth), then a free block another lane lends (lanes busy now are passed over).
+    fn restore_somewhere(&self, handle: u64, lane: usize) -> Result<bool> {
+        let own = self.lane(lane).restore(handle);
+        let Err(e) = own else {
+            return own;
+        };
+        if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
+            return Err(e);
+        }
+        let bytes = self.lane(lane).buffers.get(handle)?.bytes;
+        let mask = super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask());
+        for other in (1..=mask).map(|i| (lane + i) & mask) {
+            let Some(block) = self.cells.lane(other).try_lock().and_then(|mut cell| cell.as_mut()?.lend(bytes)) else {
+                continue;
+            };
+            let mut st = self.lane(lane);
+            let restored = st.restore_into(handle, Origin::Lent { lane: other, block }, block);
+            if !matches!(restored, Ok(true)) {
+                st.return_lent(other, block);
+            }
+            return restored;
+        }
+        Err(e)
+    }
+
+    /// Runs `use_it` on the buffer's lane once the buffer is on the device: `use_it` gives `None`
+    /// for a spilled buffer, which is then restored and tried again.
+    pub(super) fn resident<R>(&self, handle: u64, mut use_it: impl FnMut(&mut State) -> Result<Option<R>>) -> Result<R> {
+        for _ in 0..RESTORE_TRIES {
+            if let Some(r) = use_it(&mut self.state_of(handle))? {
+                return Ok(r);
+            }
+            self.restore(handle)?;
+        }
+        fail!(
+            KMM_ERROR_OUT_OF_MEMORY,
+            "buffer {handle:#x} was spilled to host again {RESTORE_TRIES} times before it could be used: other threads' allocations need the device memory it takes"
+        )
+    }
+
+    /// Whether the buffer may spill (`never`: it stays on the device; a spilled one comes back).
+    pub fn set_never_spill(&self, handle: u64, never: bool) -> Result<()> {
+        self.state_of(handle).buffers.get_mut(handle)?.never_spill = never;
+        if never {
+            self.restore(handle)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the buffer's bytes are on the host now.
+    pub fn is_spilled(&self, handle: u64) -> Result<bool> {
+        Ok(self.state_of(handle).buffers.get(handle)?.is_spilled())
+    }
+
+    pub fn spill_stats(&self) -> SpillStats {
+        self.spill.stats()
+    }
+
+    pub(super) fn release_spill(&self) -> Result<()> {
+        self.spill.release(self.upstreams[1].as_ref())
+    }
+}
