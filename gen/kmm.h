@@ -402,6 +402,15 @@ enum KmmTraceAction
    * Memory allocated elsewhere became a buffer (`kmm_buffer_wrap`).
    */
   KMM_TRACE_WRAP = 7,
+  /**
+   * A buffer spilled to host memory: `address` is the device place it left, `moved_from` its
+   * host place.
+   */
+  KMM_TRACE_SPILL = 8,
+  /**
+   * A spilled buffer came back: `address` is its new device place, `moved_from` its host place.
+   */
+  KMM_TRACE_RESTORE = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -491,6 +500,14 @@ typedef struct {
    * How many `kmm_buffer_map` calls are not yet matched by `kmm_buffer_unmap`.
    */
   uint32_t pins;
+  /**
+   * 1 while the buffer is spilled to host memory (see `KmmConfig.spill_limit`), else 0.
+   */
+  uint32_t spilled;
+  /**
+   * 1 when the buffer is marked never to spill (`kmm_buffer_never_spill`), else 0.
+   */
+  uint32_t never_spill;
 } KmmBufferInfo;
 
 /**
@@ -576,6 +593,13 @@ typedef struct {
    * otherwise 100 to 1000 (default 108).
    */
   uint32_t compaction_ratio_pct;
+  /**
+   * Most bytes of device buffers that may spill to host memory when the device (or
+   * `hard_limit`) is full: unmapped buffers not marked `kmm_buffer_never_spill` move to the
+   * host, least recently used first, into pinned memory while `pinned_limit` leaves room, then
+   * pageable memory, and come back on their next use. 0 never spills (default 0).
+   */
+  uint64_t spill_limit;
 } KmmConfig;
 
 /**
@@ -629,6 +653,31 @@ typedef struct {
    * Bytes moved to make room, also in attempts that then grew the pool.
    */
   uint64_t relocated_bytes;
+  /**
+   * Device memory only (0 for pinned): bytes of buffers spilled to host memory now, and
+   * their peak (`in_use` counts the buffers on the device only).
+   */
+  uint64_t spilled_bytes;
+  uint64_t peak_spilled_bytes;
+  /**
+   * Of `spilled_bytes`, those in pageable host memory.
+   */
+  uint64_t spilled_pageable_bytes;
+  /**
+   * Buffers spilled, and restored.
+   */
+  uint64_t spills;
+  uint64_t restores;
+  /**
+   * Bytes copied to the host by spills, and back by restores.
+   */
+  uint64_t spilled_out_bytes;
+  uint64_t restored_in_bytes;
+  /**
+   * Host time spent spilling and restoring, in nanoseconds: choosing buffers, queuing the
+   * copies, and waiting for copies out before their device memory went back.
+   */
+  uint64_t spill_time_ns;
 } KmmMemoryStats;
 
 /**
@@ -862,7 +911,7 @@ typedef struct {
    */
   uint64_t buffer;
   /**
-   * A move's old address (else 0).
+   * A move's old address; a spill's or restore's host address (else 0).
    */
   uint64_t moved_from;
   /**
@@ -994,10 +1043,18 @@ KmmStatus kmm_buffer_record_stream(KmmManager manager, KmmBuffer buffer, uint64_
 KmmStatus kmm_buffer_info(KmmManager manager, KmmBuffer buffer, KmmBufferInfo *out);
 
 /**
+ * Marks the buffer never to spill to host memory (`never` true), or lets it spill again
+ * (false; the default). A spilled buffer marked never to spill comes back to the device before
+ * this returns (out of memory if it cannot). Mapped buffers never spill either way.
+ */
+KmmStatus kmm_buffer_never_spill(KmmManager manager, KmmBuffer buffer, bool never);
+
+/**
  * Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
  * device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
  * valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
- * `KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+ * `KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
+ * again for each use. A spilled buffer comes back to the device first. Work on other streams that
  * uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
  * before, `kmm_manager_wait_stream` after, before the unmap).
  */

@@ -171,6 +171,8 @@ const KMM_TRACE_UNMAP = UInt32(4)
 const KMM_TRACE_MOVE = UInt32(5)
 const KMM_TRACE_TRIM = UInt32(6)
 const KMM_TRACE_WRAP = UInt32(7)
+const KMM_TRACE_SPILL = UInt32(8)
+const KMM_TRACE_RESTORE = UInt32(9)
 
 """
 What a stretch of a chunk holds (`KmmMapSegment.state`).
@@ -224,6 +226,8 @@ struct KmmBufferInfo
     bytes::UInt64
     kind::UInt32
     pins::UInt32
+    spilled::UInt32
+    never_spill::UInt32
 end
 
 """
@@ -245,6 +249,7 @@ struct KmmConfig
     staging_chunk_size::UInt64
     staging_chunks::UInt32
     compaction_ratio_pct::UInt32
+    spill_limit::UInt64
 end
 
 """
@@ -280,6 +285,14 @@ struct KmmMemoryStats
     largest_free_block::UInt64
     compactions::UInt64
     relocated_bytes::UInt64
+    spilled_bytes::UInt64
+    peak_spilled_bytes::UInt64
+    spilled_pageable_bytes::UInt64
+    spills::UInt64
+    restores::UInt64
+    spilled_out_bytes::UInt64
+    restored_in_bytes::UInt64
+    spill_time_ns::UInt64
 end
 
 """
@@ -405,6 +418,7 @@ const _fp_kmm_buffer_wrap = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_record_stream = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_info = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_buffer_never_spill = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_map = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_unmap = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_host_register = Ref{Ptr{Cvoid}}(C_NULL)
@@ -471,7 +485,7 @@ const _fp_kmm_manager_memory_map = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_figure_svg = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_device_count, :kmm_device_can_access_peer, :kmm_live_managers, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations, :kmm_manager_trace_start, :kmm_manager_trace_stop, :kmm_manager_trace_records, :kmm_manager_trace_save, :kmm_trace_action_name, :kmm_manager_memory_map, :kmm_manager_figure_svg)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_never_spill, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_device_count, :kmm_device_can_access_peer, :kmm_live_managers, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations, :kmm_manager_trace_start, :kmm_manager_trace_stop, :kmm_manager_trace_records, :kmm_manager_trace_save, :kmm_trace_action_name, :kmm_manager_memory_map, :kmm_manager_figure_svg)
 
 """
     load!(path) -> handle
@@ -491,6 +505,7 @@ function load!(path::AbstractString)
     _fp_kmm_buffer_free[] = something(Libdl.dlsym(lib, :kmm_buffer_free; throw_error = false), C_NULL)
     _fp_kmm_buffer_record_stream[] = something(Libdl.dlsym(lib, :kmm_buffer_record_stream; throw_error = false), C_NULL)
     _fp_kmm_buffer_info[] = something(Libdl.dlsym(lib, :kmm_buffer_info; throw_error = false), C_NULL)
+    _fp_kmm_buffer_never_spill[] = something(Libdl.dlsym(lib, :kmm_buffer_never_spill; throw_error = false), C_NULL)
     _fp_kmm_buffer_map[] = something(Libdl.dlsym(lib, :kmm_buffer_map; throw_error = false), C_NULL)
     _fp_kmm_buffer_unmap[] = something(Libdl.dlsym(lib, :kmm_buffer_unmap; throw_error = false), C_NULL)
     _fp_kmm_host_register[] = something(Libdl.dlsym(lib, :kmm_host_register; throw_error = false), C_NULL)
@@ -762,10 +777,34 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
+Marks the buffer never to spill to host memory (`never` true), or lets it spill again
+(false; the default). A spilled buffer marked never to spill comes back to the device before
+this returns (out of memory if it cannot). Mapped buffers never spill either way.
+
+Returns the status; `kmm_buffer_never_spill` is the checked form.
+"""
+@inline function unchecked_kmm_buffer_never_spill(manager, buffer, never)
+    fp = _fp_kmm_buffer_never_spill[]
+    fp == C_NULL && throw_missing(:kmm_buffer_never_spill)
+    ccall(fp, KmmStatus, (KmmManager, KmmBuffer, Bool), manager, buffer, never)
+end
+"""
+Marks the buffer never to spill to host memory (`never` true), or lets it spill again
+(false; the default). A spilled buffer marked never to spill comes back to the device before
+this returns (out of memory if it cannot). Mapped buffers never spill either way.
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_buffer_never_spill(manager, buffer, never)
+    check_status(unchecked_kmm_buffer_never_spill(manager, buffer, never))
+end
+
+"""
 Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
 device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
 valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
-`KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+`KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
+again for each use. A spilled buffer comes back to the device first. Work on other streams that
 uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
 before, `kmm_manager_wait_stream` after, before the unmap).
 
@@ -780,7 +819,8 @@ end
 Pins the buffer and writes its address to `*ptr`: a device pointer (`CUdeviceptr`) for
 device memory, a host pointer for pinned memory, 0 for an empty buffer. The address stays
 valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (compaction, see
-`KmmConfig.compaction_ratio_pct`), so map it again for each use. Work on other streams that
+`KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
+again for each use. A spilled buffer comes back to the device first. Work on other streams that
 uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
 before, `kmm_manager_wait_stream` after, before the unmap).
 

@@ -97,6 +97,33 @@ The memory kind of an array: `:device` or `:pinned`.
 """
 kind(x::KmmArray) = x.storage.kind == LibKmm.KMM_MEMORY_PINNED ? :pinned : :device
 
+"""
+    Kmm.never_spill!(x, never = true) -> x
+
+Keeps the memory of `x` (and its views) on the device when the manager spills to host memory
+under pressure (`KmmManager(spill_limit = ...)`); `never = false` lets it spill again. A spilled
+array marked so comes back to the device first. Arrays a `CuArray` view or a kernel holds mapped
+never spill either way.
+"""
+function never_spill!(x::KmmArray, never::Bool = true)
+    mh, h = handles(x.storage)
+    GC.@preserve x LibKmm.kmm_buffer_never_spill(mh, h, never)
+    return x
+end
+
+"""
+    Kmm.is_spilled(x) -> Bool
+
+Whether the memory of `x` is in host memory now (spilled under device pressure); its next use
+brings it back.
+"""
+function is_spilled(x::KmmArray)
+    mh, h = handles(x.storage)
+    out = Ref{LibKmm.KmmBufferInfo}()
+    GC.@preserve x LibKmm.kmm_buffer_info(mh, h, out)
+    return out[].spilled != 0
+end
+
 Base.similar(x::KmmArray, ::Type{S}, dims::Dims{M}) where {S,M} =
     KmmArray{S,M}(undef, dims; manager = manager(x), kind = kind(x))
 

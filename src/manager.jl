@@ -5,7 +5,7 @@
     KmmManager(; backend = :auto, device = 0, alloc_mode = :pool, suballocator = :binned,
                alignment, chunk_size, initial_pool_size, fixed_block_size, hard_limit,
                release_threshold, pinned_chunk_size, pinned_limit, staging_chunk_size,
-               staging_chunks, compaction_ratio_pct)
+               staging_chunks, compaction_ratio_pct, spill_limit)
 
 Creates a manager: its own stream and memory pools on one device. Keywords mirror `KmmConfig`
 of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
@@ -19,6 +19,11 @@ of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
   bytes past this percentage of the bytes in use, Kmm first makes room by moving device buffers
   that are not mapped (no `CuArray` view holds them); also before giving up with out of memory.
   `0` never moves buffers.
+- `spill_limit` (default 0: never): bytes of device arrays that may move to host memory when the
+  device (or `hard_limit`) is full. Arrays that no `CuArray` view or kernel holds mapped, and not
+  marked `Kmm.never_spill!`, spill least recently used first (pinned memory while `pinned_limit`
+  leaves room, then pageable) and come back on their next use: a working set larger than the
+  device runs, slower, instead of failing. `Kmm.is_spilled(x)` tells where an array is.
 
 Arrays keep their manager alive. The manager is destroyed by `close(mgr)` (waits for its stream)
 or, once unreachable, by its finalizer (never waits). Many managers may coexist.
@@ -285,8 +290,10 @@ const KINDS = Dict(:device => LibKmm.KMM_MEMORY_DEVICE, :pinned => LibKmm.KMM_ME
 The counters of one memory kind (`:device` or `:pinned`): `in_use`, `peak_in_use`, `reserved`,
 `peak_reserved`, `allocs`, `frees`, `failed_allocs`, `live_buffers`, `pool_hits`,
 `pool_misses`, `upstream_allocs`, `upstream_frees`, `largest_free_block`, `compactions`
-(allocations served by moving unmapped buffers instead of growing the pool) and
-`relocated_bytes` (what those moves copied).
+(allocations served by moving unmapped buffers instead of growing the pool),
+`relocated_bytes` (what those moves copied), and for device memory the spill figures:
+`spilled_bytes` and `peak_spilled_bytes` (on the host now, and the most), `spilled_pageable_bytes`,
+`spills`, `restores`, `spilled_out_bytes`, `restored_in_bytes` and `spill_time_ns`.
 """
 function memory_stats(m::KmmManager = default_manager(), kind::Symbol = :device)
     out = Ref{LibKmm.KmmMemoryStats}()

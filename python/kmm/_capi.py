@@ -85,6 +85,8 @@ KMM_TRACE_UNMAP = 4
 KMM_TRACE_MOVE = 5
 KMM_TRACE_TRIM = 6
 KMM_TRACE_WRAP = 7
+KMM_TRACE_SPILL = 8
+KMM_TRACE_RESTORE = 9
 
 KmmSegmentState = c_uint32
 KMM_SEGMENT_FREE = 0
@@ -111,6 +113,8 @@ class KmmBufferInfo(Structure):
         ("bytes", c_uint64),
         ("kind", c_uint32),
         ("pins", c_uint32),
+        ("spilled", c_uint32),
+        ("never_spill", c_uint32),
     ]
 
 
@@ -131,6 +135,7 @@ class KmmConfig(Structure):
         ("staging_chunk_size", c_uint64),
         ("staging_chunks", c_uint32),
         ("compaction_ratio_pct", c_uint32),
+        ("spill_limit", c_uint64),
     ]
 
 
@@ -161,6 +166,14 @@ class KmmMemoryStats(Structure):
         ("largest_free_block", c_uint64),
         ("compactions", c_uint64),
         ("relocated_bytes", c_uint64),
+        ("spilled_bytes", c_uint64),
+        ("peak_spilled_bytes", c_uint64),
+        ("spilled_pageable_bytes", c_uint64),
+        ("spills", c_uint64),
+        ("restores", c_uint64),
+        ("spilled_out_bytes", c_uint64),
+        ("restored_in_bytes", c_uint64),
+        ("spill_time_ns", c_uint64),
     ]
 
 
@@ -275,7 +288,8 @@ ENUMS = {
         4: "KMM_ARG_F64", 5: "KMM_ARG_U64", 6: "KMM_ARG_U32"},
     "KmmTraceAction": {0: "KMM_TRACE_ALLOCATE", 1: "KMM_TRACE_FREE",
         2: "KMM_TRACE_ALLOCATE_FAILURE", 3: "KMM_TRACE_MAP", 4: "KMM_TRACE_UNMAP",
-        5: "KMM_TRACE_MOVE", 6: "KMM_TRACE_TRIM", 7: "KMM_TRACE_WRAP"},
+        5: "KMM_TRACE_MOVE", 6: "KMM_TRACE_TRIM", 7: "KMM_TRACE_WRAP", 8: "KMM_TRACE_SPILL",
+        9: "KMM_TRACE_RESTORE"},
     "KmmSegmentState": {0: "KMM_SEGMENT_FREE", 1: "KMM_SEGMENT_IN_USE", 2: "KMM_SEGMENT_MAPPED"},
     "KmmFigure": {0: "KMM_FIGURE_DEVICE_MAP", 1: "KMM_FIGURE_PINNED_MAP", 2: "KMM_FIGURE_TIMELINE",
         3: "KMM_FIGURE_OVERVIEW"},
@@ -301,6 +315,7 @@ FUNCTIONS = {
     "kmm_buffer_free": (KmmStatus, [KmmManager, KmmBuffer, c_uint32]),
     "kmm_buffer_record_stream": (KmmStatus, [KmmManager, KmmBuffer, c_uint64]),
     "kmm_buffer_info": (KmmStatus, [KmmManager, KmmBuffer, POINTER(KmmBufferInfo)]),
+    "kmm_buffer_never_spill": (KmmStatus, [KmmManager, KmmBuffer, c_bool]),
     "kmm_buffer_map": (KmmStatus, [KmmManager, KmmBuffer, POINTER(c_uint64)]),
     "kmm_buffer_unmap": (KmmStatus, [KmmManager, KmmBuffer]),
     "kmm_host_register": (KmmStatus, [KmmManager, c_void_p, c_uint64]),

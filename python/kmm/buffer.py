@@ -168,10 +168,24 @@ class Buffer:
         check(_lib_.kmm_buffer_record_stream(self._manager._live(), self._live(), _args.stream(stream)))
 
     def info(self):
-        """{"bytes", "kind", "pins"} as libkmm reports them."""
+        """{"bytes", "kind", "pins", "spilled", "never_spill"} as libkmm reports them."""
         i = _lib.KmmBufferInfo()
         check(_lib_.kmm_buffer_info(self._manager._live(), self._live(), ctypes.byref(i)))
-        return {"bytes": i.bytes, "kind": KIND_NAMES[i.kind], "pins": i.pins}
+        return {"bytes": i.bytes, "kind": KIND_NAMES[i.kind], "pins": i.pins,
+                "spilled": bool(i.spilled), "never_spill": bool(i.never_spill)}
+
+    @property
+    def spilled(self):
+        """Whether the buffer's bytes are in host memory now (spilled under device pressure,
+        see the manager's `spill_limit`); its next use brings them back."""
+        return self.info()["spilled"]
+
+    def never_spill(self, never=True):
+        """Keeps the buffer on the device when the manager spills (`never=False` lets it spill
+        again); a spilled buffer comes back first. Mapped buffers (handed out by address to
+        Numba, CuPy, PyTorch, CAI and DLPack consumers) never spill either way."""
+        check(_lib_.kmm_buffer_never_spill(self._manager._live(), self._live(), bool(never)))
+        return self
 
     # -- copies ---------------------------------------------------------------------------
     def _range(self, offset, nbytes, offset_name="offset", nbytes_name="nbytes"):

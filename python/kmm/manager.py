@@ -70,7 +70,10 @@ class Manager:
     "direct"), `suballocator` ("binned" | "heap" | "fixed" | "ring"), `alignment`,
     `chunk_size`, `initial_pool_size`, `fixed_block_size`, `hard_limit`, `release_threshold`,
     `pinned_chunk_size`, `pinned_limit`, `staging_chunk_size`, `staging_chunks`,
-    `compaction_ratio_pct` (0 never moves unmapped buffers; default 108).
+    `compaction_ratio_pct` (0 never moves unmapped buffers; default 108), `spill_limit` (bytes
+    of unmapped device buffers that may spill to host memory when the device or `hard_limit`
+    is full, least recently used first, and come back on their next use; 0, the default,
+    never spills; buffers handed out by address stay mapped and never spill).
 
     Destroyed by `close()` (waits for the stream), on garbage collection (deferred, never
     blocks) or at the end of a `with` block. Buffers keep their manager alive."""

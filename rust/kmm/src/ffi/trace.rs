@@ -193,7 +193,7 @@ fn write_items<T, C: for<'a> From<&'a T>>(items: &[T], out: *mut C, capacity: us
     write_out(count, "count", items.len())
 }
 
-/// Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+/// Starts recording every allocation, free, map, unmap, move, spill, restore, trim and failed allocation of the
 /// manager (a trace already recording is stopped first; the last trace's records are dropped).
 /// With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
 /// `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in

@@ -334,7 +334,7 @@ impl Manager {
         let before = self.stats(kind).resource;
         let mut spilled = 0;
         let retried = match self.alloc_in_lanes(others(), bytes, kind, stream) {
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.climb(bytes, kind, &mut spilled, || {
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.climb(bytes, kind, false, &mut spilled, || {
                 self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream)
             }),
             done => done,

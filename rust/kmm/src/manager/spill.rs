@@ -107,11 +107,11 @@ impl Spill {
         self.clock.load(Ordering::Relaxed)
     }
 
-    /// Host memory for `bytes` of a buffer about to spill, counted against the limit; `None`
-    /// when it would pass the limit or the host has none.
-    fn take(&self, bytes: u64) -> Result<Option<HostPlace>> {
+    /// Host memory for `bytes` of a buffer about to spill, counted against the limit plus
+    /// `headroom`; `None` when it would pass them or the host has none.
+    fn take(&self, bytes: u64, headroom: u64) -> Result<Option<HostPlace>> {
         let mut store = lock(&self.store);
-        if store.stats.spilled_bytes.checked_add(bytes).map_or(true, |total| total > self.limit) {
+        if store.stats.spilled_bytes.checked_add(bytes).map_or(true, |total| total > self.limit.saturating_add(headroom)) {
             return Ok(None);
         }
         let place = match store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves) {
@@ -302,27 +302,32 @@ impl State {
     }
 }
 
+/// Rounds of spilling one out-of-memory climb makes at most (the goal doubles each round).
+const CLIMB_ROUNDS: u32 = 48;
+
 /// Uses that find a buffer spilled restore it and try again, this many times at most: other
 /// threads' allocations may spill it again in between.
 const RESTORE_TRIES: u32 = 8;
 
 impl Manager {
     /// Spills unmapped device buffers, least recently used first, until `goal` bytes went to the
-    /// host or none that fits the limit is left; returns the bytes spilled.
-    fn spill_lru(&self, goal: u64) -> Result<u64> {
+    /// host or none that fits the limit (plus `headroom`) is left; returns the bytes spilled and
+    /// the buffers that could spill when it looked (others' spills and uses may take them first).
+    fn spill_lru(&self, goal: u64, headroom: u64) -> Result<(u64, usize)> {
         let mut candidates: Vec<(u64, u64, u64)> = Vec::new();
         for lane in 0..=super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask()) {
             let st = self.lane(lane);
             candidates.extend(st.buffers.iter().filter(|(_, r)| r.spillable()).map(|(h, r)| (r.last_use, h, r.bytes)));
         }
         candidates.sort_unstable();
+        let found = candidates.len();
         let mut spilled = 0u64;
         for (stamp, handle, bytes) in candidates {
             if spilled >= goal {
                 break;
             }
             // Over the limit: a smaller buffer may still fit.
-            let Some(place) = self.spill.take(bytes)? else {
+            let Some(place) = self.spill.take(bytes, headroom)? else {
                 continue;
             };
             let evicted = self.state_of(handle).evict(handle, place, stamp);
@@ -335,30 +340,47 @@ impl Manager {
                 }
             }
         }
-        Ok(spilled)
+        Ok((spilled, found))
     }
 
     /// The out-of-memory rungs for `attempt` (an allocation or a restore of `bytes` of `kind`)
     /// after it failed once: every lane's cached chunks are given back once the work that used
     /// them has run, and the attempt repeated; then, while spill is on, device buffers are
     /// spilled, `bytes` at first and twice as many each time, until the attempt succeeds or none
-    /// is left to spill. `spilled` gets the bytes spilled.
-    pub(super) fn climb<T>(&self, bytes: u64, kind: MemoryKind, spilled: &mut u64, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    /// is left to spill. `spilled` gets the bytes spilled. A restore (`restoring`) may take the
+    /// spill limit past by its own bytes until its copy in gives them back: a swap with the
+    /// host full must be able to happen.
+    pub(super) fn climb<T>(
+        &self,
+        bytes: u64,
+        kind: MemoryKind,
+        restoring: bool,
+        spilled: &mut u64,
+        mut attempt: impl FnMut() -> Result<T>,
+    ) -> Result<T> {
         let out_of_memory = |r: &Result<T>| matches!(r, Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY);
         let mut result = self.release(kind, 0).and_then(|_| attempt());
         if kind != MemoryKind::Device || self.spill.limit == 0 {
             return result;
         }
         let mut goal = bytes.max(1);
-        while out_of_memory(&result) {
-            let started = Instant::now();
-            let moved = self.spill_lru(goal).and_then(|moved| self.release(kind, 0).map(|_| moved));
-            self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
-            match moved {
-                Ok(0) => break,
-                Ok(moved) => *spilled += moved,
-                Err(e) => return Err(e),
+        // Threads out of memory together spill together: one's spill may serve another, and
+        // the buffers one picked may be spilled by another first. A round that spilled nothing
+        // while buffers could still spill tries again; the rounds are bounded all the same.
+        for _ in 0..CLIMB_ROUNDS {
+            if !out_of_memory(&result) {
+                break;
             }
+            let started = Instant::now();
+            let round = self.spill_lru(goal, if restoring { bytes } else { 0 });
+            let released = self.release(kind, 0);
+            self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+            let (moved, found) = round?;
+            released?;
+            if found == 0 {
+                break;
+            }
+            *spilled += moved;
             result = attempt();
             goal = goal.saturating_mul(2);
         }
@@ -375,7 +397,7 @@ impl Manager {
                 let bytes = self.lane(lane).buffers.get(handle)?.bytes;
                 let mut spilled = 0;
                 let before = self.stats(MemoryKind::Device).resource;
-                self.climb(bytes, MemoryKind::Device, &mut spilled, || self.restore_somewhere(handle, lane)).map_err(|e| {
+                self.climb(bytes, MemoryKind::Device, true, &mut spilled, || self.restore_somewhere(handle, lane)).map_err(|e| {
                     let why = format!("restoring spilled buffer {handle:#x}: {}", e.message);
                     let explained = self.explain_out_of_memory(bytes, MemoryKind::Device, &before, spilled, &why);
                     err!(KMM_ERROR_OUT_OF_MEMORY, "{explained}")

@@ -1,0 +1,304 @@
+//! Spill to host through the C ABI, on the host backend (device memory bounded by `hard_limit`,
+//! spilled buffers in separate host memory): live sets larger than the limit run, bytes survive
+//! every trip, mapped and never-spill buffers stay put, out of memory comes only past the spill
+//! limit, eviction waits for the streams that used a buffer, and the stats balance.
+mod common;
+mod trust_support;
+use common::*;
+use kmm::backend::host::HostBackend;
+use kmm::backend::Stream;
+use kmm::ffi::trace::*;
+use std::sync::Arc;
+use trust_support::Rng;
+
+const MIB: u64 = 1 << 20;
+
+fn spill_manager(hard_limit: u64, spill_limit: u64) -> Mgr {
+    Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 * MIB;
+        c.hard_limit = hard_limit;
+        c.spill_limit = spill_limit;
+    })
+}
+
+fn info(m: &Mgr, b: KmmBuffer) -> KmmBufferInfo {
+    let mut i = KmmBufferInfo::default();
+    ok(kmm_buffer_info(m.0, b, &mut i));
+    i
+}
+
+fn map(m: &Mgr, b: KmmBuffer) -> u64 {
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, b, &mut p));
+    p
+}
+
+/// Allocates `n` buffers of `bytes` each, writing each its own pattern; returns them.
+fn fill_set(m: &Mgr, n: usize, bytes: u64) -> Vec<(KmmBuffer, Vec<u8>)> {
+    (0..n)
+        .map(|i| {
+            let b = m.alloc(bytes, DEVICE);
+            let data = pattern(bytes as usize, i as u64 + 1);
+            m.upload(b, 0, &data);
+            (b, data)
+        })
+        .collect()
+}
+
+#[test]
+fn a_live_set_three_times_the_hard_limit_runs_and_reads_back_exactly() {
+    let m = spill_manager(8 * MIB, 64 * MIB);
+    let set = fill_set(&m, 48, 512 << 10);
+    let s = m.stats(DEVICE);
+    assert!(s.spills > 0 && s.spilled_bytes >= 16 * MIB, "{s:?}");
+    assert!(s.reserved <= 8 * MIB, "the hard limit holds: {s:?}");
+    assert_eq!(s.in_use + s.spilled_bytes, 48 * (512 << 10), "every live byte is on the device or the host: {s:?}");
+    // Random order: every read brings its buffer back, spilling others.
+    let mut rng = Rng::new(7);
+    for _ in 0..3 {
+        for _ in 0..set.len() {
+            let (b, data) = &set[rng.below(set.len() as u64) as usize];
+            assert_eq!(&m.download(*b, 0, data.len()), data);
+        }
+    }
+    let s = m.stats(DEVICE);
+    assert!(s.restores > 0 && s.restored_in_bytes > 0 && s.spill_time_ns > 0, "{s:?}");
+    assert_eq!(s.in_use + s.spilled_bytes, 48 * (512 << 10), "{s:?}");
+    let summary = {
+        let mut needed = 0usize;
+        kmm_manager_summary(m.0, std::ptr::null_mut(), 0, &mut needed);
+        let mut buf = vec![0u8; needed];
+        ok(kmm_manager_summary(m.0, buf.as_mut_ptr().cast(), needed, std::ptr::null_mut()));
+        String::from_utf8_lossy(&buf).to_string()
+    };
+    assert!(summary.contains("spill:") && summary.contains("restores"), "{summary}");
+    for (b, _) in &set {
+        m.free(*b);
+    }
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.spilled_bytes, s.live_buffers), (0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn without_a_spill_limit_the_same_workload_runs_out_of_memory() {
+    let m = spill_manager(8 * MIB, 0);
+    let mut held = Vec::new();
+    let mut failed = None;
+    for _ in 0..48 {
+        let mut b = 0;
+        let st = kmm_buffer_alloc(m.0, 512 << 10, DEVICE, &mut b);
+        if st != KMM_OK {
+            failed = Some((st, last_error()));
+            break;
+        }
+        held.push(b);
+    }
+    let (st, msg) = failed.expect("the hard limit must stop a live set three times its size");
+    assert_eq!(st, KMM_ERROR_OUT_OF_MEMORY);
+    assert!(msg.contains("no spill (KmmConfig.spill_limit is 0)"), "{msg}");
+    assert_eq!(m.stats(DEVICE).spills, 0);
+    for b in held {
+        m.free(b);
+    }
+}
+
+#[test]
+fn out_of_memory_comes_past_the_spill_limit_with_both_figures_and_nothing_is_lost() {
+    let m = spill_manager(4 * MIB, 4 * MIB);
+    let mut set = Vec::new();
+    let err = loop {
+        let mut b = 0;
+        let st = kmm_buffer_alloc(m.0, MIB, DEVICE, &mut b);
+        if st != KMM_OK {
+            break (st, last_error());
+        }
+        let data = pattern(MIB as usize, set.len() as u64 + 100);
+        m.upload(b, 0, &data);
+        set.push((b, data));
+        assert!(set.len() <= 8, "device (4 MiB) plus spill limit (4 MiB) hold 8 buffers of 1 MiB");
+    };
+    assert_eq!(err.0, KMM_ERROR_OUT_OF_MEMORY, "{}", err.1);
+    assert!(set.len() >= 6, "at least device plus limit minus a chunk's slack fit: {}", set.len());
+    assert!(err.1.contains("hard limit 4.00 MiB") && err.1.contains("spill limit of 4.00 MiB"), "{}", err.1);
+    for (b, data) in &set {
+        assert_eq!(&m.download(*b, 0, data.len()), data, "a failed allocation lost nothing");
+    }
+}
+
+#[test]
+fn mapped_and_never_spill_buffers_stay_on_the_device() {
+    let m = spill_manager(4 * MIB, 64 * MIB);
+    let mapped = m.alloc(MIB, DEVICE);
+    let keep = m.alloc(MIB, DEVICE);
+    m.upload(keep, 0, &pattern(MIB as usize, 5));
+    let addr = map(&m, mapped);
+    // SAFETY: host backend: the device address is host memory, mapped for this test.
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 0xAB, MIB as usize) };
+    ok(kmm_buffer_never_spill(m.0, keep, true));
+    let keep_addr = {
+        let a = map(&m, keep);
+        ok(kmm_buffer_unmap(m.0, keep));
+        a
+    };
+    let others = fill_set(&m, 8, MIB);
+    assert!(m.stats(DEVICE).spills >= 6);
+    assert_eq!((info(&m, mapped).spilled, info(&m, keep).spilled, info(&m, keep).never_spill), (0, 0, 1));
+    let again = map(&m, keep);
+    assert_eq!(again, keep_addr, "a never-spill buffer did not move");
+    ok(kmm_buffer_unmap(m.0, keep));
+    // SAFETY: still mapped.
+    let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, MIB as usize) };
+    assert!(bytes.iter().all(|&b| b == 0xAB), "a mapped buffer never moves");
+    assert!(others.iter().any(|(b, _)| info(&m, *b).spilled == 1));
+    // Marking a spilled buffer never-spill brings it back.
+    let (spilled, data) = others.iter().find(|(b, _)| info(&m, *b).spilled == 1).unwrap();
+    ok(kmm_buffer_unmap(m.0, mapped));
+    ok(kmm_buffer_never_spill(m.0, *spilled, true));
+    assert_eq!(info(&m, *spilled).spilled, 0);
+    assert_eq!(&m.download(*spilled, 0, data.len()), data);
+}
+
+#[test]
+fn a_spill_waits_for_work_queued_on_a_recorded_stream() {
+    // Another manager's stream stands for a foreign stream (CUDA.jl's, PyTorch's).
+    let m = spill_manager(4 * MIB, 64 * MIB);
+    let host = HostBackend::get(0).unwrap();
+    let foreign: Arc<dyn Stream> = host.create_stream().unwrap();
+    let b = m.alloc(MIB, DEVICE);
+    m.upload(b, 0, &vec![1u8; MIB as usize]);
+    m.sync();
+    let addr = map(&m, b);
+    ok(kmm_buffer_record_stream(m.0, b, foreign.raw()));
+    // Foreign work that writes the buffer late, after Kmm's stream could have copied it out.
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let g = gate.clone();
+    foreign
+        .launch_host_fn(Box::new(move || {
+            g.wait();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            // SAFETY: the buffer is recorded on this stream, so Kmm keeps it until this ran.
+            unsafe { std::ptr::write_bytes(addr as *mut u8, 7, MIB as usize) };
+        }))
+        .unwrap();
+    ok(kmm_buffer_unmap(m.0, b));
+    gate.wait();
+    // Pressure: the buffer (least recently used) spills while the foreign write is queued.
+    let others = fill_set(&m, 4, MIB);
+    assert_eq!(info(&m, b).spilled, 1, "the oldest buffer spilled");
+    assert_eq!(m.download(b, 0, MIB as usize), vec![7u8; MIB as usize], "the spill copied the bytes after the foreign write");
+    drop(others);
+    foreign.synchronize().unwrap();
+}
+
+#[test]
+fn spills_and_restores_are_traced_and_the_rmm_form_pairs_them() {
+    let m = spill_manager(4 * MIB, 64 * MIB);
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let set = fill_set(&m, 8, MIB);
+    for (b, data) in &set {
+        assert_eq!(&m.download(*b, 0, data.len()), data);
+    }
+    let mut n = 0usize;
+    ok(kmm_manager_trace_records(m.0, std::ptr::null_mut(), 0, &mut n, std::ptr::null_mut()));
+    let mut v = vec![KmmTraceRecord::default(); n];
+    ok(kmm_manager_trace_records(m.0, v.as_mut_ptr(), n, &mut n, std::ptr::null_mut()));
+    let spills: Vec<_> = v.iter().filter(|r| r.action == KmmTraceAction::KMM_TRACE_SPILL as u32).collect();
+    let restores: Vec<_> = v.iter().filter(|r| r.action == KmmTraceAction::KMM_TRACE_RESTORE as u32).collect();
+    let s = m.stats(DEVICE);
+    assert_eq!((spills.len() as u64, restores.len() as u64), (s.spills, s.restores));
+    assert!(spills.iter().all(|r| r.moved_from != 0 && r.address != 0 && r.bytes == MIB));
+    let name = unsafe { std::ffi::CStr::from_ptr(kmm_trace_action_name(KmmTraceAction::KMM_TRACE_SPILL as u32)) };
+    assert_eq!(name.to_str().unwrap(), "spill");
+    // RMM's form: a spill is a free of the device place, a restore an allocation.
+    let path = std::env::temp_dir().join(format!("kmm-spill-{}.csv", std::process::id()));
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    ok(kmm_manager_trace_save(m.0, c.as_ptr(), KMM_TRACE_RMM_ONLY));
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::remove_file(&path).ok();
+    let rows: Vec<&str> = text.lines().skip(1).collect();
+    let allocs = rows.iter().filter(|l| l.contains(",allocate,")).count() as u64;
+    let frees = rows.iter().filter(|l| l.contains(",free,")).count() as u64;
+    assert_eq!(allocs, 8 + s.restores, "{text}");
+    assert_eq!(frees, s.spills, "{text}");
+}
+
+/// Eight threads, each with 24 buffers of 128 KiB (24 MiB in all, three times the hard limit):
+/// random maps (reading and writing through the address), uploads, downloads, fills, copies
+/// between buffers, frees and reallocations, and trims. A byte-exact model of every buffer.
+#[test]
+fn eight_threads_with_three_times_the_hard_limit_keep_every_byte() {
+    const BYTES: u64 = 128 << 10;
+    let m = Arc::new(spill_manager(8 * MIB, 64 * MIB));
+    let handles: Vec<_> = (0..8u64)
+        .map(|t| {
+            let m = m.clone();
+            std::thread::spawn(move || {
+                let mut rng = Rng::new(t + 1);
+                let mut set = fill_set(&m, 24, BYTES);
+                for step in 0..400 {
+                    let i = rng.below(set.len() as u64) as usize;
+                    let (b, ref mut data) = set[i];
+                    match rng.below(7) {
+                        0 => {
+                            let p = map(&m, b);
+                            // Fills and copies are stream-ordered: the host reads after them.
+                            m.sync();
+                            // SAFETY: host backend, mapped until the unmap below.
+                            let bytes = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, BYTES as usize) };
+                            assert!(bytes == &data[..], "thread {t} step {step}: the mapped bytes differ from the model");
+                            let v = rng.below(256) as u8;
+                            bytes[..4096].fill(v);
+                            data[..4096].fill(v);
+                            ok(kmm_buffer_unmap(m.0, b));
+                        }
+                        1 => {
+                            let new = pattern(BYTES as usize, rng.below(1 << 30));
+                            m.upload(b, 0, &new);
+                            *data = new;
+                        }
+                        2 => assert!(&m.download(b, 0, BYTES as usize) == data, "thread {t} step {step}: the download differs from the model"),
+                        3 => {
+                            let v = rng.below(256) as u8;
+                            ok(kmm_fill(m.0, b, 0, BYTES, (&v as *const u8).cast(), 1));
+                            data.fill(v);
+                        }
+                        4 => {
+                            let j = rng.below(set.len() as u64) as usize;
+                            if j != i {
+                                ok(kmm_copy_buffer(m.0, set[j].0, 0, m.0, b, 0, BYTES));
+                                set[j].1 = set[i].1.clone();
+                            }
+                        }
+                        5 => {
+                            m.free(b);
+                            let nb = m.alloc(BYTES, DEVICE);
+                            let new = pattern(BYTES as usize, rng.below(1 << 30));
+                            m.upload(nb, 0, &new);
+                            set[i] = (nb, new);
+                        }
+                        _ => {
+                            if rng.below(8) == 0 {
+                                ok(kmm_manager_trim(m.0, 0));
+                            }
+                        }
+                    }
+                }
+                for (b, data) in &set {
+                    assert!(&m.download(*b, 0, data.len()) == data, "thread {t}: the final read differs from the model");
+                }
+                for (b, _) in set {
+                    m.free(b);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().expect("a worker failed");
+    }
+    let s = m.stats(DEVICE);
+    assert!(s.spills > 100 && s.restores > 100, "{s:?}");
+    assert_eq!((s.in_use, s.spilled_bytes, s.live_buffers), (0, 0, 0), "the stats balance: {s:?}");
+    assert_eq!(s.failed_allocs, 0, "{s:?}");
+}
