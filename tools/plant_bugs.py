@@ -473,6 +473,32 @@ PLANTS = [
      "        let _ = self.trace_stop();\n",
      "        self.trace_stop()?;\n",
      ["observe"]),
+    # Spill to host (manager/spill.rs). The copy out no longer waits for the streams that used
+    # the buffer: a recorded stream's late write is lost.
+    ("spill-skips-the-users-fence", "rust/kmm/src/manager/spill.rs",
+     "        order::order_free(backend, home, &r.users)?;\n        // SAFETY: the buffer's block is live pool memory",
+     "        // SAFETY: the buffer's block is live pool memory",
+     ["spill"]),
+    # Mapped buffers spill (their address stops holding their bytes).
+    ("spill-takes-mapped-buffers", "rust/kmm/src/manager/spill.rs",
+     "        self.kind == MemoryKind::Device\n            && self.pins == 0\n",
+     "        self.kind == MemoryKind::Device\n",
+     ["spill"]),
+    # A restored buffer is not marked settling: a map returns before the copy in has run.
+    ("restore-map-skips-the-copy-fence", "rust/kmm/src/manager/spill.rs",
+     "        r.settling = true;\n        self.usage[0].in_use += bytes;",
+     "        self.usage[0].in_use += bytes;",
+     ["spill"]),
+    # Freeing a spilled buffer keeps its host bytes counted (and held).
+    ("spilled-free-keeps-host-memory", "rust/kmm/src/manager/lane.rs",
+     "            Origin::Spilled(place) => {\n                self.spill.give_back(place, record.bytes);\n",
+     "            Origin::Spilled(_place) => {\n",
+     ["spill", "stream_model"]),
+    # The out-of-memory ladder never spills.
+    ("alloc-ladder-never-spills", "rust/kmm/src/manager/spill.rs",
+     "        if kind != MemoryKind::Device || self.spill.limit == 0 {",
+     "        if kind != MemoryKind::Device || self.spill.limit != u64::MAX {",
+     ["spill"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
