@@ -25,8 +25,9 @@ cp rust/target/release/kmm-bench .gpu/
 cp rust/target/release/qmri .gpu/qmri-bench     # tools/gpu/run_qmri.sh runs it
 cp rust/target/release/devices .gpu/devices-bench   # the multi-device benchmark
 cp rust/target/release/replay .gpu/replay          # replays allocation traces (docs/observability.md)
+cp rust/target/release/spill .gpu/spill-bench     # spill to host under a hard limit (bench/results/spill.md)
 cp rust/target/release/libkmm.so .gpu/
-strip --strip-debug .gpu/kmm-bench .gpu/qmri-bench .gpu/devices-bench .gpu/replay .gpu/libkmm.so .gpu/tests/*
+strip --strip-debug .gpu/kmm-bench .gpu/qmri-bench .gpu/devices-bench .gpu/replay .gpu/spill-bench .gpu/libkmm.so .gpu/tests/*
 # the commit these binaries come from, for the results page (the GPU machine has no git)
 commit=$(git rev-parse --short HEAD)
 git diff --quiet HEAD -- rust || commit="$commit with uncommitted changes to rust/"

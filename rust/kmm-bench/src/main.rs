@@ -263,6 +263,25 @@ fn main() {
             "<= 50 ns added",
         );
         if name == "R" {
+            // Spill's cost with no pressure: the same build with spill on (a limit no run
+            // reaches) and off, two managers in alternation (median of 7 pairs).
+            let (off_m, on_m) = (manager(backend, |_| {}), manager(backend, |c| c.spill_limit = 64 << 30));
+            let (mut off, mut on) = (KmmAlloc(off_m), KmmAlloc(on_m));
+            run(&ops, &mut off);
+            run(&ops, &mut on);
+            let pairs: Vec<(f64, f64)> = (0..7).map(|_| (run(&ops, &mut off), run(&ops, &mut on))).collect();
+            ok(kmm_manager_destroy(off_m, 0));
+            ok(kmm_manager_destroy(on_m, 0));
+            let ratio = median(pairs.iter().map(|(a, b)| b / a).collect());
+            r.row(
+                "trace R: spill on (spill_limit = 64 GiB, never reached) / spill off",
+                format!(
+                    "{ratio:.3} ({:.1} vs {:.1} ns/op, medians of 7 alternating pairs)",
+                    median(pairs.iter().map(|p| p.1).collect()),
+                    median(pairs.iter().map(|p| p.0).collect())
+                ),
+                "<= 1.05",
+            );
             let frag = |s: &KmmMemoryStats| s.peak_reserved as f64 / s.peak_in_use as f64;
             r.row(
                 "trace R: peak reserved / peak in use",

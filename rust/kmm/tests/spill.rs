@@ -193,6 +193,32 @@ fn a_spill_waits_for_work_queued_on_a_recorded_stream() {
 }
 
 #[test]
+fn a_map_after_a_restore_waits_for_the_copy_in() {
+    let m = spill_manager(4 * MIB, 64 * MIB);
+    let b = m.alloc(MIB, DEVICE);
+    let data = pattern(MIB as usize, 77);
+    m.upload(b, 0, &data);
+    let others = fill_set(&m, 4, MIB);
+    assert_eq!(info(&m, b).spilled, 1);
+    // Room on the device, so the restore needs no rung that waits; then the stream is held
+    // back: the copy in stays queued until the gate opens.
+    m.free(others[0].0);
+    m.sync();
+    let gate = Arc::new(Gate::shut(&m));
+    let g = gate.clone();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        g.open();
+    });
+    let p = map(&m, b);
+    // SAFETY: host backend, mapped.
+    let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, MIB as usize) };
+    assert!(bytes == &data[..], "the map returned before the restored bytes were in place");
+    ok(kmm_buffer_unmap(m.0, b));
+    opener.join().unwrap();
+}
+
+#[test]
 fn spills_and_restores_are_traced_and_the_rmm_form_pairs_them() {
     let m = spill_manager(4 * MIB, 64 * MIB);
     ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
