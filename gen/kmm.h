@@ -85,7 +85,7 @@
 /**
  * Bumped whenever a signature, a struct layout or a constant's meaning changes.
  */
-#define KMM_ABI_VERSION 2
+#define KMM_ABI_VERSION 3
 
 /**
  * The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
@@ -663,6 +663,10 @@ typedef struct {
    * Of `spilled_bytes`, those in pageable host memory.
    */
   uint64_t spilled_pageable_bytes;
+  /**
+   * Buffers on the host now (counted in `live_buffers` too).
+   */
+  uint64_t spilled_buffers;
   /**
    * Buffers spilled, and restored.
    */
@@ -1596,7 +1600,7 @@ KmmStatus kmm_torch_record_stream(void *ptr,
 KmmStatus kmm_torch_live_allocations(uint64_t *out);
 
 /**
- * Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+ * Starts recording every allocation, free, map, unmap, move, spill, restore, trim and failed allocation of the
  * manager (a trace already recording is stopped first; the last trace's records are dropped).
  * With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
  * `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in

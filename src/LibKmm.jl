@@ -71,7 +71,7 @@ const KMM_TRACE_MAX_RECORDS = 16777216
 """
 Bumped whenever a signature, a struct layout or a constant's meaning changes.
 """
-const KMM_ABI_VERSION = 2
+const KMM_ABI_VERSION = 3
 """
 The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
 """
@@ -288,6 +288,7 @@ struct KmmMemoryStats
     spilled_bytes::UInt64
     peak_spilled_bytes::UInt64
     spilled_pageable_bytes::UInt64
+    spilled_buffers::UInt64
     spills::UInt64
     restores::UInt64
     spilled_out_bytes::UInt64
@@ -2121,7 +2122,7 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 end
 
 """
-Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+Starts recording every allocation, free, map, unmap, move, spill, restore, trim and failed allocation of the
 manager (a trace already recording is stopped first; the last trace's records are dropped).
 With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
 `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
@@ -2138,7 +2139,7 @@ Returns the status; `kmm_manager_trace_start` is the checked form.
     ccall(fp, KmmStatus, (KmmManager, UInt64, Ptr{Cchar}, UInt32), manager, capacity, path, flags)
 end
 """
-Starts recording every allocation, free, map, unmap, move, trim and failed allocation of the
+Starts recording every allocation, free, map, unmap, move, spill, restore, trim and failed allocation of the
 manager (a trace already recording is stopped first; the last trace's records are dropped).
 With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
 `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in

@@ -293,7 +293,7 @@ The counters of one memory kind (`:device` or `:pinned`): `in_use`, `peak_in_use
 (allocations served by moving unmapped buffers instead of growing the pool),
 `relocated_bytes` (what those moves copied), and for device memory the spill figures:
 `spilled_bytes` and `peak_spilled_bytes` (on the host now, and the most), `spilled_pageable_bytes`,
-`spills`, `restores`, `spilled_out_bytes`, `restored_in_bytes` and `spill_time_ns`.
+`spilled_buffers` (arrays on the host now), `spills`, `restores`, `spilled_out_bytes`, `restored_in_bytes` and `spill_time_ns`.
 """
 function memory_stats(m::KmmManager = default_manager(), kind::Symbol = :device)
     out = Ref{LibKmm.KmmMemoryStats}()

@@ -23,6 +23,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "garbage collection" begin include("gc.jl") end
     @testset "out of memory" begin include("oom.jl") end
     @testset "traces, maps and figures" begin include("observe.jl") end
+    @testset "spill to host" begin include("spill.jl") end
     @testset "threads" begin include("threads.jl") end
     @testset "GC stress" begin include("gc_stress.jl") end
     @testset "CUDA.jl extension (stand-ins)" begin include("ext.jl") end

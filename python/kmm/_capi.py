@@ -21,7 +21,7 @@ KMM_TORCH_OOM_NULL = 1
 KMM_TRACE_RMM_ONLY = 1
 KMM_TRACE_DEFAULT_RECORDS = 65536
 KMM_TRACE_MAX_RECORDS = 16777216
-KMM_ABI_VERSION = 2
+KMM_ABI_VERSION = 3
 KMM_MAX_BUFFER_BYTES = 281474976710656
 KMM_FREE_FORCE = 1
 KMM_DESTROY_DEFERRED = 1
@@ -169,6 +169,7 @@ class KmmMemoryStats(Structure):
         ("spilled_bytes", c_uint64),
         ("peak_spilled_bytes", c_uint64),
         ("spilled_pageable_bytes", c_uint64),
+        ("spilled_buffers", c_uint64),
         ("spills", c_uint64),
         ("restores", c_uint64),
         ("spilled_out_bytes", c_uint64),

@@ -11,7 +11,7 @@ from ._errors import check
 
 _lib_ = _lib.lib
 
-ACTIONS = ("allocate", "free", "allocate failure", "map", "unmap", "move", "trim", "wrap")
+ACTIONS = ("allocate", "free", "allocate failure", "map", "unmap", "move", "trim", "wrap", "spill", "restore")
 STATES = ("free", "in use", "mapped")
 FIGURES = {"device_map": 0, "pinned_map": 1, "timeline": 2, "overview": 3}
 

@@ -328,3 +328,73 @@ fn eight_threads_with_three_times_the_hard_limit_keep_every_byte() {
     assert_eq!((s.in_use, s.spilled_bytes, s.live_buffers), (0, 0, 0), "the stats balance: {s:?}");
     assert_eq!(s.failed_allocs, 0, "{s:?}");
 }
+
+fn mode_manager(mode: KmmAllocMode, hard_limit: u64, spill_limit: u64, f: impl FnOnce(&mut KmmConfig)) -> Mgr {
+    Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = mode as u32;
+        c.chunk_size = 2 * MIB;
+        c.hard_limit = hard_limit;
+        c.spill_limit = spill_limit;
+        f(c);
+    })
+}
+
+/// Ten buffers of 1 MiB under a 4 MiB limit, read back twice in reverse, then freed.
+fn round_trip(m: &Mgr) {
+    let set = fill_set(m, 10, MIB);
+    for _ in 0..2 {
+        for (b, data) in set.iter().rev() {
+            assert_eq!(&m.download(*b, 0, data.len()), data);
+        }
+    }
+    assert!(m.stats(DEVICE).spills > 0);
+    for (b, _) in set {
+        m.free(b);
+    }
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.spilled_bytes, s.spilled_buffers, s.live_buffers), (0, 0, 0, 0), "{s:?}");
+}
+
+#[test]
+fn direct_and_cuda_async_modes_spill_too() {
+    round_trip(&mode_manager(KmmAllocMode::KMM_ALLOC_DIRECT, 4 * MIB, 64 * MIB, |_| {}));
+    round_trip(&mode_manager(KmmAllocMode::KMM_ALLOC_CUDA_ASYNC, 4 * MIB, 64 * MIB, |_| {}));
+}
+
+/// The spill store's pinned chunks count against the pinned limit: once its buffers are gone,
+/// a pinned allocation that needs them gets them back.
+#[test]
+fn pinned_memory_the_spill_store_cached_goes_to_pinned_allocations() {
+    let m = mode_manager(KmmAllocMode::KMM_ALLOC_POOL, 4 * MIB, 64 * MIB, |c| {
+        c.pinned_limit = 4 * MIB;
+        c.pinned_chunk_size = 2 * MIB;
+    });
+    let set = fill_set(&m, 8, MIB);
+    assert!(m.stats(DEVICE).spills >= 4);
+    for (b, _) in set {
+        m.free(b);
+    }
+    m.sync();
+    let mut p = 0;
+    ok(kmm_buffer_alloc(m.0, 2 * MIB, PINNED, &mut p));
+    m.free(p);
+}
+
+#[test]
+fn a_failed_never_spill_leaves_the_setting_as_it_was() {
+    let m = mode_manager(KmmAllocMode::KMM_ALLOC_POOL, 2 * MIB, 64 * MIB, |_| {});
+    let a = m.alloc(MIB, DEVICE);
+    m.upload(a, 0, &vec![3u8; MIB as usize]);
+    let b = m.alloc(2 * MIB, DEVICE);
+    assert_eq!(info(&m, a).spilled, 1);
+    map(&m, b); // the device is held: `a` cannot come back
+    let st = kmm_buffer_never_spill(m.0, a, true);
+    assert_eq!(st, KMM_ERROR_OUT_OF_MEMORY);
+    let msg = last_error();
+    assert!(msg.contains("restoring spilled buffer") && msg.contains("1 more on the host"), "{msg}");
+    assert_eq!((info(&m, a).spilled, info(&m, a).never_spill), (1, 0));
+    ok(kmm_buffer_unmap(m.0, b));
+    ok(kmm_buffer_never_spill(m.0, a, true));
+    assert_eq!(m.download(a, 0, MIB as usize), vec![3u8; MIB as usize]);
+}

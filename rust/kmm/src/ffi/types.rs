@@ -9,7 +9,7 @@ use crate::manager::{AllocMode, Config, KindStats, MemoryKind};
 use crate::pool::SuballocatorKind;
 
 /// Bumped whenever a signature, a struct layout or a constant's meaning changes.
-pub const KMM_ABI_VERSION: u32 = 2;
+pub const KMM_ABI_VERSION: u32 = 3;
 
 /// The largest buffer one allocation may ask for: 2^48 bytes. Larger is `KMM_ERROR_SIZE_OVERFLOW`.
 pub const KMM_MAX_BUFFER_BYTES: u64 = 281_474_976_710_656;
@@ -168,6 +168,8 @@ pub struct KmmMemoryStats {
     pub peak_spilled_bytes: u64,
     /// Of `spilled_bytes`, those in pageable host memory.
     pub spilled_pageable_bytes: u64,
+    /// Buffers on the host now (counted in `live_buffers` too).
+    pub spilled_buffers: u64,
     /// Buffers spilled, and restored.
     pub spills: u64,
     pub restores: u64,
@@ -247,6 +249,7 @@ impl From<KindStats> for KmmMemoryStats {
             spilled_bytes: s.spill.spilled_bytes,
             peak_spilled_bytes: s.spill.peak_spilled_bytes,
             spilled_pageable_bytes: s.spill.pageable_bytes,
+            spilled_buffers: s.spill.buffers,
             spills: s.spill.spills,
             restores: s.spill.restores,
             spilled_out_bytes: s.spill.bytes_out,

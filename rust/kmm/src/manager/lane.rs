@@ -432,6 +432,7 @@ impl State {
             Origin::Adopted(block) => self.adopted[k].deallocate(block),
             Origin::Spilled(place) => {
                 self.spill.give_back(place, record.bytes);
+                self.spill.count(|s| s.buffers -= 1);
                 Ok(())
             }
             Origin::Lent { lane, block } => {

@@ -315,9 +315,14 @@ impl Manager {
             (MemoryKind::Device, Ok((free, total))) => format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)),
             _ => String::new(),
         };
-        let n = stats.usage.live_buffers;
+        // Spilled buffers hold no device memory: counted apart.
+        let n = stats.usage.live_buffers - stats.spill.buffers;
+        let on_host = match stats.spill.buffers {
+            0 => String::new(),
+            k => format!(" ({k} more on the host, {})", human_bytes(stats.spill.spilled_bytes)),
+        };
         text += &format!(
-            "  in use: {} in {n} buffer{}; reserved: {} ({limit}{device})\n",
+            "  in use: {} in {n} buffer{}{on_host}; reserved: {} ({limit}{device})\n",
             human_bytes(stats.usage.in_use),
             if n == 1 { "" } else { "s" },
             human_bytes(stats.resource.reserved)

@@ -45,6 +45,8 @@ pub struct SpillStats {
     pub peak_spilled_bytes: u64,
     /// Of `spilled_bytes`, those in pageable memory (the pinned pool was full).
     pub pageable_bytes: u64,
+    /// Buffers on the host now.
+    pub buffers: u64,
     /// Buffers moved out, and back in.
     pub spills: u64,
     pub restores: u64,
@@ -96,9 +98,10 @@ impl Spill {
         Spill { limit, store: Mutex::new(store), clock: AtomicU64::new(1) }
     }
 
-    /// A use now: the stamp a buffer keeps until its next one.
+    /// A use now: the stamp a buffer keeps until its next one (newer than every stamp before,
+    /// allocations' included, so a use after an allocation changes the buffer's stamp).
     pub fn tick(&self) -> u64 {
-        self.clock.fetch_add(1, Ordering::Relaxed)
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
     }
 
     /// The stamp of an allocation: no newer than the uses after it (a read, not a write, on the
@@ -123,9 +126,9 @@ impl Spill {
             },
             Err(e) => return Err(e),
         };
+        // The peak rises when the spill is made (`count`), not for a place taken in vain.
         let s = &mut store.stats;
         s.spilled_bytes += bytes;
-        s.peak_spilled_bytes = s.peak_spilled_bytes.max(s.spilled_bytes);
         if !place.pinned {
             s.pageable_bytes += bytes;
         }
@@ -144,7 +147,7 @@ impl Spill {
         }
     }
 
-    fn count(&self, f: impl FnOnce(&mut SpillStats)) {
+    pub(super) fn count(&self, f: impl FnOnce(&mut SpillStats)) {
         f(&mut lock(&self.store).stats)
     }
 
@@ -214,8 +217,16 @@ impl State {
         order::order_free(backend, home, &r.users)?;
         // SAFETY: the buffer's block is live pool memory and `place` holds `r.bytes`.
         unsafe { stream.copy_d2h(place.block.addr as *mut u8, r.addr, r.bytes)? };
-        let (bytes, from) = (r.bytes, r.addr);
-        let left = std::mem::replace(&mut r.origin, Origin::Spilled(place));
+        let (bytes, from, origin) = (r.bytes, r.addr, r.origin);
+        // The block goes back before the record changes: a failure (CUDA's pool refusing the
+        // free) leaves the buffer where it was, and the caller gives `place` back.
+        match origin {
+            Origin::Lent { lane, block } => self.return_lent(lane, block),
+            Origin::Resource(block) => self.resources[0].deallocate(block)?,
+            _ => unreachable!("spillable buffers hold pool blocks"),
+        }
+        let r = self.buffers.get_mut(handle)?;
+        r.origin = Origin::Spilled(place);
         r.addr = 0;
         r.settling = false;
         r.users.insert(home);
@@ -223,15 +234,12 @@ impl State {
         self.in_use[0].sub(bytes);
         self.spill.count(|s| {
             s.spills += 1;
+            s.buffers += 1;
             s.bytes_out += bytes;
+            s.peak_spilled_bytes = s.peak_spilled_bytes.max(s.spilled_bytes);
         });
         if let Some(t) = &mut self.trace {
             t.record(Action::Spill, MemoryKind::Device, from, bytes, home, handle, place.block.addr);
-        }
-        match left {
-            Origin::Lent { lane, block } => self.return_lent(lane, block),
-            Origin::Resource(block) => self.resources[0].deallocate(block)?,
-            _ => unreachable!("spillable buffers hold pool blocks"),
         }
         Ok(true)
     }
@@ -292,6 +300,7 @@ impl State {
         self.spill.give_back(place, bytes);
         self.spill.count(|s| {
             s.restores += 1;
+            s.buffers -= 1;
             s.bytes_in += bytes;
         });
         self.fence_moves();
@@ -312,7 +321,8 @@ const RESTORE_TRIES: u32 = 8;
 impl Manager {
     /// Spills unmapped device buffers, least recently used first, until `goal` bytes went to the
     /// host or none that fits the limit (plus `headroom`) is left; returns the bytes spilled and
-    /// the buffers that could spill when it looked (others' spills and uses may take them first).
+    /// how many buffers that fit the limit stayed because others used, spilled or freed them
+    /// after it looked.
     fn spill_lru(&self, goal: u64, headroom: u64) -> Result<(u64, usize)> {
         let mut candidates: Vec<(u64, u64, u64)> = Vec::new();
         for lane in 0..=super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask()) {
@@ -320,7 +330,7 @@ impl Manager {
             candidates.extend(st.buffers.iter().filter(|(_, r)| r.spillable()).map(|(h, r)| (r.last_use, h, r.bytes)));
         }
         candidates.sort_unstable();
-        let found = candidates.len();
+        let mut contested = 0;
         let mut spilled = 0u64;
         for (stamp, handle, bytes) in candidates {
             if spilled >= goal {
@@ -333,14 +343,17 @@ impl Manager {
             let evicted = self.state_of(handle).evict(handle, place, stamp);
             match evicted {
                 Ok(true) => spilled += bytes,
-                Ok(false) => self.spill.give_back(place, bytes),
+                Ok(false) => {
+                    contested += 1;
+                    self.spill.give_back(place, bytes)
+                }
                 Err(e) => {
                     self.spill.give_back(place, bytes);
                     return Err(e);
                 }
             }
         }
-        Ok((spilled, found))
+        Ok((spilled, contested))
     }
 
     /// The out-of-memory rungs for `attempt` (an allocation or a restore of `bytes` of `kind`)
@@ -359,7 +372,9 @@ impl Manager {
         mut attempt: impl FnMut() -> Result<T>,
     ) -> Result<T> {
         let out_of_memory = |r: &Result<T>| matches!(r, Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY);
-        let mut result = self.release(kind, 0).and_then(|_| attempt());
+        // The spill store's idle pinned chunks count against the pinned limit too.
+        let released = self.release(kind, 0).and_then(|_| if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) });
+        let mut result = released.and_then(|_| attempt());
         if kind != MemoryKind::Device || self.spill.limit == 0 {
             return result;
         }
@@ -374,10 +389,14 @@ impl Manager {
             let started = Instant::now();
             let round = self.spill_lru(goal, if restoring { bytes } else { 0 });
             let released = self.release(kind, 0);
-            self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
-            let (moved, found) = round?;
+            // A restore counts its whole time itself.
+            if !restoring {
+                self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+            }
+            let (moved, contested) = round?;
             released?;
-            if found == 0 {
+            // Nothing spilled and nothing raced for: nothing left that fits the limit.
+            if moved == 0 && contested == 0 {
                 break;
             }
             *spilled += moved;
@@ -405,7 +424,10 @@ impl Manager {
             }
             done => done,
         };
-        self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+        // A buffer that was on the device cost nothing to restore.
+        if !matches!(result, Ok(false)) {
+            self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+        }
         result.map(drop)
     }
 
@@ -451,10 +473,16 @@ impl Manager {
     }
 
     /// Whether the buffer may spill (`never`: it stays on the device; a spilled one comes back).
+    /// A failed restore leaves the setting as it was.
     pub fn set_never_spill(&self, handle: u64, never: bool) -> Result<()> {
-        self.state_of(handle).buffers.get_mut(handle)?.never_spill = never;
+        let was = std::mem::replace(&mut self.state_of(handle).buffers.get_mut(handle)?.never_spill, never);
         if never {
-            self.restore(handle)?;
+            if let Err(e) = self.restore(handle) {
+                if let Ok(r) = self.state_of(handle).buffers.get_mut(handle) {
+                    r.never_spill = was;
+                }
+                return Err(e);
+            }
         }
         Ok(())
     }
