@@ -1,7 +1,8 @@
-//! Spill to host through the C ABI, on the host backend (device memory bounded by `hard_limit`,
-//! spilled buffers in separate host memory): live sets larger than the limit run, bytes survive
-//! every trip, mapped and never-spill buffers stay put, out of memory comes only past the spill
-//! limit, eviction waits for the streams that used a buffer, and the stats balance.
+//! Spill to host through the C ABI: live sets larger than the limit run, bytes survive every
+//! trip, mapped and never-spill buffers stay put, out of memory comes only past the spill limit,
+//! eviction waits for the streams that used a buffer, and the stats balance. On the host backend
+//! (device memory bounded by `hard_limit`, spilled buffers in separate host memory); with
+//! KMM_TEST_GPU=1 the tests that read no device address from the host run on CUDA.
 mod common;
 mod trust_support;
 use common::*;
@@ -13,7 +14,19 @@ use trust_support::Rng;
 
 const MIB: u64 = 1 << 20;
 
+/// A pool-mode manager on the suite's backend (CUDA with KMM_TEST_GPU=1).
 fn spill_manager(hard_limit: u64, spill_limit: u64) -> Mgr {
+    Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 * MIB;
+        c.hard_limit = hard_limit;
+        c.spill_limit = spill_limit;
+    })
+}
+
+/// As `spill_manager`, always on the host backend: for tests that read device addresses from
+/// the host or block its stream.
+fn host_spill_manager(hard_limit: u64, spill_limit: u64) -> Mgr {
     Mgr::with(|c| {
         c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
         c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
@@ -129,7 +142,7 @@ fn out_of_memory_comes_past_the_spill_limit_with_both_figures_and_nothing_is_los
 
 #[test]
 fn mapped_and_never_spill_buffers_stay_on_the_device() {
-    let m = spill_manager(4 * MIB, 64 * MIB);
+    let m = host_spill_manager(4 * MIB, 64 * MIB);
     let mapped = m.alloc(MIB, DEVICE);
     let keep = m.alloc(MIB, DEVICE);
     m.upload(keep, 0, &pattern(MIB as usize, 5));
@@ -163,7 +176,7 @@ fn mapped_and_never_spill_buffers_stay_on_the_device() {
 #[test]
 fn a_spill_waits_for_work_queued_on_a_recorded_stream() {
     // Another manager's stream stands for a foreign stream (CUDA.jl's, PyTorch's).
-    let m = spill_manager(4 * MIB, 64 * MIB);
+    let m = host_spill_manager(4 * MIB, 64 * MIB);
     let host = HostBackend::get(0).unwrap();
     let foreign: Arc<dyn Stream> = host.create_stream().unwrap();
     let b = m.alloc(MIB, DEVICE);
@@ -194,7 +207,7 @@ fn a_spill_waits_for_work_queued_on_a_recorded_stream() {
 
 #[test]
 fn a_map_after_a_restore_waits_for_the_copy_in() {
-    let m = spill_manager(4 * MIB, 64 * MIB);
+    let m = host_spill_manager(4 * MIB, 64 * MIB);
     let b = m.alloc(MIB, DEVICE);
     let data = pattern(MIB as usize, 77);
     m.upload(b, 0, &data);
@@ -256,7 +269,7 @@ fn spills_and_restores_are_traced_and_the_rmm_form_pairs_them() {
 #[test]
 fn eight_threads_with_three_times_the_hard_limit_keep_every_byte() {
     const BYTES: u64 = 128 << 10;
-    let m = Arc::new(spill_manager(8 * MIB, 64 * MIB));
+    let m = Arc::new(host_spill_manager(8 * MIB, 64 * MIB));
     let handles: Vec<_> = (0..8u64)
         .map(|t| {
             let m = m.clone();
@@ -331,7 +344,6 @@ fn eight_threads_with_three_times_the_hard_limit_keep_every_byte() {
 
 fn mode_manager(mode: KmmAllocMode, hard_limit: u64, spill_limit: u64, f: impl FnOnce(&mut KmmConfig)) -> Mgr {
     Mgr::with(|c| {
-        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
         c.alloc_mode = mode as u32;
         c.chunk_size = 2 * MIB;
         c.hard_limit = hard_limit;
