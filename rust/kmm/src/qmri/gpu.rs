@@ -359,7 +359,11 @@ fn match_fused(m: &Manager, norms_fn: &Function, cdict: u64, k: usize, natoms: u
 pub fn match_chunk(m: &Manager, natoms: usize, nvoxels: usize) -> Result<usize> {
     let (free, _) = m.memory_info()?;
     let cap = std::env::var("KMM_MATCH_SCRATCH_BYTES").ok().and_then(|v| v.parse::<u64>().ok()).unwrap_or(2 << 30);
-    let budget = (free / 2).min(cap);
+    let mut budget = (free / 2).min(cap);
+    // Under a hard limit, a quarter of it at most: the dictionary and signals share it.
+    if m.config().hard_limit > 0 {
+        budget = budget.min(m.config().hard_limit / 4);
+    }
     let per_voxel = natoms as u64 * 8;
     Ok(((budget / per_voxel) as usize).clamp(1, nvoxels))
 }
@@ -428,8 +432,16 @@ pub fn match_dictionary(m: &Manager, dict: u64, ntr: usize, natoms: usize, sig: 
         if k < ntr && k <= FUSED_MAX_RANK && fused_enabled() {
             return match_fused(m, &norms_fn, cdict, k, natoms, inv.addr, csig, sig, ntr, nvoxels, a);
         }
-        let chunk = match_chunk(m, natoms, nvoxels)?;
-        let scratch = Scratch::new(m, (natoms * chunk * 8) as u64)?;
+        let mut chunk = match_chunk(m, natoms, nvoxels)?;
+        // The manager may hold less than the device's free memory suggests (its hard limit,
+        // other buffers, fragmentation): a scratch that does not fit halves the voxels per pass.
+        let scratch = loop {
+            match Scratch::new(m, (natoms * chunk * 8) as u64) {
+                Ok(s) => break s,
+                Err(e) if e.status == crate::error::KmmStatus::KMM_ERROR_OUT_OF_MEMORY && chunk > 1 => chunk = chunk.div_ceil(2),
+                Err(e) => return Err(e),
+            }
+        };
         let at = |base: u64, v0: usize, each: usize| if base == 0 { 0 } else { base + (v0 * each) as u64 };
         let mut v0 = 0;
         while v0 < nvoxels {
