@@ -359,10 +359,11 @@ impl Manager {
     /// The out-of-memory rungs for `attempt` (an allocation or a restore of `bytes` of `kind`)
     /// after it failed once: every lane's cached chunks are given back once the work that used
     /// them has run, and the attempt repeated; then, while spill is on, device buffers are
-    /// spilled, `bytes` at first and twice as many each time, until the attempt succeeds or none
-    /// is left to spill. `spilled` gets the bytes spilled. A restore (`restoring`) may take the
-    /// spill limit past by its own bytes until its copy in gives them back: a swap with the
-    /// host full must be able to happen.
+    /// spilled, `bytes` at first and twice as many each time, the attempt repeated after each
+    /// spill and again after giving chunks back, until it succeeds or none is left to spill.
+    /// `spilled` gets the bytes spilled. A restore (`restoring`) may take the spill limit past by
+    /// its own bytes until its copy in gives them back: a swap with the host full must be able
+    /// to happen.
     pub(super) fn climb<T>(
         &self,
         bytes: u64,
@@ -388,19 +389,26 @@ impl Manager {
             }
             let started = Instant::now();
             let round = self.spill_lru(goal, if restoring { bytes } else { 0 });
-            let released = self.release(kind, 0);
+            // The spilled buffers' blocks are back in their pools, stream-ordered behind the
+            // copies out: the attempt may use them at once. Only when they do not serve it are
+            // the chunks given back (which waits for those copies) for a chunk of its own size.
+            let (moved, contested) = round?;
+            if moved > 0 {
+                result = attempt();
+            }
+            if out_of_memory(&result) {
+                self.release(kind, 0)?;
+                result = attempt();
+            }
             // A restore counts its whole time itself.
             if !restoring {
                 self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
             }
-            let (moved, contested) = round?;
-            released?;
             // Nothing spilled and nothing raced for: nothing left that fits the limit.
             if moved == 0 && contested == 0 {
                 break;
             }
             *spilled += moved;
-            result = attempt();
             goal = goal.saturating_mul(2);
         }
         result
