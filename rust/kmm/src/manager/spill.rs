@@ -74,10 +74,20 @@ pub(super) struct Spill {
     clock: AtomicU64,
 }
 
-/// Allocations from the store never move anything.
-struct NoMoves;
+/// Allocations from the store never move anything; they grow the pool only when `grow` says so.
+struct NoMoves {
+    grow: bool,
+}
+
+/// Batches of host memory whose copies may still be queued before a spill waits for the oldest
+/// rather than growing the pinned pool: two keep the copies in flight back to back, and a new
+/// pinned chunk costs more than the wait.
+const PINNED_IN_FLIGHT: usize = 2;
 
 impl Relocator for NoMoves {
+    fn may_grow(&mut self, _size: u64, _reserved: u64) -> bool {
+        self.grow
+    }
     fn movable(&mut self, _owner: Owner) -> bool {
         false
     }
@@ -117,9 +127,28 @@ impl Spill {
         if store.stats.spilled_bytes.checked_add(bytes).map_or(true, |total| total > self.limit.saturating_add(headroom)) {
             return Ok(None);
         }
-        let place = match store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves) {
+        // Pinned memory that restores gave back comes back as the stream passes their copies:
+        // with enough of it in flight, wait for the oldest rather than grow.
+        let mut pinned = store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: false });
+        if pinned.is_err() {
+            if let (n, Some(fence)) = store.pinned.oldest_pending() {
+                if n >= PINNED_IN_FLIGHT {
+                    drop(store);
+                    fence.synchronize()?;
+                    store = lock(&self.store);
+                    if store.stats.spilled_bytes.saturating_add(bytes) > self.limit.saturating_add(headroom) {
+                        return Ok(None);
+                    }
+                    pinned = store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: false });
+                }
+            }
+        }
+        if pinned.is_err() {
+            pinned = store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: true });
+        }
+        let place = match pinned {
             Ok(block) => HostPlace { block, pinned: true },
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => match store.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves) {
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => match store.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: true }) {
                 Ok(block) => HostPlace { block, pinned: false },
                 Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => return Ok(None),
                 Err(e) => return Err(e),

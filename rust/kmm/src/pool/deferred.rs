@@ -31,6 +31,13 @@ impl<R: MemoryResource> Deferred<R> {
         &mut self.inner
     }
 
+    /// Batches of freed blocks the stream has not been seen to pass, and the event of the
+    /// oldest: waiting for it (without this resource's lock) lets the next allocation reuse
+    /// that batch instead of growing.
+    pub fn oldest_pending(&self) -> (usize, Option<Arc<dyn Event>>) {
+        (self.pending.len(), self.pending.front().map(|(event, _)| event.clone()))
+    }
+
     /// Hands back every block whose free the stream has passed (never waits). A block the inner
     /// resource refuses stays queued, with the rest of its batch, for a later try.
     fn reclaim(&mut self) -> Result<()> {
