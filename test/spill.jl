@@ -44,3 +44,31 @@ end
 @test occursin("spill_limit is 0", sprint(showerror, err))
 foreach(Kmm.unsafe_free!, keep)
 close(m)
+
+# MRF matching of a dictionary twice the hard limit (kept in blocks) runs through spill and
+# gives the maps of the same matching where it fits.
+let Q = Kmm.QMRI
+    seq = Q.FISPSequence([0.2 + 0.6 * abs(sin(i / 30)) for i in 1:300]; TR = 0.010, TE = 0.004,
+                         TI = 0.02, Ns = 12)
+    params = Q.parameter_grid(T1 = (0.2, 3.0, 80), T2 = (0.02, 0.8, 50))
+    n = size(params, 2)
+    @test n * 300 * 8 >= 2 * 4 * 2^20                                       # twice the hard limit
+    truth = Array(params)[:, 1:97:end]
+    m_fits = KmmManager(backend = :host, chunk_size = 2 * 2^20)
+    m_spill = KmmManager(backend = :host, chunk_size = 2 * 2^20, hard_limit = 4 * 2^20,
+                         spill_limit = 64 * 2^20)
+    results = map((m_fits, m_spill)) do m
+        signals = Q.simulate_fisp(seq, truth; manager = m)
+        d = Q.Dictionary(seq, params; manager = m, block_atoms = 250)           # blocks of 600 kB
+        @test length(d.blocks) == cld(n, 250) && length(d) == n
+        Q.match(d, signals), Q.match(d, signals)
+    end
+    (fits, _), (spilled1, spilled2) = results
+    @test Array(spilled1.index) == Array(fits.index) == Array(spilled2.index)
+    @test Array(fits.index) == collect(1:97:n)
+    @test Array(spilled1.T1) ≈ Array(fits.T1)
+    st = Kmm.memory_stats(m_spill)
+    @test st.spills > 0 && st.restores > 0 && st.reserved <= 4 * 2^20
+    @test Kmm.memory_stats(m_fits).spills == 0
+    close(m_fits); close(m_spill)
+end

@@ -16,6 +16,8 @@ Atom parameters are `4 x natoms` `Float32` (T1, T2, B1, B0 per column); signals 
     dict   = QMRI.simulate_fisp(seq, params)              # ntr x natoms KmmArray{ComplexF32}
     maps   = QMRI.match(dict, signals; params = params)    # from a dictionary in memory
     maps   = QMRI.match(seq, params, signals)              # generated and matched in batches
+    dict   = QMRI.Dictionary(seq, params)                 # kept in blocks (spills when too big)
+    maps   = QMRI.match(dict, signals)
     Array(maps.T1)
 """
 module QMRI
@@ -25,7 +27,7 @@ using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
 import LinearAlgebra
 import Distributed
 
-export FISPSequence, PSSFPSequence, MatchResult, WorkerError, parameter_grid, tissue_parameters,
+export FISPSequence, PSSFPSequence, MatchResult, Dictionary, WorkerError, parameter_grid, tissue_parameters,
        simulate_fisp, simulate_pssfp, log_grid, compression_basis,
        CartesianTrajectory, SpiralTrajectory, MRSTATModel, Jacobian, magnetization
 
@@ -33,6 +35,7 @@ include("sequences.jl")
 include("parameters.jl")
 include("simulate.jl")
 include("match.jl")
+include("dictionary.jl")
 include("mrstat.jl")
 include("distributed.jl")
 
