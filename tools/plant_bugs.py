@@ -499,6 +499,17 @@ PLANTS = [
      "        if kind != MemoryKind::Device || self.spill.limit == 0 {",
      "        if kind != MemoryKind::Device || self.spill.limit != u64::MAX {",
      ["spill"]),
+    # The pinned ladder forgets the spill store's idle pinned chunks (they count against the
+    # pinned limit): pinned allocations fail after spills.
+    ("pinned-ladder-keeps-the-spill-store", "rust/kmm/src/manager/spill.rs",
+     "if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) }",
+     "Ok(())",
+     ["spill"]),
+    # A failed never_spill keeps the new setting.
+    ("failed-never-spill-keeps-the-setting", "rust/kmm/src/manager/spill.rs",
+     "                    r.never_spill = was;\n",
+     "",
+     ["spill"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
