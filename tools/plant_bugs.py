@@ -510,6 +510,12 @@ PLANTS = [
      "                    r.never_spill = was;\n",
      "",
      ["spill"]),
+    # A spill leaves no moves' fence: a new buffer in the spilled place maps before the copy out
+    # has read it, and the host's writes reach the spilled copy.
+    ("spill-leaves-no-moves-fence", "rust/kmm/src/manager/spill.rs",
+     "        // waits for the copy), as after a compaction move.\n        self.fence_moves();\n",
+     "        // waits for the copy), as after a compaction move.\n",
+     ["spill"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):

@@ -2,11 +2,12 @@
 # runs through spill to host (KmmManager(spill_limit = ...)) without the caller batching.
 
 """
-    QMRI.Dictionary(seq, params; manager = Kmm.default_manager(), block_atoms = nothing, check = true)
+    QMRI.Dictionary(seq, params; manager, block_atoms = nothing, check = true)
 
 The dictionary of `seq` (a `FISPSequence` or `PSSFPSequence`) over the atoms `params`
 (`4 x natoms`), simulated once and kept, in blocks of `block_atoms` atoms (default: 256 MiB
-each), each a `KmmArray{ComplexF32,2}` of its own. Match it against any number of signal sets
+each), each a `KmmArray{ComplexF32,2}` of its own, on `manager` (default: that of `params` when it is a
+`KmmArray`, else the default manager). Match it against any number of signal sets
 with `match(dict, signals)`: each block is matched in turn, keeping the best atom per voxel.
 
 A dictionary larger than the device (or the manager's `hard_limit`) needs a manager with
@@ -24,7 +25,7 @@ end
 
 const DICTIONARY_BLOCK_BYTES = 256 * 2^20
 
-function Dictionary(seq::AbstractSequence, params; manager::KmmManager = default_manager(),
+function Dictionary(seq::AbstractSequence, params; manager::KmmManager = default_manager_of(params),
                     block_atoms::Union{Nothing,Integer} = nothing, check::Bool = true)
     p = as_params(params, manager)
     natoms, ntr = size(p, 2), length(seq)

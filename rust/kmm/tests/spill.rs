@@ -232,6 +232,31 @@ fn a_map_after_a_restore_waits_for_the_copy_in() {
 }
 
 #[test]
+fn a_new_buffer_in_a_spilled_place_waits_for_the_copy_out() {
+    let m = host_spill_manager(4 * MIB, 64 * MIB);
+    let x = m.alloc(4 * MIB, DEVICE);
+    let data = pattern(4 * MIB as usize, 9);
+    m.upload(x, 0, &data);
+    m.sync();
+    // The copy out of `x` stays queued until the gate opens; `y` takes `x`'s place at once.
+    let gate = Arc::new(Gate::shut(&m));
+    let g = gate.clone();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        g.open();
+    });
+    let y = m.alloc(4 * MIB, DEVICE);
+    assert_eq!(info(&m, x).spilled, 1);
+    let p = map(&m, y);
+    // SAFETY: host backend, mapped; the map waited for the copy out of this place.
+    unsafe { std::ptr::write_bytes(p as *mut u8, 0x5A, 4 * MIB as usize) };
+    ok(kmm_buffer_unmap(m.0, y));
+    opener.join().unwrap();
+    m.free(y);
+    assert!(m.download(x, 0, data.len()) == data, "the spilled bytes were overwritten before the copy out read them");
+}
+
+#[test]
 fn spills_and_restores_are_traced_and_the_rmm_form_pairs_them() {
     let m = spill_manager(4 * MIB, 64 * MIB);
     ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));

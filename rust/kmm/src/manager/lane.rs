@@ -436,7 +436,7 @@ impl State {
                 Ok(())
             }
             Origin::Lent { lane, block } => {
-                self.return_lent(lane, block);
+                self.return_lent(lane, block, false);
                 Ok(())
             }
             Origin::Empty | Origin::Borrowed => Ok(()),
@@ -445,7 +445,9 @@ impl State {
 
     /// Gives a block lent by `lane` back (its reuse already ordered on the manager's stream): at
     /// once when that lane is not busy, else through its inbox. Never waits for its lock.
-    pub(super) fn return_lent(&self, lane: usize, block: Block) {
+    /// `copied_out`: Kmm's own copy out of the block may still be queued (a spill), so a new
+    /// buffer there settles (its map waits for the copy), as after a compaction move.
+    pub(super) fn return_lent(&self, lane: usize, block: Block, copied_out: bool) {
         let Some(cells) = self.place.cells.upgrade() else {
             return;
         };
@@ -454,6 +456,9 @@ impl State {
                 if order::take_over(self.backend.as_ref(), &mut other.reuse[0], self.home).is_ok()
                     && other.resources[0].deallocate(block).is_ok()
                 {
+                    if copied_out {
+                        other.fence_moves();
+                    }
                     return;
                 }
             }
@@ -471,6 +476,8 @@ impl State {
             return Ok(());
         }
         let taken = order::take_over(self.backend.as_ref(), &mut self.reuse[0], self.home);
+        // A spill's copy out of a block may still be queued: new buffers there settle.
+        self.fence_moves();
         for (i, &block) in blocks.iter().enumerate() {
             if let Err(e) = taken.clone().and_then(|_| self.resources[0].deallocate(block)) {
                 cells.inbox(self.place.lane).lock().extend_from_slice(&blocks[i..]);

@@ -316,7 +316,8 @@ impl Manager {
             _ => String::new(),
         };
         // Spilled buffers hold no device memory: counted apart.
-        let n = stats.usage.live_buffers - stats.spill.buffers;
+        // (Read at different moments: saturating.)
+        let n = stats.usage.live_buffers.saturating_sub(stats.spill.buffers);
         let on_host = match stats.spill.buffers {
             0 => String::new(),
             k => format!(" ({k} more on the host, {})", human_bytes(stats.spill.spilled_bytes)),

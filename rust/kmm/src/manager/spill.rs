@@ -79,9 +79,9 @@ struct NoMoves {
     grow: bool,
 }
 
-/// Batches of host memory whose copies may still be queued before a spill waits for the oldest
-/// rather than growing the pinned pool: two keep the copies in flight back to back, and a new
-/// pinned chunk costs more than the wait.
+/// Pinned places given back (each its own batch) whose copies in may still be queued before a
+/// spill waits for the oldest rather than growing the pinned pool: two keep the copies in
+/// flight back to back, and a new pinned chunk costs more than the wait.
 const PINNED_IN_FLIGHT: usize = 2;
 
 impl Relocator for NoMoves {
@@ -247,12 +247,11 @@ impl State {
         // SAFETY: the buffer's block is live pool memory and `place` holds `r.bytes`.
         unsafe { stream.copy_d2h(place.block.addr as *mut u8, r.addr, r.bytes)? };
         let (bytes, from, origin) = (r.bytes, r.addr, r.origin);
-        // The block goes back before the record changes: a failure (CUDA's pool refusing the
-        // free) leaves the buffer where it was, and the caller gives `place` back.
-        match origin {
-            Origin::Lent { lane, block } => self.return_lent(lane, block),
-            Origin::Resource(block) => self.resources[0].deallocate(block)?,
-            _ => unreachable!("spillable buffers hold pool blocks"),
+        // The lane's own block goes back before the record changes: a failure (CUDA's pool
+        // refusing the free) leaves the buffer where it was, and the caller gives `place` back.
+        // No other thread allocates from this lane's pool before its lock is dropped.
+        if let Origin::Resource(block) = origin {
+            self.resources[0].deallocate(block)?;
         }
         let r = self.buffers.get_mut(handle)?;
         r.origin = Origin::Spilled(place);
@@ -270,6 +269,13 @@ impl State {
         if let Some(t) = &mut self.trace {
             t.record(Action::Spill, MemoryKind::Device, from, bytes, home, handle, place.block.addr);
         }
+        // A lent block goes back after its record: the lender may hand it out at once.
+        if let Origin::Lent { lane, block } = origin {
+            self.return_lent(lane, block, true);
+        }
+        // The copy out may still be queued: a new buffer in the freed block settles (its map
+        // waits for the copy), as after a compaction move.
+        self.fence_moves();
         Ok(true)
     }
 
@@ -487,7 +493,7 @@ impl Manager {
             let mut st = self.lane(lane);
             let restored = st.restore_into(handle, Origin::Lent { lane: other, block }, block);
             if !matches!(restored, Ok(true)) {
-                st.return_lent(other, block);
+                st.return_lent(other, block, false);
             }
             return restored;
         }
