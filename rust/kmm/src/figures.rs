@@ -177,7 +177,8 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     header(&mut out, height, title);
     let end_ns = records.last().map_or(0, |r| r.time_ns).max(1);
     let counted = |r: &Record| if r.reserved == u64::MAX { r.in_use } else { r.reserved.max(r.in_use) };
-    let max = records.iter().map(counted).max().unwrap_or(0);
+    let spilled = spilled_series(records);
+    let max = records.iter().map(counted).chain(spilled.iter().map(|s| s.1)).max().unwrap_or(0);
     let (div, unit) = byte_unit(max);
     let y_ticks = ticks(max as f64 / div);
     let y_top = y_ticks.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE) * div;
@@ -212,8 +213,7 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     if records.is_empty() {
         let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no records in the trace</text>", LEFT + plot_w / 2.0, TOP + plot_h / 2.0);
     }
-    // One step line per kind and figure; points are kept per pixel column at their largest, so
-    // peaks survive however many records there are.
+    // One step line per kind and figure.
     let mut entries: Vec<(&str, &str)> = Vec::new();
     let lines: [(u32, bool, &str, &str, &str); 4] = [
         (0, true, "#3b75af", "", "device in use"),
@@ -222,36 +222,22 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
         (1, false, "#ef8636", "6,3", "pinned reserved"),
     ];
     for (kind, in_use, colour, dash, label) in lines {
-        let mut points: Vec<(f64, u64)> = Vec::new();
-        for r in records.iter().filter(|r| r.kind == kind) {
-            let value = if in_use { r.in_use } else if r.reserved == u64::MAX { continue } else { r.reserved };
-            let x = (x_of(r.time_ns) * 2.0).round() / 2.0;
-            match points.last_mut() {
-                Some((px, v)) if *px == x => *v = (*v).max(value),
-                _ => points.push((x, value)),
-            }
+        let values = records.iter().filter(|r| r.kind == kind).filter_map(|r| match (in_use, r.reserved) {
+            (true, _) => Some((r.time_ns, r.in_use)),
+            (false, u64::MAX) => None,
+            (false, reserved) => Some((r.time_ns, reserved)),
+        });
+        let points = pixel_columns(values, &x_of);
+        step_line(&mut out, &points, LEFT + plot_w, colour, dash, &y_of);
+        if !points.is_empty() {
+            entries.push((colour, label));
         }
-        if points.is_empty() {
-            continue;
-        }
-        let mut path = String::new();
-        let mut last_y = None;
-        for (x, v) in &points {
-            let y = y_of(*v);
-            match last_y {
-                None => {
-                    let _ = write!(path, "M{x:.1},{y:.1}");
-                }
-                Some(_) => {
-                    let _ = write!(path, "H{x:.1}V{y:.1}");
-                }
-            }
-            last_y = Some(y);
-        }
-        let _ = write!(path, "H{:.1}", LEFT + plot_w);
-        let dash = if dash.is_empty() { String::new() } else { format!(" stroke-dasharray=\"{dash}\"") };
-        let _ = write!(out, "<path d=\"{path}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\"{dash}/>");
-        entries.push((colour, label));
+    }
+    // Device buffers on the host (spill), when the trace saw any spill.
+    if !spilled.is_empty() {
+        let points = pixel_columns(spilled.iter().copied(), &x_of);
+        step_line(&mut out, &points, LEFT + plot_w, SPILLED, "", &y_of);
+        entries.push((SPILLED, "device spilled to host"));
     }
     // A legend of lines: dashed lines are the reserved figures.
     let mut x = LEFT;
@@ -272,6 +258,65 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     out
 }
 
+/// The timeline's colour for device bytes on the host.
+const SPILLED: &str = "#59a14f";
+
+/// Bytes of device buffers on the host after each spill, restore and free of a spilled buffer
+/// (a free at address 0), from the trace alone: a trace that started with buffers spilled is
+/// lifted so it never goes below 0 (its least consistent level); empty without spills.
+fn spilled_series(records: &[Record]) -> Vec<(u64, u64)> {
+    use crate::manager::trace::Action;
+    let mut level = 0i128;
+    let mut lowest = 0i128;
+    let mut steps = Vec::new();
+    let mut any = false;
+    for r in records.iter().filter(|r| r.kind == 0) {
+        let delta = match Action::from_u32(r.action) {
+            Some(Action::Spill) => r.bytes as i128,
+            Some(Action::Restore) => -(r.bytes as i128),
+            Some(Action::Free) if r.address == 0 && r.bytes > 0 => -(r.bytes as i128),
+            _ => continue,
+        };
+        any |= !matches!(Action::from_u32(r.action), Some(Action::Free));
+        level += delta;
+        lowest = lowest.min(level);
+        steps.push((r.time_ns, level));
+    }
+    if !any {
+        return Vec::new();
+    }
+    steps.into_iter().map(|(ns, l)| (ns, (l - lowest) as u64)).collect()
+}
+
+/// (time, bytes) as (x, bytes), one point per half-pixel column at its largest: peaks survive
+/// however many records there are.
+fn pixel_columns(values: impl Iterator<Item = (u64, u64)>, x_of: &dyn Fn(u64) -> f64) -> Vec<(f64, u64)> {
+    let mut points: Vec<(f64, u64)> = Vec::new();
+    for (ns, value) in values {
+        let x = (x_of(ns) * 2.0).round() / 2.0;
+        match points.last_mut() {
+            Some((px, v)) if *px == x => *v = (*v).max(value),
+            _ => points.push((x, value)),
+        }
+    }
+    points
+}
+
+/// A step line through `points` (x, bytes) that runs on to `right`.
+fn step_line(out: &mut String, points: &[(f64, u64)], right: f64, colour: &str, dash: &str, y_of: &dyn Fn(u64) -> f64) {
+    if points.is_empty() {
+        return;
+    }
+    let mut path = String::new();
+    for (i, (x, v)) in points.iter().enumerate() {
+        let y = y_of(*v);
+        let _ = if i == 0 { write!(path, "M{x:.1},{y:.1}") } else { write!(path, "H{x:.1}V{y:.1}") };
+    }
+    let _ = write!(path, "H{right:.1}");
+    let dash = if dash.is_empty() { String::new() } else { format!(" stroke-dasharray=\"{dash}\"") };
+    let _ = write!(out, "<path d=\"{path}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\"{dash}/>");
+}
+
 /// Figures one above the other, as one SVG (each keeps its own size).
 pub fn stack(figures: &[String]) -> String {
     let height_of = |svg: &str| -> f64 {
@@ -288,4 +333,30 @@ pub fn stack(figures: &[String]) -> String {
     }
     out += "</svg>";
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manager::trace::Action;
+
+    fn rec(time_ns: u64, action: Action, address: u64, bytes: u64) -> Record {
+        Record { time_ns, action: action as u32, address, bytes, ..Default::default() }
+    }
+
+    #[test]
+    fn the_spilled_series_follows_spills_restores_and_frees_and_never_goes_below_zero() {
+        let r = [
+            rec(1, Action::Allocate, 0x1000, 10),
+            rec(2, Action::Spill, 0x1000, 10),
+            rec(3, Action::Spill, 0x2000, 5),
+            rec(4, Action::Restore, 0x3000, 10),
+            rec(5, Action::Free, 0, 5), // the spilled buffer of 5 bytes, freed on the host
+        ];
+        assert_eq!(spilled_series(&r), vec![(2, 10), (3, 15), (4, 5), (5, 0)]);
+        // A trace that began with 7 bytes on the host: restored first, lifted to stay >= 0.
+        let r = [rec(1, Action::Restore, 0x1000, 7), rec(2, Action::Spill, 0x2000, 3)];
+        assert_eq!(spilled_series(&r), vec![(1, 0), (2, 3)]);
+        assert!(spilled_series(&[rec(1, Action::Free, 0, 4)]).is_empty(), "no spill, no line");
+    }
 }

@@ -286,6 +286,14 @@ fn spills_and_restores_are_traced_and_the_rmm_form_pairs_them() {
     let frees = rows.iter().filter(|l| l.contains(",free,")).count() as u64;
     assert_eq!(allocs, 8 + s.restores, "{text}");
     assert_eq!(frees, s.spills, "{text}");
+    // The timeline draws the bytes on the host beside those on the device.
+    let mut needed = 0usize;
+    let timeline = KmmFigure::KMM_FIGURE_TIMELINE as u32;
+    ok(kmm_manager_figure_svg(m.0, timeline, std::ptr::null_mut(), 0, &mut needed));
+    let mut svg = vec![0u8; needed];
+    ok(kmm_manager_figure_svg(m.0, timeline, svg.as_mut_ptr().cast(), needed, std::ptr::null_mut()));
+    let svg = String::from_utf8_lossy(&svg);
+    assert!(svg.contains("device spilled to host") && svg.contains("device in use"), "{svg}");
 }
 
 /// Eight threads, each with 24 buffers of 128 KiB (24 MiB in all, three times the hard limit):
