@@ -11,7 +11,7 @@ def test_alloc_and_info(manager):
     assert b.kind == "device"
     assert b.ptr != 0 and b.ptr % 256 == 0
     info = b.info()
-    assert info == {"bytes": 1 << 20, "kind": "device", "pins": 1}
+    assert info == {"bytes": 1 << 20, "kind": "device", "pins": 1, "spilled": False, "never_spill": False}
     assert "device" in repr(b)
     b.close()
     assert b.closed and "closed" in repr(b)
