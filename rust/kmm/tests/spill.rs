@@ -205,6 +205,16 @@ fn a_spill_waits_for_work_queued_on_a_recorded_stream() {
     foreign.synchronize().unwrap();
 }
 
+/// Holds the manager's stream back (queued work stays queued) until a thread opens it 100 ms
+/// later; join the thread before the test ends.
+fn hold_stream_for_100ms(m: &Mgr) -> std::thread::JoinHandle<()> {
+    let gate = Gate::shut(m);
+    std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        gate.open();
+    })
+}
+
 #[test]
 fn a_map_after_a_restore_waits_for_the_copy_in() {
     let m = host_spill_manager(4 * MIB, 64 * MIB);
@@ -217,12 +227,7 @@ fn a_map_after_a_restore_waits_for_the_copy_in() {
     // back: the copy in stays queued until the gate opens.
     m.free(others[0].0);
     m.sync();
-    let gate = Arc::new(Gate::shut(&m));
-    let g = gate.clone();
-    let opener = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        g.open();
-    });
+    let opener = hold_stream_for_100ms(&m);
     let p = map(&m, b);
     // SAFETY: host backend, mapped.
     let bytes = unsafe { std::slice::from_raw_parts(p as *const u8, MIB as usize) };
@@ -239,12 +244,7 @@ fn a_new_buffer_in_a_spilled_place_waits_for_the_copy_out() {
     m.upload(x, 0, &data);
     m.sync();
     // The copy out of `x` stays queued until the gate opens; `y` takes `x`'s place at once.
-    let gate = Arc::new(Gate::shut(&m));
-    let g = gate.clone();
-    let opener = std::thread::spawn(move || {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        g.open();
-    });
+    let opener = hold_stream_for_100ms(&m);
     let y = m.alloc(4 * MIB, DEVICE);
     assert_eq!(info(&m, x).spilled, 1);
     let p = map(&m, y);
