@@ -421,7 +421,7 @@ impl State {
         })?;
         let k = record.kind as usize;
         // A spilled buffer's bytes left the counts of bytes in use when it spilled.
-        let resident = if matches!(record.origin, Origin::Spilled(_)) { 0 } else { record.bytes };
+        let resident = if record.is_spilled() { 0 } else { record.bytes };
         self.usage[k].on_free(resident);
         self.in_use[k].sub(resident);
         if let Some(t) = &mut self.trace {
@@ -491,7 +491,7 @@ impl State {
     /// buffer is spilled (the manager restores it first).
     pub fn record_stream(&mut self, handle: u64, stream: u64) -> Result<Option<()>> {
         let record = self.buffers.get_mut(handle)?;
-        if matches!(record.origin, Origin::Spilled(_)) {
+        if record.is_spilled() {
             return Ok(None);
         }
         if stream != self.home {
@@ -504,7 +504,7 @@ impl State {
     /// Whether the buffer is spilled now, and whether it is marked never to spill.
     pub fn spill_flags(&self, handle: u64) -> Result<(bool, bool)> {
         let r = self.buffers.get(handle)?;
-        Ok((matches!(r.origin, Origin::Spilled(_)), r.never_spill))
+        Ok((r.is_spilled(), r.never_spill))
     }
 
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
@@ -519,7 +519,7 @@ impl State {
     pub(super) fn map(&mut self, handle: u64, own_work: bool) -> Result<Option<(u64, Option<MovesFence>)>> {
         let fence = &self.moves_fence;
         let r = self.buffers.get_mut(handle)?;
-        if matches!(r.origin, Origin::Spilled(_)) {
+        if r.is_spilled() {
             return Ok(None);
         }
         r.last_use = self.spill.tick();
