@@ -44,6 +44,32 @@ try
         @test all(live(w) == 0 for w in ws)
     end
 
+    @testset "signals reach workers through one shared file, or are fetched" begin
+        @everywhere ws using Kmm: QMRI
+        sig = reshape(ComplexF32.(1:60*15, -(1:60*15)), 60, 3, 5)
+        seen = QMRI.with_shipped_signals(sig) do s
+            @test s.path !== nothing && isfile(s.path) && s.dims == size(sig)
+            on_worker = remotecall_fetch(ws[1], s) do s
+                (QMRI.map_shared(s) !== nothing, QMRI.receive_signals(s))
+            end
+            @test on_worker == (true, sig)                     # mapped, not fetched
+            # A worker that cannot map the file (another host, another call's token) fetches.
+            other = QMRI.ShippedSignals(s.owner, s.id, s.path, s.dims, s.token + 1)
+            @test remotecall_fetch(x -> (QMRI.map_shared(x), QMRI.receive_signals(x)), ws[2], other) ==
+                  (nothing, sig)
+            gone = QMRI.ShippedSignals(s.owner, s.id, s.path * ".missing", s.dims, s.token)
+            @test remotecall_fetch(QMRI.receive_signals, ws[2], gone) == sig
+            s.path
+        end
+        @test !isfile(seen) && isempty(QMRI.SHIPPED)            # removed after the call
+        path = Ref("")
+        @test_throws ErrorException QMRI.with_shipped_signals(sig) do s
+            path[] = s.path
+            error("the call failed")
+        end
+        @test !isfile(path[]) && isempty(QMRI.SHIPPED)          # and after a failed one
+    end
+
     @testset "bad arguments" begin
         @test_throws ArgumentError QMRI.match(seq, p, signals; workers = Int[])
         @test_throws ArgumentError QMRI.match(seq, p, signals; workers = [ws[1], ws[1]])

@@ -26,6 +26,7 @@ using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
              default_manager, handles
 import LinearAlgebra
 import Distributed
+import Mmap
 
 export FISPSequence, PSSFPSequence, MatchResult, Dictionary, WorkerError, parameter_grid, tissue_parameters,
        simulate_fisp, simulate_pssfp, log_grid, compression_basis,
@@ -37,6 +38,7 @@ include("simulate.jl")
 include("match.jl")
 include("dictionary.jl")
 include("mrstat.jl")
+include("shipped_signals.jl")
 include("distributed.jl")
 
 end # module QMRI

@@ -165,8 +165,9 @@ struct PartialMatch
     seconds::Dict{Symbol,Float64}
 end
 
-function remote_match(seq, p::Matrix{Float32}, first_atom::Int, signals, basis, rank::Int,
-                      batch_atoms, max_bytes, device::Int, timings::Bool)
+function remote_match(seq, p::Matrix{Float32}, first_atom::Int, shipped::ShippedSignals, basis,
+                      rank::Int, batch_atoms, max_bytes, device::Int, timings::Bool)
+    signals = receive_signals(shipped)
     with_call_manager(device) do m
         u = basis === nothing ? nothing : KmmArray(basis; manager = m)
         r = match(seq, p, signals; rank = basis === nothing ? rank : 0, basis = u,
@@ -185,7 +186,7 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
                           check::Bool, timings::Bool, workers, devices)
     ntr = length(seq)
     check_rank(rank, ntr)
-    # Checked here, as one process does, and sent once to every worker as ComplexF32.
+    # Checked here, as one process does, and shipped to the workers as ComplexF32.
     host_signals = signals isa KmmArray ? Array(signals) : convert(Array{ComplexF32}, signals)
     vdims, _ = signal_dims(host_signals, ntr)
     ws, ranges, devs, p = plan_workers("match", workers, params, devices, check)
@@ -197,10 +198,12 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         end
         hu = u === nothing ? nothing : Array(u)
     end
-    parts = on_workers("match", ws, devs, ranges, (i, w) ->
-        Distributed.remotecall_fetch(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
-                                     host_signals, hu, Int(rank), batch_atoms, max_bytes, devs[i],
-                                     timings))
+    parts = with_shipped_signals(host_signals) do shipped
+        on_workers("match", ws, devs, ranges, (i, w) ->
+            Distributed.remotecall_fetch(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
+                                         shipped, hu, Int(rank), batch_atoms, max_bytes, devs[i],
+                                         timings))
+    end
     best = reduce_matches(parts)
     up(a) = KmmArray(reshape(a, vdims); manager = manager)
     seconds = Dict{Symbol,Float64}()
