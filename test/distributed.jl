@@ -1,6 +1,7 @@
 # Scale-out over two local Distributed workers on the host backend, each with two stand-in
 # devices: simulation and matching split over the workers equal one process's, bad arguments
-# are refused, and a worker that fails or dies fails the call while the other frees everything.
+# are refused, and a worker that fails or dies fails the call while the other frees everything
+# it made.
 using Distributed
 using Kmm: QMRI
 
@@ -10,7 +11,10 @@ ws = addprocs(2; exeflags = "--project=$(Base.active_project())")
 old_devices === nothing ? delete!(ENV, "KMM_HOST_DEVICES") : (ENV["KMM_HOST_DEVICES"] = old_devices)
 try
     @everywhere ws using Kmm
-    live(w) = remotecall_fetch(Kmm.live_managers, w)
+    # A call computes on each worker's default managers and frees what it made there.
+    in_use(w) = remotecall_fetch(w) do
+        sum(Kmm.memory_stats(Kmm.default_manager(d)).in_use for d in 0:Kmm.device_count()-1)
+    end
 
     seq = QMRI.FISPSequence(range(0.1, 1.2; length = 60); TR = 0.01, TE = 0.005, TI = 0.02, Ns = 8)
     p = QMRI.parameter_grid(T1 = (0.2, 3.0, 30), T2 = (0.02, 1.0, 20))    # 519 atoms
@@ -25,7 +29,7 @@ try
         ps = QMRI.PSSFPSequence(fill(0.5, 40); TR = 0.006, rf_shape = fill(0.25, 4), dt_ex = 0.0002,
                                 z = [0.0, 0.1], dt_inv = 0.01, dt_pr = 0.0025, gz_ex = 1.0, gz_pr = -0.5)
         @test Array(QMRI.simulate_pssfp(ps, p; workers = ws)) == Array(QMRI.simulate_pssfp(ps, p))
-        @test all(live(w) == 0 for w in ws)
+        @test all(in_use(w) == 0 for w in ws)
     end
 
     dict = Array(QMRI.simulate_fisp(seq, p))
@@ -41,7 +45,7 @@ try
         @test size(two.index) == (3, 5) && two.natoms == natoms
         @test Array(two.index)[2, 2] == 0
         rank == 0 && @test vec(Array(two.index))[[1:4; 6:15]] == collect(truth)[[1:4; 6:15]]
-        @test all(live(w) == 0 for w in ws)
+        @test all(in_use(w) == 0 for w in ws)
     end
 
     @testset "signals reach workers through one shared file, or are fetched" begin
@@ -85,7 +89,7 @@ try
         @test err isa QMRI.WorkerError && err.worker == ws[2] && err.device == 7 && err.atoms == 260:519
         msg = sprint(showerror, err)
         @test occursin("worker $(ws[2]) (device 7, atoms 260:519) failed", msg) && occursin("device 7", msg)
-        @test all(live(w) == 0 for w in ws)
+        @test all(in_use(w) == 0 for w in ws)
     end
 
     @testset "a worker that dies" begin
@@ -95,14 +99,14 @@ try
         err = try QMRI.match(seq, p, signals; workers = ws, devices = [0, 1]); nothing catch e; e end
         @test err isa QMRI.WorkerError && err.worker == ws[2]
         @test occursin("worker $(ws[2]) (device 1, atoms 260:519) died", sprint(showerror, err))
-        @test live(ws[1]) == 0                                   # the survivor freed everything
+        @test in_use(ws[1]) == 0                                   # the survivor freed everything
         # Distributed has dropped it since: naming it again is an argument error.
         err = try QMRI.simulate_fisp(seq, p; workers = ws); nothing catch e; e end
         @test err isa ArgumentError && occursin("process $(ws[2]) does not exist", err.msg)
         # The survivor alone still gives one process's answer.
         @test Array(QMRI.match(seq, p, signals; workers = ws[1:1]).index) ==
               Array(QMRI.match(seq, p, signals).index)
-        @test live(ws[1]) == 0
+        @test in_use(ws[1]) == 0
     end
 finally
     rmprocs(filter(in(workers()), ws))

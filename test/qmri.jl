@@ -309,6 +309,42 @@ end
     @test_throws ArgumentError Q.compression_basis(KmmArray(D); rank = NTR + 1)
 end
 
+@testset "calls free what they made, never the caller's arrays" begin
+    # Device memory left to the next collection piles up over a loop of calls (or on a worker
+    # serving many): after each call only its result is in use.
+    m = KmmManager(backend = :host)
+    seq = Q.FISPSequence(FLIPS; TR = 0.010, TE = 0.005, TI = 0.02, Ns = 8)
+    p = Array(Q.parameter_grid(T1 = (0.2, 4.0, 12), T2 = (0.02, 2.0, 12)))
+    sd = Q.simulate_fisp(seq, p[:, 1:9:end]; manager = m)
+    sig = Array(sd)
+    Kmm.unsafe_free!(sd)
+    in_use() = Kmm.memory_stats(m).in_use
+    maps(r) = filter(x -> x !== nothing, [r.index, r.score, r.PD, r.pd_normalized, r.T1, r.T2, r.B1, r.B0])
+    bytes(r) = sum(sizeof, maps(r))
+    @test in_use() == 0
+    d = Q.simulate_fisp(seq, p; manager = m)             # host parameters: uploaded, then freed
+    @test in_use() == sizeof(d)
+    Kmm.unsafe_free!(d)
+    u = Q.compression_basis(seq, p; rank = 6, manager = m)
+    basis = Array(u)
+    Kmm.unsafe_free!(u)
+    for kw in ((rank = 0,), (rank = 6,), (basis = basis,))
+        @test in_use() == 0
+        r = Q.match(seq, p, sig; manager = m, batch_atoms = 20, kw...)
+        @test in_use() == bytes(r)
+        foreach(Kmm.unsafe_free!, maps(r))
+    end
+    # The caller's own KmmArrays on the manager are used in place and left alone.
+    kp, ks, kd = KmmArray(p; manager = m), KmmArray(sig; manager = m), Q.simulate_fisp(seq, p; manager = m)
+    held = sizeof(kp) + sizeof(ks) + sizeof(kd)
+    r = Q.match(seq, kp, ks; manager = m, batch_atoms = 20)
+    @test in_use() == held + bytes(r)
+    r2 = Q.match(kd, ks; params = kp, rank = 6)
+    @test in_use() == held + bytes(r) + bytes(r2)
+    @test Array(kp) == p && Array(ks) == sig && Array(r2.index) == Array(r.index)
+    close(m)
+end
+
 @testset "bad input" begin
     @test_throws ArgumentError Q.FISPSequence(FLIPS; phases = zeros(3), TR = 0.01)
     @test_throws ArgumentError Q.FISPSequence(FLIPS; TR = 0.01, Ns = 0)

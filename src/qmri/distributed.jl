@@ -1,7 +1,9 @@
 # Scale-out over Distributed workers: the dictionary's atoms are split into one contiguous
-# range per worker; each worker simulates (and matches) its range with a manager of its own on
-# its own device, created for the call and closed at its end, so a call leaves nothing behind
-# on any worker, whether it succeeds or another worker dies. Results equal one process's: every
+# range per worker; each worker simulates (and matches) its range on its default manager of its
+# own device, as one process computes on its own, and frees what the call made before it returns,
+# so a call leaves no memory in use on any worker, whether it succeeds or another worker dies.
+# The manager and the pool it has reserved stay for the next call: a manager made and closed per
+# call reserved and returned the dictionary batch's gigabytes each time. Results equal one process's: every
 # atom is simulated, and every (atom, voxel) score computed, by the same code; the best atom
 # per voxel is reduced in atom order with the same tie rule (the lower index wins).
 
@@ -114,20 +116,14 @@ function on_workers(call::String, ws::Vector{Int}, devs, ranges, f)
     [value for (_, value) in outcomes]
 end
 
-"Runs `f(manager)` with a manager on `device` made for the call and closed whatever happens."
-function with_call_manager(f, device::Int)
-    m = KmmManager(device = device)
-    try
-        f(m)
-    finally
-        close(m)
-    end
-end
-
 # ---- simulation ------------------------------------------------------------------------------
 
-remote_simulate(seq, p::Matrix{Float32}, device::Int, check::Bool) =
-    with_call_manager(m -> Array(simulate(seq, p; manager = m, check = check)), device)
+function remote_simulate(seq, p::Matrix{Float32}, device::Int, check::Bool)
+    d = simulate(seq, p; manager = default_manager(device), check = check)
+    part = Array(d)
+    Kmm.unsafe_free!(d)
+    part
+end
 
 function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager, check::Bool,
                              workers, devices)
@@ -168,17 +164,14 @@ end
 function remote_match(seq, p::Matrix{Float32}, first_atom::Int, shipped::ShippedSignals, basis,
                       rank::Int, batch_atoms, max_bytes, device::Int, timings::Bool)
     signals = receive_signals(shipped)
-    with_call_manager(device) do m
-        u = basis === nothing ? nothing : KmmArray(basis; manager = m)
-        r = match(seq, p, signals; rank = basis === nothing ? rank : 0, basis = u,
-                  batch_atoms = batch_atoms, max_bytes = max_bytes, manager = m, check = false,
-                  timings = timings)
-        idx = vec(Array(r.index))
-        idx .= ifelse.(idx .> 0, idx .+ Int32(first_atom - 1), Int32(0))
-        rec = vcat((reshape(Array(x), 1, :) for x in (r.T1, r.T2, r.B1, r.B0))...)
-        PartialMatch(idx, vec(Array(r.score)), vec(Array(r.PD)), vec(Array(r.pd_normalized)), rec,
-                     r.batches, r.seconds)
-    end
+    r = match(seq, p, signals; rank = basis === nothing ? rank : 0, basis = basis,
+              batch_atoms = batch_atoms, max_bytes = max_bytes, manager = default_manager(device),
+              check = false, timings = timings)
+    maps = (r.index, r.score, r.PD, r.pd_normalized, r.T1, r.T2, r.B1, r.B0)
+    idx, score, PD, pdn, T1, T2, B1, B0 = map(x -> vec(Array(x)), maps)
+    foreach(Kmm.unsafe_free!, maps)
+    idx .= ifelse.(idx .> 0, idx .+ Int32(first_atom - 1), Int32(0))
+    PartialMatch(idx, score, PD, pdn, vcat(T1', T2', B1', B0'), r.batches, r.seconds)
 end
 
 function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmManager;

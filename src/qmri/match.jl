@@ -110,6 +110,8 @@ function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::
     simulate_raw!(d, seq, sample, 0, length(pick), false)
     u = compression_basis(d; rank = rank)
     Kmm.unsafe_free!(d)
+    sample === p || Kmm.unsafe_free!(sample)
+    release_made(p, params)
     u
 end
 
@@ -181,7 +183,7 @@ atoms, default 2000, spread over `params`). `timings = true` waits for each step
 spent simulating and matching in `result.seconds`; `verbose = true` prints each batch.
 
 With `workers` (Distributed process ids), the atoms are split into one contiguous range per
-worker, each generates and matches its range against all signals on a manager of its own on
+worker, each generates and matches its range against all signals on its default manager of
 its own device (`devices` as for `simulate_fisp`), and the best atom per voxel is reduced in
 atom order: the maps equal one process's. The compression basis, when one is needed, is
 computed once here and used by every worker. The maps are KmmArrays on `manager`;
@@ -209,8 +211,10 @@ function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::In
         match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, checked)
         timings && Kmm.synchronize(m)
     end
-    finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx, u),
-           timings ? Dict(:match => t) : Dict{Symbol,Float64}())
+    r = finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx, u),
+               timings ? Dict(:match => t) : Dict{Symbol,Float64}())
+    foreach(release_made, (s, p, u, d), (signals, params, basis, dict))
+    r
 end
 
 match(dict::KmmArray{ComplexF32}, signals; kw...) =
@@ -266,8 +270,10 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
         verbose && println("QMRI.match: batch $batches: atoms $(first + 1):$(first + n) of $natoms")
         first += n
     end
-    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx, u),
-           timings ? Dict(:simulate => tsim, :match => tmatch, :basis => tbasis) : Dict{Symbol,Float64}())
+    r = finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx, u),
+               timings ? Dict(:simulate => tsim, :match => tmatch, :basis => tbasis) : Dict{Symbol,Float64}())
+    foreach(release_made, (s, p, u), (signals, params, basis))
+    r
 end
 
 "Atoms per batch: the dictionary batch takes at most a quarter of the free memory and max_bytes."
@@ -302,9 +308,10 @@ end
 function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vector{Int}, u = nothing)
     ph = Array(p)
     sub = KmmArray(ph[:, idx .+ 1]; manager = Kmm.manager(p))
-    sig = Array(simulate_raw!(KmmArray{ComplexF32}(undef, length(seq), length(idx);
-                                                   manager = Kmm.manager(p)), seq, sub, 0,
-                              length(idx), false))
+    d = simulate_raw!(KmmArray{ComplexF32}(undef, length(seq), length(idx); manager = Kmm.manager(p)),
+                      seq, sub, 0, length(idx), false)
+    sig = Array(d)
+    foreach(Kmm.unsafe_free!, (sub, d))
     U = host_basis(u)
     [atom_norm(view(sig, :, k), U) for k in 1:length(idx)]
 end
@@ -313,6 +320,7 @@ end
 function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of, seconds)
     m = Kmm.manager(o.index)
     idx0 = Array(o.index)
+    Kmm.unsafe_free!(o.index)          # the maps are new arrays but for score and PD (o's own)
     pdn = Array(o.pd)
     atoms = sort!(unique(filter(>=(0), idx0)))    # -1: nothing matched
     norms = isempty(atoms) ? Float64[] : norms_of(Int.(atoms))
@@ -324,6 +332,7 @@ function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of
     T1 = T2 = B1 = B0 = nothing
     if o.params !== nothing
         rec = Array(o.params)
+        Kmm.unsafe_free!(o.params)
         T1, T2, B1, B0 = (up(rec[r, :]) for r in 1:4)
     end
     MatchResult{length(vdims)}(up(idx0 .+ Int32(1)), shape(o.score), up(PD), shape(o.pd),

@@ -6,6 +6,14 @@ The qMRI calls take buffer handles without offsets: an array that starts inside 
 """
 whole_buffer(x::KmmArray) = x.offset == 0 ? x : copy(x)
 
+"""
+Frees `x` when this call made it from the caller's `arg` (an upload or a copy), never the
+caller's own memory: a call frees its temporaries in stream order instead of leaving device
+memory to the next collection (a loop of calls, or a worker serving many, would otherwise hold
+gigabytes until then).
+"""
+release_made(x, arg) = (x isa KmmArray && !(arg isa KmmArray && x.storage === arg.storage) && Kmm.unsafe_free!(x); nothing)
+
 "`params` as a `4 x natoms` `KmmArray{Float32,2}` on `m` (host arrays are checked and uploaded)."
 function as_params(params, m::KmmManager)
     if params isa KmmArray
@@ -48,6 +56,8 @@ function simulate(seq::AbstractSequence, params; manager::KmmManager = default_m
     n = size(p, 2)
     out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
     simulate_raw!(out, seq, p, 0, n, check)
+    release_made(p, params)
+    out
 end
 
 """
@@ -60,12 +70,12 @@ queued; reading the result (`Array`) waits for it. `check = false` skips the lib
 of the parameters (T1, T2 > 0; B1, B0 finite), which waits for the stream.
 
 With `workers` (Distributed process ids, e.g. `workers()`), the atoms are split into one
-contiguous range per worker; each simulates its range on a manager of its own, on its own
+contiguous range per worker; each simulates its range on its default manager of its own
 device (`devices[i]` for the i-th worker when given, else each host's workers take that host's
 devices in turn), and the result is gathered into one array on `manager`, equal to one
 process's. Kmm must be loaded on every worker (`@everywhere using Kmm`). A worker that fails or
-dies fails the call with a `QMRI.WorkerError`, after the others have finished and freed their
-memory. See docs/multi-gpu.md.
+dies fails the call with a `QMRI.WorkerError`, after the others have finished and freed what
+the call made there. See docs/multi-gpu.md.
 """
 simulate_fisp(seq::FISPSequence, params; kw...) = simulate(seq, params; kw...)
 
