@@ -364,6 +364,16 @@ PLANTS = [
      "    if u === nothing && 0 < rank < ntr\n",
      "    if false\n",
      ["jl:qmri.jl"]),
+    # Generate-and-match leaves its uploads (signals, parameters, basis) to the next collection.
+    ("jl-match-keeps-its-uploads", "src/qmri/match.jl",
+     "    foreach(release_made, (s, p, u), (signals, params, basis))\n",
+     "",
+     ["jl:qmri.jl"]),
+    # A worker leaves its part of the maps allocated on its default manager.
+    ("jl-worker-keeps-its-maps", "src/qmri/distributed.jl",
+     "    foreach(Kmm.unsafe_free!, maps)\n",
+     "",
+     ["jl:distributed.jl"]),
     # A voxel that matches nothing reports atom 0 (the reference starts from a score of -1).
     ("match-zero-signal-reports-atom-0", "rust/kmm/src/qmri/cpu.rs",
      "            let mut best = (0.0f64, -1i64, C64::ZERO);\n",
