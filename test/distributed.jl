@@ -52,26 +52,35 @@ try
         @everywhere ws using Kmm: QMRI
         sig = reshape(ComplexF32.(1:60*15, -(1:60*15)), 60, 3, 5)
         seen = QMRI.with_shipped_signals(sig) do s
-            @test s.path !== nothing && isfile(s.path) && s.dims == size(sig)
-            on_worker = remotecall_fetch(ws[1], s) do s
-                (QMRI.map_shared(s) !== nothing, QMRI.receive_signals(s))
+            @test s.dims == size(sig)
+            # A worker waits for the file, then maps it.
+            path, got = remotecall_fetch(ws[1], s) do s
+                path = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
+                (path, QMRI.map_shared(path, s.dims, s.token))
             end
-            @test on_worker == (true, sig)                     # mapped, not fetched
-            # A worker that cannot map the file (another host, another call's token) fetches.
-            other = QMRI.ShippedSignals(s.owner, s.id, s.path, s.dims, s.token + 1)
-            @test remotecall_fetch(x -> (QMRI.map_shared(x), QMRI.receive_signals(x)), ws[2], other) ==
-                  (nothing, sig)
-            gone = QMRI.ShippedSignals(s.owner, s.id, s.path * ".missing", s.dims, s.token)
-            @test remotecall_fetch(QMRI.receive_signals, ws[2], gone) == sig
-            s.path
+            @test isfile(path) && got == sig
+            @test remotecall_fetch(QMRI.receive_signals, ws[2], s) == sig
+            # A worker that cannot map the file (another call's token: another host's file of
+            # that name) fetches the array from the caller.
+            other = QMRI.ShippedSignals(s.owner, s.id, s.dims, s.token + 1)
+            @test QMRI.map_shared(path, s.dims, s.token + 1) === nothing
+            @test QMRI.map_shared(path * ".missing", s.dims, s.token) === nothing
+            @test remotecall_fetch(QMRI.receive_signals, ws[2], other) == sig
+            path
         end
         @test !isfile(seen) && isempty(QMRI.SHIPPED)            # removed after the call
         path = Ref("")
-        @test_throws ErrorException QMRI.with_shipped_signals(sig) do s
-            path[] = s.path
-            error("the call failed")
+        err = try
+            QMRI.with_shipped_signals(sig) do s
+                path[] = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
+                error("the call failed")
+            end
+            nothing
+        catch e
+            e
         end
-        @test !isfile(path[]) && isempty(QMRI.SHIPPED)          # and after a failed one
+        @test err isa ErrorException && err.msg == "the call failed"    # the call's own error
+        @test !isfile(path[]) && isempty(QMRI.SHIPPED)          # and removed after it
     end
 
     @testset "bad arguments" begin

@@ -35,10 +35,10 @@ export FISPSequence, PSSFPSequence, MatchResult, Dictionary, WorkerError, parame
 include("sequences.jl")
 include("parameters.jl")
 include("simulate.jl")
+include("shipped_signals.jl")
 include("match.jl")
 include("dictionary.jl")
 include("mrstat.jl")
-include("shipped_signals.jl")
 include("distributed.jl")
 
 end # module QMRI

@@ -163,8 +163,7 @@ end
 
 function remote_match(seq, p::Matrix{Float32}, first_atom::Int, shipped::ShippedSignals, basis,
                       rank::Int, batch_atoms, max_bytes, device::Int, timings::Bool)
-    signals = receive_signals(shipped)
-    r = match(seq, p, signals; rank = basis === nothing ? rank : 0, basis = basis,
+    r = match(seq, p, shipped; rank = basis === nothing ? rank : 0, basis = basis,
               batch_atoms = batch_atoms, max_bytes = max_bytes, manager = default_manager(device),
               check = false, timings = timings)
     maps = (r.index, r.score, r.PD, r.pd_normalized, r.T1, r.T2, r.B1, r.B0)

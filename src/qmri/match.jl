@@ -135,6 +135,19 @@ function prepare_signals(signals, ntr::Int, m::KmmManager)
     (whole_buffer(s), vdims, nvox)
 end
 
+"""
+Signals as `prepare_signals` gives them, and a function that fills them, or nothing when they
+are filled already. A worker's shipped signals are filled once they arrive: the caller runs the
+function after it has queued its first simulation, so that the wait overlaps it.
+"""
+function prepare_signals_later(signals, ntr::Int, m::KmmManager)
+    signals isa ShippedSignals || return (prepare_signals(signals, ntr, m)..., nothing)
+    signals.dims[1] == ntr || throw(DimensionMismatch("shipped signals of size $(signals.dims) for $ntr TRs"))
+    vdims = length(signals.dims) == 1 ? (1,) : signals.dims[2:end]    # checked before shipping
+    s = KmmArray{ComplexF32}(undef, ntr, prod(vdims); manager = m)
+    (s, vdims, prod(vdims), () -> (copyto!(s, 1, receive_signals(signals), 1, length(s)); nothing))
+end
+
 "The voxel dimensions and count of `ntr x voxels...` ComplexF32 signals, checked."
 function signal_dims(s::AbstractArray, ntr::Int)
     eltype(s) == ComplexF32 || throw(ArgumentError("signals must hold ComplexF32, got $(eltype(s))"))
@@ -236,7 +249,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
     p = as_params(params, m)
     natoms = size(p, 2)
     check && check_params(Array(p))
-    s, vdims, nvox = prepare_signals(signals, ntr, m)
+    s, vdims, nvox, arrive = prepare_signals_later(signals, ntr, m)
     u = choose_basis(basis, rank, ntr, m)
     check_basis, tbasis = u !== nothing, 0.0
     if u === nothing && 0 < rank < ntr
@@ -262,7 +275,9 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
         end
         t0 = time()
         simulate_raw!(d, seq, p, first, n, false)
-        timings && (Kmm.synchronize(m); tsim += time() - t0; t0 = time())
+        timings && (Kmm.synchronize(m); tsim += time() - t0)
+        arrive === nothing || (arrive(); arrive = nothing)    # while the batch simulates
+        t0 = time()
         match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0, u, check_basis && batches == 0)
         timings && (Kmm.synchronize(m); tmatch += time() - t0)
         Kmm.unsafe_free!(d)
