@@ -19,13 +19,15 @@ try
     seq = QMRI.FISPSequence(range(0.1, 1.2; length = 60); TR = 0.01, TE = 0.005, TI = 0.02, Ns = 8)
     p = QMRI.parameter_grid(T1 = (0.2, 3.0, 30), T2 = (0.02, 1.0, 20))    # 519 atoms
     natoms = size(p, 2)
-    @test QMRI.worker_devices("test", ws, nothing) == [0, 1]    # one host: its devices in turn
+    # Two devices: the host backend's stand-ins in CI, or the GPUs of a machine with two or more.
+    ndev = remotecall_fetch(Kmm.device_count, ws[1])
+    @test QMRI.worker_devices("test", ws, nothing) == [0, 1 % ndev]    # one host: its devices in turn
     @test QMRI.split_atoms(natoms, 2) == [1:259, 260:519]
 
     @testset "simulation equals one process's" begin
         one = Array(QMRI.simulate_fisp(seq, p))
         @test Array(QMRI.simulate_fisp(seq, p; workers = ws)) == one
-        @test Array(QMRI.simulate_fisp(seq, KmmArray{Float32}(p); workers = ws, devices = [1])) == one
+        @test Array(QMRI.simulate_fisp(seq, KmmArray{Float32}(p); workers = ws, devices = [ndev - 1])) == one
         ps = QMRI.PSSFPSequence(fill(0.5, 40); TR = 0.006, rf_shape = fill(0.25, 4), dt_ex = 0.0002,
                                 z = [0.0, 0.1], dt_inv = 0.01, dt_pr = 0.0025, gz_ex = 1.0, gz_pr = -0.5)
         @test Array(QMRI.simulate_pssfp(ps, p; workers = ws)) == Array(QMRI.simulate_pssfp(ps, p))
@@ -39,8 +41,12 @@ try
     @testset "matching equals one process's (rank $rank)" for rank in (0, 8)
         one = QMRI.match(seq, p, signals; rank = rank, batch_atoms = 97)
         two = QMRI.match(seq, p, signals; rank = rank, workers = ws, batch_atoms = 50)
+        # Bit for bit, but for compressed scores on a GPU: cuBLAS projects each batch with a
+        # kernel it picks by the batch's shape, so other batches round the last bits otherwise.
+        exact = rank == 0 || Kmm.backend(Kmm.default_manager()) == :host
         for f in (:index, :score, :PD, :pd_normalized, :T1, :T2, :B1, :B0)
-            @test Array(getfield(one, f)) == Array(getfield(two, f))
+            a, b = Array(getfield(one, f)), Array(getfield(two, f))
+            @test exact || f in (:index, :T1, :T2, :B1, :B0) ? a == b : isapprox(a, b; rtol = 1e-5)
         end
         @test size(two.index) == (3, 5) && two.natoms == natoms
         @test Array(two.index)[2, 2] == 0

@@ -163,10 +163,10 @@ pub fn open(choice: BackendChoice, device: i32) -> Result<Arc<dyn Backend>> {
     let backend = match resolve(choice)? {
         BackendChoice::Host => host::HostBackend::get(device)?,
         BackendChoice::Cuda => cuda::CudaBackend::get(device)?,
-        BackendChoice::Auto => match cuda::CudaBackend::get(device) {
-            Ok(b) => b,
-            Err(_) => host::HostBackend::get(device)?,
-        },
+        // CUDA when it is usable (as `device_count` counts): a device CUDA lacks is an error
+        // naming it, never a host stand-in computing on the CPU in its place.
+        BackendChoice::Auto if cuda_usable() => cuda::CudaBackend::get(device)?,
+        BackendChoice::Auto => host::HostBackend::get(device)?,
     };
     // Tests (and KMM_FAULTS) may install a fault plan; without one this is the backend itself.
     Ok(faulty::wrap_if_planned(backend))
@@ -178,11 +178,14 @@ pub fn device_count(choice: BackendChoice) -> Result<u32> {
     match resolve(choice)? {
         BackendChoice::Host => host::device_count(),
         BackendChoice::Cuda => cuda::device_count(),
-        BackendChoice::Auto => match cuda::device_count() {
-            Ok(n) if n > 0 => Ok(n),
-            _ => host::device_count(),
-        },
+        BackendChoice::Auto if cuda_usable() => cuda::device_count(),
+        BackendChoice::Auto => host::device_count(),
     }
+}
+
+/// Whether `Auto` means CUDA: the driver is installed and sees a device.
+fn cuda_usable() -> bool {
+    cuda::device_count().is_ok_and(|n| n > 0)
 }
 
 /// Whether `device` and `peer` of `choice` can copy peer to peer, asked of the devices alone:
@@ -197,7 +200,7 @@ pub fn can_access_peer(choice: BackendChoice, device: i32, peer: i32) -> Result<
     let cuda = match resolve(choice)? {
         BackendChoice::Host => false,
         BackendChoice::Cuda => true,
-        BackendChoice::Auto => cuda::device_count().is_ok_and(|n| n > 0),
+        BackendChoice::Auto => cuda_usable(),
     };
     if cuda {
         cuda::can_access_peer(device, peer)
