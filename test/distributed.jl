@@ -3,6 +3,7 @@
 # are refused, and a worker that fails or dies fails the call while the other frees everything
 # it made.
 using Distributed
+import Random
 using Kmm: QMRI
 
 old_devices = get(ENV, "KMM_HOST_DEVICES", nothing)
@@ -57,8 +58,9 @@ try
     @testset "signals reach workers through one shared file, or are fetched" begin
         @everywhere ws using Kmm: QMRI
         sig = reshape(ComplexF32.(1:60*15, -(1:60*15)), 60, 3, 5)
-        seen = QMRI.with_shipped_signals(sig) do s
+        seen = QMRI.with_shipped_signals(sig) do s, write
             @test s.dims == size(sig)
+            write()                                            # as on_workers does once it sent
             # A worker waits for the file, then maps it.
             path, got = remotecall_fetch(ws[1], s) do s
                 path = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
@@ -77,7 +79,8 @@ try
         @test !isfile(seen) && isempty(QMRI.SHIPPED)            # removed after the call
         path = Ref("")
         err = try
-            QMRI.with_shipped_signals(sig) do s
+            QMRI.with_shipped_signals(sig) do s, write
+                write()
                 path[] = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
                 error("the call failed")
             end
@@ -87,6 +90,20 @@ try
         end
         @test err isa ErrorException && err.msg == "the call failed"    # the call's own error
         @test !isfile(path[]) && isempty(QMRI.SHIPPED)          # and removed after it
+        # The file: this user's alone, in shared memory whatever TMPDIR says, token first.
+        f = QMRI.write_shared(sig, UInt128(7))
+        @test startswith(f, "/dev/shm/") && filemode(f) & 0o777 == 0o600
+        @test read(f, UInt128) == 7 && filesize(f) == QMRI.SHARED_HEADER + sizeof(sig)
+        rm(f)
+        # Calls go out before the file is written, so that workers start meanwhile.
+        log = Symbol[]
+        QMRI.on_workers("test", ws, [0, 1], [1:1, 2:2],
+                        (i, w) -> (push!(log, :sent); remotecall(myid, w)); sent = () -> push!(log, :write))
+        @test log == [:sent, :sent, :write]
+        # The token does not draw from the caller's (perhaps seeded) random numbers.
+        Random.seed!(3); want = rand()
+        Random.seed!(3); QMRI.with_shipped_signals((s, write) -> write(), sig)
+        @test rand() == want
     end
 
     @testset "bad arguments" begin
@@ -105,6 +122,18 @@ try
         msg = sprint(showerror, err)
         @test occursin("worker $(ws[2]) (device 7, atoms 260:519) failed", msg) && occursin("device 7", msg)
         @test all(in_use(w) == 0 for w in ws)
+        # Workers that fail after allocating (a basis that is not orthonormal: the library turns
+        # it away at the first match) free what the call made there at once, not at a later
+        # collection (collections are off on the workers meanwhile), and so does the caller.
+        @everywhere ws GC.enable(false)
+        here = Kmm.memory_stats(Kmm.default_manager()).in_use
+        err = try QMRI.match(seq, p, signals; basis = ones(ComplexF32, 60, 3), workers = ws); nothing catch e; e end
+        @test err isa QMRI.WorkerError && occursin("orthonormal", sprint(showerror, err))
+        @test all(in_use(w) == 0 for w in ws)
+        QMRI.match(seq, p, signals; rank = 8, workers = ws)     # the caller computes the basis
+        @test all(in_use(w) == 0 for w in ws)
+        @test Kmm.memory_stats(Kmm.default_manager()).in_use - here < 2 * 15 * 64   # the maps alone
+        @everywhere ws GC.enable(true)
     end
 
     @testset "a worker that dies" begin

@@ -374,6 +374,16 @@ PLANTS = [
      "    foreach(Kmm.unsafe_free!, maps)\n",
      "",
      ["jl:distributed.jl"]),
+    # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
+    ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
+     "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
+     "        rethrow()\n",
+     ["jl:distributed.jl"]),
+    # The caller writes the shared signals before it sends the calls (no overlap).
+    ("jl-signals-written-before-the-calls", "src/qmri/distributed.jl",
+     "    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]\n    sent()\n",
+     "    sent()\n    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]\n",
+     ["jl:distributed.jl"]),
     # A voxel that matches nothing reports atom 0 (the reference starts from a score of -1).
     ("match-zero-signal-reports-atom-0", "rust/kmm/src/qmri/cpu.rs",
      "            let mut best = (0.0f64, -1i64, C64::ZERO);\n",

@@ -27,6 +27,7 @@ using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
 import LinearAlgebra
 import Distributed
 import Mmap
+import Random
 
 export FISPSequence, PSSFPSequence, MatchResult, Dictionary, WorkerError, parameter_grid, tissue_parameters,
        simulate_fisp, simulate_pssfp, log_grid, compression_basis,

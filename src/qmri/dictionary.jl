@@ -61,19 +61,24 @@ function match(d::Dictionary, signals; rank::Integer = 0, basis = nothing, basis
     ntr = length(d.seq)
     check_rank(rank, ntr)
     s, vdims, nvox = prepare_signals(signals, ntr, m)
-    u = choose_basis(basis, rank, ntr, m)
-    check_basis = u !== nothing
-    if u === nothing && 0 < rank < ntr
-        u = compression_basis(d.seq, d.params; rank = rank, atoms = basis_atoms, manager = m)
-    end
-    o = RawOutputs(m, nvox, true)
-    t = @elapsed begin
-        for (k, (block, first)) in enumerate(zip(d.blocks, d.firsts))
-            match_raw!(o, block, ntr, size(block, 2), first, s, nvox, Int(rank), d.params, k > 1, u,
-                       check_basis && k == 1)
+    u = nothing
+    try
+        u = choose_basis(basis, rank, ntr, m)
+        check_basis = u !== nothing
+        if u === nothing && 0 < rank < ntr
+            u = compression_basis(d.seq, d.params; rank = rank, atoms = basis_atoms, manager = m)
         end
-        timings && Kmm.synchronize(m)
+        o = RawOutputs(m, nvox, true)
+        t = @elapsed begin
+            for (k, (block, first)) in enumerate(zip(d.blocks, d.firsts))
+                match_raw!(o, block, ntr, size(block, 2), first, s, nvox, Int(rank), d.params, k > 1, u,
+                           check_basis && k == 1)
+            end
+            timings && Kmm.synchronize(m)
+        end
+        finish(o, vdims, d.natoms, length(d.blocks), idx -> simulated_norms(d.seq, d.params, idx, u),
+               timings ? Dict(:match => t) : Dict{Symbol,Float64}())
+    finally
+        foreach(release_made, (s, u), (signals, basis))
     end
-    finish(o, vdims, d.natoms, length(d.blocks), idx -> simulated_norms(d.seq, d.params, idx, u),
-           timings ? Dict(:match => t) : Dict{Symbol,Float64}())
 end

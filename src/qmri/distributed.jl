@@ -82,7 +82,7 @@ function worker_devices(call::String, ws::Vector{Int}, devices)
         return [ds[mod1(i, length(ds))] for i in 1:length(ws)]
     end
     infos = on_workers(call, ws, [nothing for _ in ws], [nothing for _ in ws],
-                       (i, w) -> Distributed.remotecall_fetch(worker_info, w))
+                       (i, w) -> Distributed.remotecall(worker_info, w))
     seen = Dict{String,Int}()
     map(infos) do (host, count)
         k = get(seen, host, 0)
@@ -98,14 +98,18 @@ function split_atoms(natoms::Int, n::Int)
 end
 
 """
-Runs `f(i, ws[i])` for every worker at once and waits for all of them; a failure becomes a
-`WorkerError` once every other worker has finished (their own `finally` blocks have run).
+Sends `send(i, ws[i])` (a `Future`, from `remotecall`) to every worker, runs `sent()` once every
+call has gone out, then waits for each and returns `then(i, value)` of each; a failure becomes
+a `WorkerError` once every other worker has finished (their own cleanup has run).
 """
-function on_workers(call::String, ws::Vector{Int}, devs, ranges, f)
-    outcomes = Vector{Any}(undef, length(ws))
-    @sync for (i, w) in enumerate(ws)
-        @async outcomes[i] = try
-            (true, f(i, w))
+function on_workers(call::String, ws::Vector{Int}, devs, ranges, send;
+                    sent = () -> nothing, then = (i, value) -> value)
+    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]
+    sent()
+    outcomes = map(enumerate(calls)) do (i, c)
+        c isa Distributed.Future || return (false, c)     # a worker that could not be sent to
+        try
+            (true, then(i, fetch(c)))
         catch err
             (false, err)
         end
@@ -131,10 +135,9 @@ function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager,
     ws, ranges, devs, p = plan_workers(call, workers, params, devices, check)
     out = KmmArray{ComplexF32}(undef, length(seq), size(p, 2); manager = manager)
     ntr = length(seq)
-    on_workers(call, ws, devs, ranges, (i, w) -> begin
-        part = Distributed.remotecall_fetch(remote_simulate, w, seq, p[:, ranges[i]], devs[i], false)
-        copyto!(out, (first(ranges[i]) - 1) * ntr + 1, part, 1, length(part))
-    end)
+    on_workers(call, ws, devs, ranges,
+               (i, w) -> Distributed.remotecall(remote_simulate, w, seq, p[:, ranges[i]], devs[i], false);
+               then = (i, part) -> copyto!(out, (first(ranges[i]) - 1) * ntr + 1, part, 1, length(part)))
     out
 end
 
@@ -189,12 +192,14 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
             u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = manager)
         end
         hu = u === nothing ? nothing : Array(u)
+        release_made(u, basis)
     end
-    parts = with_shipped_signals(host_signals) do shipped
-        on_workers("match", ws, devs, ranges, (i, w) ->
-            Distributed.remotecall_fetch(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
-                                         shipped, hu, Int(rank), batch_atoms, max_bytes, devs[i],
-                                         timings))
+    parts = with_shipped_signals(host_signals) do shipped, write
+        on_workers("match", ws, devs, ranges,
+                   (i, w) -> Distributed.remotecall(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
+                                                    shipped, hu, Int(rank), batch_atoms, max_bytes,
+                                                    devs[i], timings);
+                   sent = write)
     end
     best = reduce_matches(parts)
     up(a) = KmmArray(reshape(a, vdims); manager = manager)

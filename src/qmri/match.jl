@@ -145,7 +145,13 @@ function prepare_signals_later(signals, ntr::Int, m::KmmManager)
     signals.dims[1] == ntr || throw(DimensionMismatch("shipped signals of size $(signals.dims) for $ntr TRs"))
     vdims = length(signals.dims) == 1 ? (1,) : signals.dims[2:end]    # checked before shipping
     s = KmmArray{ComplexF32}(undef, ntr, prod(vdims); manager = m)
-    (s, vdims, prod(vdims), () -> (copyto!(s, 1, receive_signals(signals), 1, length(s)); nothing))
+    function arrive()
+        x = receive_signals(signals)
+        copyto!(s, 1, x, 1, length(s))     # synchronous: x is read when it returns
+        finalize(x)                        # a mapped file's pages go now, not at a later collection
+        nothing
+    end
+    (s, vdims, prod(vdims), arrive)
 end
 
 "The voxel dimensions and count of `ntr x voxels...` ComplexF32 signals, checked."
@@ -233,7 +239,17 @@ end
 match(dict::KmmArray{ComplexF32}, signals; kw...) =
     throw(ArgumentError("the dictionary must be a matrix (ntr x natoms), got size $(size(dict))"))
 match(dict::AbstractMatrix{<:Complex}, signals; params = nothing, kw...) =
-    match(KmmArray{ComplexF32}(dict; manager = default_manager_of(signals)), signals; params = params, kw...)
+    with_upload(d -> match(d, signals; params = params, kw...),
+                KmmArray{ComplexF32}(dict; manager = default_manager_of(signals)))
+
+"`f(x)` for an array this call uploaded, freed (in stream order) when `f` returns or throws."
+function with_upload(f, x::KmmArray)
+    try
+        f(x)
+    finally
+        Kmm.unsafe_free!(x)
+    end
+end
 
 function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis = nothing,
                basis_atoms::Integer = 2000, batch_atoms::Union{Nothing,Integer} = nothing,
@@ -247,9 +263,40 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
     ntr = length(seq)
     check_rank(rank, ntr)
     p = as_params(params, m)
-    natoms = size(p, 2)
+    made = Made()
+    try
+        match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms, max_bytes, check,
+                      verbose, timings, made)
+    catch
+        # A call that fails frees what it made too: later calls' batches see the memory free.
+        made.d === nothing || Kmm.unsafe_free!(made.d)
+        o = made.o
+        o === nothing || foreach(x -> x === nothing || Kmm.unsafe_free!(x), (o.index, o.score, o.pd, o.params))
+        rethrow()
+    finally
+        foreach(release_made, (made.s, p, made.u), (signals, params, basis))
+    end
+end
+
+"What a generate-and-match call has made so far: signals, basis, outputs, the current batch."
+mutable struct Made
+    s::Union{Nothing,KmmArray}
+    u::Union{Nothing,KmmArray}
+    o::Union{Nothing,RawOutputs}
+    d::Union{Nothing,KmmArray}
+    Made() = new(nothing, nothing, nothing, nothing)
+end
+
+"""
+The generate-and-match loop of `match(seq, params, signals)` on `m`. It notes in `made` each
+array it makes as it goes, so that the caller frees them whether the loop returns or throws.
+"""
+function match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms, max_bytes,
+                       check, verbose, timings, made::Made)
+    ntr, natoms = length(seq), size(p, 2)
     check && check_params(Array(p))
     s, vdims, nvox, arrive = prepare_signals_later(signals, ntr, m)
+    made.s = s
     u = choose_basis(basis, rank, ntr, m)
     check_basis, tbasis = u !== nothing, 0.0
     if u === nothing && 0 < rank < ntr
@@ -257,10 +304,11 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
         u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = m)
         timings && (Kmm.synchronize(m); tbasis = time() - t0)
     end
+    made.u = u
     nb = batch_atoms === nothing ? auto_batch(m, ntr, natoms, max_bytes) : Int(batch_atoms)
     nb >= 1 || throw(ArgumentError("batch_atoms = $nb must be >= 1"))
     nb = min(nb, natoms)
-    o = RawOutputs(m, nvox, true)
+    o = made.o = RawOutputs(m, nvox, true)
     first, batches = 0, 0
     tsim = tmatch = 0.0
     while first < natoms
@@ -273,6 +321,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
             verbose && println("QMRI.match: out of memory for $n atoms; batches of $nb atoms now")
             continue
         end
+        made.d = d
         t0 = time()
         simulate_raw!(d, seq, p, first, n, false)
         timings && (Kmm.synchronize(m); tsim += time() - t0)
@@ -281,14 +330,13 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
         match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0, u, check_basis && batches == 0)
         timings && (Kmm.synchronize(m); tmatch += time() - t0)
         Kmm.unsafe_free!(d)
+        made.d = nothing
         batches += 1
         verbose && println("QMRI.match: batch $batches: atoms $(first + 1):$(first + n) of $natoms")
         first += n
     end
-    r = finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx, u),
-               timings ? Dict(:simulate => tsim, :match => tmatch, :basis => tbasis) : Dict{Symbol,Float64}())
-    foreach(release_made, (s, p, u), (signals, params, basis))
-    r
+    finish(o, vdims, natoms, batches, idx -> simulated_norms(seq, p, idx, u),
+           timings ? Dict(:simulate => tsim, :match => tmatch, :basis => tbasis) : Dict{Symbol,Float64}())
 end
 
 "Atoms per batch: the dictionary batch takes at most a quarter of the free memory and max_bytes."

@@ -1,14 +1,14 @@
 # How a call over workers hands them its signals. Every worker needs all of them (the workers
 # split atoms, not voxels), and serializing a 131 MB array once per worker through the loopback
 # socket cost more than a tenth of a two-GPU call. So the caller writes the signals once to a
-# file in shared memory (/dev/shm, else the temporary directory) and each worker on its host maps
-# that file; a worker that cannot (another host, another file system) asks the caller for the
-# array, which is then serialized to it. A random token at the head of the file keeps a worker
-# from mapping another call's file of the same name.
+# file in shared memory (/dev/shm, else the temporary directory), readable by its user alone,
+# and each worker on its host maps that file; a worker that cannot (another host, another file
+# system) asks the caller for the array, which is then serialized to it. A random token at the
+# head of the file keeps a worker from mapping another call's file of the same name.
 #
-# The caller sends the calls first and writes the file while the workers start: a worker asks
-# for the signals only after it has queued its first batch's simulation (see `match`), so the
-# write and the wait overlap the simulation.
+# The caller sends every call first and writes the file after (`on_workers`' `sent`), and a
+# worker asks for the signals only after it has queued its first batch's simulation (see
+# `match`), so that the write, the wait and the worker's copy overlap the simulation.
 
 "What a worker is sent in place of the signals (see `with_shipped_signals`)."
 struct ShippedSignals{N}
@@ -31,28 +31,32 @@ const SHIPPED_NEXT = Ref(0)
 const SHARED_HEADER = 64              # bytes before the data: the token, then padding
 
 """
-Runs `f(shipped)` while workers can reach `signals` through `shipped`: `f` runs in a task of its
-own, and once it has sent its calls this task writes the shared file. The array stays held here
-until `f` returns or throws, and the file is removed then.
+Runs `f(shipped, write)` while workers can reach `signals` through `shipped`; `f` calls
+`write()` once it has sent its calls, and the shared file is written then (or when `f`
+returns, if it did not). The array stays held here until `f` returns or throws, and the file is
+removed then.
 """
 function with_shipped_signals(f, signals::Array{ComplexF32})
-    token = rand(UInt128)
+    # The token comes from the system, not from the caller's (perhaps seeded) global RNG.
+    token = rand(Random.RandomDevice(), UInt128)
     shipment = Shipment(signals, Base.Event(), nothing)
     id = lock(SHIPPED_LOCK) do
         SHIPPED_NEXT[] += 1
         SHIPPED[SHIPPED_NEXT[]] = shipment
         SHIPPED_NEXT[]
     end
-    try
-        calls = @async f(ShippedSignals(Distributed.myid(), id, size(signals), token))
-        yield()                                # the calls go out before the write holds this thread
-        shipment.path = write_shared(signals, token)
-        notify(shipment.written)
+    written = Ref(false)
+    function write()
+        written[] && return
+        written[] = true
         try
-            fetch(calls)
-        catch err
-            throw(err isa TaskFailedException ? err.task.exception : err)
+            shipment.path = write_shared(signals, token)
+        finally
+            notify(shipment.written)
         end
+    end
+    try
+        f(ShippedSignals(Distributed.myid(), id, size(signals), token), write)
     finally
         notify(shipment.written)               # no worker waits forever, whatever failed
         shipment.path === nothing || rm(shipment.path; force = true)
@@ -60,21 +64,33 @@ function with_shipped_signals(f, signals::Array{ComplexF32})
     end
 end
 
-"The signals' shared file (token, padding, data), or nothing when no directory takes it."
+"""
+The signals' shared file (token, padding, data), created anew and readable by this user alone,
+or nothing when no directory takes it (a full tmpfs: the workers then fetch the array).
+"""
 function write_shared(signals::Array{ComplexF32}, token::UInt128)
+    F = Base.Filesystem
     for dir in ("/dev/shm", tempdir())
         isdir(dir) || continue
-        path = tempname(dir)
+        # Our own name: Julia 1.5's tempname(dir) follows TMPDIR instead of dir.
+        path = joinpath(dir, "kmm-signals-$(getpid())-$(string(token; base = 16))")
+        file = try
+            F.open(path, F.JL_O_WRONLY | F.JL_O_CREAT | F.JL_O_EXCL, 0o600)
+        catch err
+            err isa Base.IOError || rethrow()
+            continue
+        end
         try
-            open(path, "w") do io
-                write(io, token)
-                write(io, zeros(UInt8, SHARED_HEADER - sizeof(token)))
-                write(io, signals)
-            end
+            # A File's write throws when the disk is full (an IOStream's would come back short).
+            write(file, token)
+            write(file, zeros(UInt8, SHARED_HEADER - sizeof(token)))
+            write(file, signals)
+            close(file)
             return path
         catch err
-            rm(path; force = true)             # a full tmpfs leaves a partial file
-            err isa SystemError || err isa Base.IOError || rethrow()
+            close(file)
+            rm(path; force = true)
+            err isa Base.IOError || rethrow()
         end
     end
     nothing
