@@ -61,19 +61,26 @@ try
         seen = QMRI.with_shipped_signals(sig) do s, write
             @test s.dims == size(sig)
             write()                                            # as on_workers does once it sent
-            # A worker waits for the file, then maps it.
+            # A worker waits for the file, then maps it (and unmaps it after).
             path, got = remotecall_fetch(ws[1], s) do s
                 path = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
-                (path, QMRI.map_shared(path, s.dims, s.token))
+                m = QMRI.map_shared(path, s.dims, s.token)
+                got = m === nothing ? nothing : copy(m.signals)
+                m === nothing || QMRI.unmap_shared(m)
+                (path, got)
             end
             @test isfile(path) && got == sig
-            @test remotecall_fetch(QMRI.receive_signals, ws[2], s) == sig
+            received(s) = remotecall_fetch(x -> QMRI.with_received_signals(copy, x), ws[2], s)
+            @test received(s) == sig
             # A worker that cannot map the file (another call's token: another host's file of
             # that name) fetches the array from the caller.
             other = QMRI.ShippedSignals(s.owner, s.id, s.dims, s.token + 1)
             @test QMRI.map_shared(path, s.dims, s.token + 1) === nothing
             @test QMRI.map_shared(path * ".missing", s.dims, s.token) === nothing
-            @test remotecall_fetch(QMRI.receive_signals, ws[2], other) == sig
+            @test received(other) == sig
+            # The caller as a worker of its own call: it fetches its own array, which must come
+            # back untouched (only what a worker mapped is unmapped).
+            @test QMRI.with_received_signals(x -> x === sig, other) && sig[1] == ComplexF32(1, -1)
             path
         end
         @test !isfile(seen) && isempty(QMRI.SHIPPED)            # removed after the call

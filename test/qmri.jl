@@ -342,6 +342,20 @@ end
     r2 = Q.match(kd, ks; params = kp, rank = 6)
     @test in_use() == held + bytes(r) + bytes(r2)
     @test Array(kp) == p && Array(ks) == sig && Array(r2.index) == Array(r.index)
+    # Calls that fail free what they made at once (collections are off meanwhile): bad shapes
+    # before anything is uploaded, a basis the library turns away after.
+    GC.enable(false)
+    bad_basis = ones(ComplexF32, size(sig, 1), 3)
+    blocks = Q.Dictionary(seq, p; manager = m)
+    held = in_use()
+    @test_throws DimensionMismatch Q.match(seq, p, sig[1:end-1, :]; manager = m)
+    @test_throws DimensionMismatch Q.match(seq, p, sig; manager = m, basis = bad_basis[1:end-1, :])
+    @test_throws KmmError Q.match(seq, p, sig; manager = m, basis = bad_basis, batch_atoms = 20)
+    @test_throws KmmError Q.match(kd, sig; params = p, basis = bad_basis)
+    @test_throws KmmError Q.match(Array(kd), ks; params = p, basis = bad_basis)
+    @test_throws KmmError Q.match(blocks, sig; basis = bad_basis)
+    @test in_use() == held
+    GC.enable(true)
     close(m)
 end
 

@@ -379,6 +379,21 @@ PLANTS = [
      "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
      "        rethrow()\n",
      ["jl:distributed.jl"]),
+    # A match of a dictionary in memory that fails leaves its outputs.
+    ("jl-failed-dictionary-match-keeps-outputs", "src/qmri/match.jl",
+     "    catch\n        free_outputs(o)\n        rethrow()\n    finally\n        foreach(release_made, (s, p, u, d), (signals, params, basis, dict))\n",
+     "    catch\n        rethrow()\n    finally\n        foreach(release_made, (s, p, u, d), (signals, params, basis, dict))\n",
+     ["jl:qmri.jl"]),
+    # Signals are uploaded before their shape is checked (a bad call leaves the upload).
+    ("jl-signals-uploaded-before-the-check", "src/qmri/match.jl",
+     "    signals isa AbstractArray && signal_shape(size(signals), ntr)\n",
+     "",
+     ["jl:qmri.jl"]),
+    # A worker unmaps (finalizes) whatever signals it received, the caller's own array included.
+    ("jl-worker-frees-fetched-signals", "src/qmri/shipped_signals.jl",
+     "    mapping === nothing && return f(Distributed.remotecall_fetch(shipped_array, s.owner, s.id))\n",
+     "    mapping === nothing && return (x = Distributed.remotecall_fetch(shipped_array, s.owner, s.id); r = f(x); fill!(x, 0); r)\n",
+     ["jl:distributed.jl"]),
     # The caller writes the shared signals before it sends the calls (no overlap).
     ("jl-signals-written-before-the-calls", "src/qmri/distributed.jl",
      "    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]\n    sent()\n",

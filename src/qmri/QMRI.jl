@@ -26,7 +26,6 @@ using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
              default_manager, handles
 import LinearAlgebra
 import Distributed
-import Mmap
 import Random
 
 export FISPSequence, PSSFPSequence, MatchResult, Dictionary, WorkerError, parameter_grid, tissue_parameters,

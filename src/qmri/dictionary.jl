@@ -60,9 +60,9 @@ function match(d::Dictionary, signals; rank::Integer = 0, basis = nothing, basis
     m = Kmm.manager(d.params)
     ntr = length(d.seq)
     check_rank(rank, ntr)
-    s, vdims, nvox = prepare_signals(signals, ntr, m)
-    u = nothing
+    s = u = o = nothing
     try
+        s, vdims, nvox = prepare_signals(signals, ntr, m)
         u = choose_basis(basis, rank, ntr, m)
         check_basis = u !== nothing
         if u === nothing && 0 < rank < ntr
@@ -78,6 +78,9 @@ function match(d::Dictionary, signals; rank::Integer = 0, basis = nothing, basis
         end
         finish(o, vdims, d.natoms, length(d.blocks), idx -> simulated_norms(d.seq, d.params, idx, u),
                timings ? Dict(:match => t) : Dict{Symbol,Float64}())
+    catch
+        free_outputs(o)
+        rethrow()
     finally
         foreach(release_made, (s, u), (signals, basis))
     end

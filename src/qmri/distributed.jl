@@ -104,14 +104,16 @@ a `WorkerError` once every other worker has finished (their own cleanup has run)
 """
 function on_workers(call::String, ws::Vector{Int}, devs, ranges, send;
                     sent = () -> nothing, then = (i, value) -> value)
-    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]
+    # An interrupt (Ctrl-C) is the caller's, not a worker's failure: it ends the call at once.
+    caught(err) = err isa InterruptException ? rethrow() : err
+    calls = Any[try send(i, w) catch err caught(err) end for (i, w) in enumerate(ws)]
     sent()
     outcomes = map(enumerate(calls)) do (i, c)
         c isa Distributed.Future || return (false, c)     # a worker that could not be sent to
         try
             (true, then(i, fetch(c)))
         catch err
-            (false, err)
+            (false, caught(err))
         end
     end
     for (i, (ok, value)) in enumerate(outcomes)
@@ -135,9 +137,14 @@ function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager,
     ws, ranges, devs, p = plan_workers(call, workers, params, devices, check)
     out = KmmArray{ComplexF32}(undef, length(seq), size(p, 2); manager = manager)
     ntr = length(seq)
-    on_workers(call, ws, devs, ranges,
-               (i, w) -> Distributed.remotecall(remote_simulate, w, seq, p[:, ranges[i]], devs[i], false);
-               then = (i, part) -> copyto!(out, (first(ranges[i]) - 1) * ntr + 1, part, 1, length(part)))
+    try
+        on_workers(call, ws, devs, ranges,
+                   (i, w) -> Distributed.remotecall(remote_simulate, w, seq, p[:, ranges[i]], devs[i], false);
+                   then = (i, part) -> copyto!(out, (first(ranges[i]) - 1) * ntr + 1, part, 1, length(part)))
+    catch
+        Kmm.unsafe_free!(out)
+        rethrow()
+    end
     out
 end
 

@@ -107,28 +107,34 @@ function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::
     pick = unique(round.(Int, range(1, natoms; length = min(Int(atoms), natoms))))
     sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
     d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
-    simulate_raw!(d, seq, sample, 0, length(pick), false)
-    u = compression_basis(d; rank = rank)
-    Kmm.unsafe_free!(d)
-    sample === p || Kmm.unsafe_free!(sample)
-    release_made(p, params)
-    u
+    try
+        simulate_raw!(d, seq, sample, 0, length(pick), false)
+        compression_basis(d; rank = rank)
+    finally
+        Kmm.unsafe_free!(d)
+        sample === p || Kmm.unsafe_free!(sample)
+        release_made(p, params)
+    end
 end
 
 "A given basis as an `ntr x rank` KmmArray on `m` (the library checks that it is orthonormal)."
 function prepare_basis(basis, ntr::Int, m::KmmManager)
+    # Checked before anything is uploaded, so that a bad basis leaves nothing behind.
+    bad() = throw(ArgumentError("basis must be an ntr x rank matrix of ComplexF32, got $(typeof(basis)) of size $(size(basis))"))
+    basis isa AbstractMatrix || bad()
+    eltype(basis) == ComplexF32 || (!(basis isa KmmArray) && eltype(basis) <: Number) || bad()
+    size(basis, 1) == ntr || throw(DimensionMismatch(
+        "basis has $(size(basis, 1)) rows (TRs) but the dictionary has $ntr"))
+    1 <= size(basis, 2) <= ntr || throw(ArgumentError("basis has $(size(basis, 2)) columns: the rank must be in 1:$ntr"))
     b = basis isa KmmArray ? basis : KmmArray{ComplexF32}(basis; manager = m)
-    eltype(b) == ComplexF32 && ndims(b) == 2 || throw(ArgumentError(
-        "basis must be an ntr x rank matrix of ComplexF32, got $(typeof(b)) of size $(size(b))"))
-    size(b, 1) == ntr || throw(DimensionMismatch(
-        "basis has $(size(b, 1)) rows (TRs) but the dictionary has $ntr"))
-    1 <= size(b, 2) <= ntr || throw(ArgumentError("basis has $(size(b, 2)) columns: the rank must be in 1:$ntr"))
     Kmm.manager(b) === m || (b = KmmArray(Array(b); manager = m))
     whole_buffer(b)
 end
 
 "Signals as (ntr x nvox contiguous KmmArray on m, voxel dims)."
 function prepare_signals(signals, ntr::Int, m::KmmManager)
+    # The shape is checked before anything is uploaded (a host array converts to ComplexF32).
+    signals isa AbstractArray && signal_shape(size(signals), ntr)
     s = signals isa KmmArray ? signals : KmmArray{ComplexF32}(signals; manager = m)
     vdims, nvox = signal_dims(s, ntr)
     Kmm.manager(s) === m || (s = KmmArray(Array(s); manager = m))
@@ -142,25 +148,25 @@ function after it has queued its first simulation, so that the wait overlaps it.
 """
 function prepare_signals_later(signals, ntr::Int, m::KmmManager)
     signals isa ShippedSignals || return (prepare_signals(signals, ntr, m)..., nothing)
-    signals.dims[1] == ntr || throw(DimensionMismatch("shipped signals of size $(signals.dims) for $ntr TRs"))
-    vdims = length(signals.dims) == 1 ? (1,) : signals.dims[2:end]    # checked before shipping
-    s = KmmArray{ComplexF32}(undef, ntr, prod(vdims); manager = m)
-    function arrive()
-        x = receive_signals(signals)
-        copyto!(s, 1, x, 1, length(s))     # synchronous: x is read when it returns
-        finalize(x)                        # a mapped file's pages go now, not at a later collection
-        nothing
-    end
-    (s, vdims, prod(vdims), arrive)
+    vdims, nvox = signal_shape(signals.dims, ntr)
+    s = KmmArray{ComplexF32}(undef, ntr, nvox; manager = m)
+    # The copy is synchronous: the signals have been read when it returns, and may be unmapped.
+    arrive() = with_received_signals(x -> (copyto!(s, 1, x, 1, length(s)); nothing), signals)
+    (s, vdims, nvox, arrive)
 end
 
 "The voxel dimensions and count of `ntr x voxels...` ComplexF32 signals, checked."
 function signal_dims(s::AbstractArray, ntr::Int)
     eltype(s) == ComplexF32 || throw(ArgumentError("signals must hold ComplexF32, got $(eltype(s))"))
-    ndims(s) >= 1 || throw(ArgumentError("signals must be ntr x voxels..."))
-    size(s, 1) == ntr || throw(DimensionMismatch(
-        "signals have $(size(s, 1)) time points (first dimension) but the dictionary has $ntr"))
-    vdims = ndims(s) == 1 ? (1,) : size(s)[2:end]
+    signal_shape(size(s), ntr)
+end
+
+"The voxel dimensions and count of signals of size `dims`, checked."
+function signal_shape(dims::Tuple, ntr::Int)
+    length(dims) >= 1 || throw(ArgumentError("signals must be ntr x voxels..."))
+    dims[1] == ntr || throw(DimensionMismatch(
+        "signals have $(dims[1]) time points (first dimension) but the dictionary has $ntr"))
+    vdims = length(dims) == 1 ? (1,) : dims[2:end]
     nvox = prod(vdims)
     nvox >= 1 || throw(ArgumentError("signals hold no voxels"))
     (vdims, nvox)
@@ -215,26 +221,35 @@ function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::In
     ntr, natoms = size(dict)
     natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
     check_rank(rank, ntr)
-    u = choose_basis(basis, rank, ntr, m)
-    p = params === nothing ? nothing : as_params(params, m)
-    p === nothing || size(p, 2) == natoms || throw(DimensionMismatch(
-        "params describe $(size(p, 2)) atoms but the dictionary has $natoms"))
-    s, vdims, nvox = prepare_signals(signals, ntr, m)
-    d = whole_buffer(dict)
-    checked = u !== nothing
-    if u === nothing && 0 < rank < ntr    # the dictionary's own basis, kept for the PD's norms
-        u = compression_basis(d; rank = rank)
-    end
-    o = RawOutputs(m, nvox, p !== nothing)
-    t = @elapsed begin
-        match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, checked)
-        timings && Kmm.synchronize(m)
-    end
-    r = finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx, u),
+    s = d = o = u = p = nothing
+    try
+        u = choose_basis(basis, rank, ntr, m)
+        p = params === nothing ? nothing : as_params(params, m)
+        p === nothing || size(p, 2) == natoms || throw(DimensionMismatch(
+            "params describe $(size(p, 2)) atoms but the dictionary has $natoms"))
+        s, vdims, nvox = prepare_signals(signals, ntr, m)
+        d = whole_buffer(dict)
+        checked = u !== nothing
+        if u === nothing && 0 < rank < ntr    # the dictionary's own basis, kept for the PD's norms
+            u = compression_basis(d; rank = rank)
+        end
+        o = RawOutputs(m, nvox, p !== nothing)
+        t = @elapsed begin
+            match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, checked)
+            timings && Kmm.synchronize(m)
+        end
+        finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx, u),
                timings ? Dict(:match => t) : Dict{Symbol,Float64}())
-    foreach(release_made, (s, p, u, d), (signals, params, basis, dict))
-    r
+    catch
+        free_outputs(o)
+        rethrow()
+    finally
+        foreach(release_made, (s, p, u, d), (signals, params, basis, dict))
+    end
 end
+
+"Frees the outputs of a match that failed (nothing: none were made yet)."
+free_outputs(o) = o === nothing || foreach(x -> x === nothing || Kmm.unsafe_free!(x), (o.index, o.score, o.pd, o.params))
 
 match(dict::KmmArray{ComplexF32}, signals; kw...) =
     throw(ArgumentError("the dictionary must be a matrix (ntr x natoms), got size $(size(dict))"))
@@ -270,8 +285,7 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
     catch
         # A call that fails frees what it made too: later calls' batches see the memory free.
         made.d === nothing || Kmm.unsafe_free!(made.d)
-        o = made.o
-        o === nothing || foreach(x -> x === nothing || Kmm.unsafe_free!(x), (o.index, o.score, o.pd, o.params))
+        free_outputs(made.o)
         rethrow()
     finally
         foreach(release_made, (made.s, p, made.u), (signals, params, basis))

@@ -29,12 +29,13 @@ const SHIPPED = Dict{Int,Shipment}()
 const SHIPPED_LOCK = ReentrantLock()
 const SHIPPED_NEXT = Ref(0)
 const SHARED_HEADER = 64              # bytes before the data: the token, then padding
+const WRITE_PIECE = 1 << 30
 
 """
 Runs `f(shipped, write)` while workers can reach `signals` through `shipped`; `f` calls
-`write()` once it has sent its calls, and the shared file is written then (or when `f`
-returns, if it did not). The array stays held here until `f` returns or throws, and the file is
-removed then.
+`write()` once it has sent its calls, and the shared file is written then (if `f` never calls
+it, workers that ask are told there is no file and fetch the array). The array stays held here
+until `f` returns or throws, and the file is removed then.
 """
 function with_shipped_signals(f, signals::Array{ComplexF32})
     # The token comes from the system, not from the caller's (perhaps seeded) global RNG.
@@ -80,42 +81,67 @@ function write_shared(signals::Array{ComplexF32}, token::UInt128)
             err isa Base.IOError || rethrow()
             continue
         end
-        try
-            # A File's write throws when the disk is full (an IOStream's would come back short).
+        complete = try
             write(file, token)
             write(file, zeros(UInt8, SHARED_HEADER - sizeof(token)))
-            write(file, signals)
+            # In pieces under 2 GiB: a larger write's count overflows libuv's int. A full disk
+            # does not throw (the count comes back whole): the file's size tells.
+            GC.@preserve signals for at in 0:WRITE_PIECE:sizeof(signals)-1
+                unsafe_write(file, pointer(signals) + at, UInt(min(WRITE_PIECE, sizeof(signals) - at)))
+            end
             close(file)
-            return path
+            filesize(path) == SHARED_HEADER + sizeof(signals)
         catch err
             close(file)
-            rm(path; force = true)
-            err isa Base.IOError || rethrow()
+            err isa Base.IOError || (rm(path; force = true); rethrow())
+            false
         end
+        complete && return path
+        rm(path; force = true)
     end
     nothing
 end
 
-"On a worker: the signals, mapped from the shared file when it can be, else fetched."
-function receive_signals(s::ShippedSignals)
+"""
+On a worker: `f(signals)`, the signals mapped from the shared file when it can be (and unmapped
+when `f` returns: the caller has already removed the file's name, so its pages go then), else
+fetched from the caller.
+"""
+function with_received_signals(f, s::ShippedSignals)
     path = Distributed.remotecall_fetch(shipped_path, s.owner, s.id)
-    mapped = path === nothing ? nothing : map_shared(path, s.dims, s.token)
-    mapped === nothing ? Distributed.remotecall_fetch(shipped_array, s.owner, s.id) : mapped
+    mapping = path === nothing ? nothing : map_shared(path, s.dims, s.token)
+    mapping === nothing && return f(Distributed.remotecall_fetch(shipped_array, s.owner, s.id))
+    try
+        f(mapping.signals)
+    finally
+        unmap_shared(mapping)
+    end
 end
 
-"`path` mapped read-only as signals of `dims`, or nothing when it is missing or not this call's."
+"""
+`path` mapped read-only (`mmap` itself, not `Mmap`, whose unmapping waits for a collection)
+as `(base, bytes, signals)`, or nothing when it is missing or not this call's. Unmap it with
+`unmap_shared`; `signals` must not be used after.
+"""
 function map_shared(path::String, dims::NTuple{N,Int}, token::UInt128) where {N}
     bytes = SHARED_HEADER + sizeof(ComplexF32) * prod(dims)
     try
         open(path) do io
             filesize(io) == bytes && read(io, UInt128) == token || return nothing
-            Mmap.mmap(io, Array{ComplexF32,N}, dims, SHARED_HEADER; shared = true)
+            PROT_READ, MAP_SHARED = Cint(1), Cint(1)
+            base = ccall(:mmap, Ptr{Cvoid}, (Ptr{Cvoid}, Csize_t, Cint, Cint, Cint, Int64),
+                         C_NULL, bytes, PROT_READ, MAP_SHARED, Cint(fd(io)), 0)
+            base == Ptr{Cvoid}(-1) && return nothing           # MAP_FAILED
+            signals = unsafe_wrap(Array, Ptr{ComplexF32}(base + SHARED_HEADER), dims)
+            (base = base, bytes = bytes, signals = signals)
         end
     catch err
         err isa SystemError || err isa Base.IOError || err isa EOFError || rethrow()
         nothing
     end
 end
+
+unmap_shared(m::NamedTuple) = (ccall(:munmap, Cint, (Ptr{Cvoid}, Csize_t), m.base, m.bytes); nothing)
 
 "On the owner: the shared file once it is written (nothing: there is none)."
 function shipped_path(id::Int)
