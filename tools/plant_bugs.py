@@ -366,7 +366,7 @@ PLANTS = [
      ["jl:qmri.jl"]),
     # Generate-and-match leaves its uploads (signals, parameters, basis) to the next collection.
     ("jl-match-keeps-its-uploads", "src/qmri/match.jl",
-     "    foreach(release_made, (s, p, u), (signals, params, basis))\n",
+     "        foreach(release_made, (made.s, p, made.u), (signals, params, basis))\n",
      "",
      ["jl:qmri.jl"]),
     # A worker leaves its part of the maps allocated on its default manager.
@@ -396,8 +396,8 @@ PLANTS = [
      ["jl:distributed.jl"]),
     # The caller writes the shared signals before it sends the calls (no overlap).
     ("jl-signals-written-before-the-calls", "src/qmri/distributed.jl",
-     "    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]\n    sent()\n",
-     "    sent()\n    calls = Any[try send(i, w) catch err err end for (i, w) in enumerate(ws)]\n",
+     "    calls = Any[try send(i, w) catch err caught(err) end for (i, w) in enumerate(ws)]\n    sent()\n",
+     "    sent()\n    calls = Any[try send(i, w) catch err caught(err) end for (i, w) in enumerate(ws)]\n",
      ["jl:distributed.jl"]),
     # A voxel that matches nothing reports atom 0 (the reference starts from a score of -1).
     ("match-zero-signal-reports-atom-0", "rust/kmm/src/qmri/cpu.rs",
