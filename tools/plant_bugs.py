@@ -27,7 +27,7 @@ PLANTS = [
     # The manager's bytes in use are a Gauge the lanes share (the lane's UsageCounters::in_use is
     # no longer what stats report): the free forgets to take its bytes off.
     ("stats-not-decremented", "rust/kmm/src/manager/lane.rs",
-     "        self.in_use[k].sub(record.bytes);\n",
+     "        self.in_use[k].sub(resident);\n",
      "",
      ["trust_model", "trust_faults", "trust_stress"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
@@ -70,29 +70,13 @@ PLANTS = [
      "            budget = budget.saturating_sub(st.resources[k].counters().reserved);\n",
      "",
      ["abi_lanes"]),
-    # release_cached is gone: the out-of-memory rung calls release(kind, 0) over all lanes. The
-    # closest equivalent: that rung gives back only the allocating lane's free chunks (fenced as
-    # release does, by a wait for the stream after the lane's ordering stream).
-    ("lanes-release-own-lane-only", "rust/kmm/src/manager/mod.rs",
-     "            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self\n"
-     "                .release(kind, 0)\n"
-     "                .and_then(|_| self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream)),\n",
-     "            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {\n"
-     "                let (k, detached) = (kind as usize, {\n"
-     "                    let mut st = self.lane(own);\n"
-     "                    let (from, home) = (st.reuse[kind as usize].free_stream(st.home), st.home);\n"
-     "                    let chunks = st.resources[kind as usize].detach_free(0);\n"
-     "                    chunks.and_then(|c| self.backend.order_streams(from, home).map(|_| c))\n"
-     "                });\n"
-     "                detached\n"
-     "                    .and_then(|chunks| {\n"
-     "                        self.stream.synchronize()?;\n"
-     "                        chunks.iter().try_for_each(|&(base, size)| unsafe { self.upstreams[k].deallocate(base, size) })\n"
-     "                    })\n"
-     "                    .and_then(|_| self.alloc_in_lanes(std::iter::once(own).chain(others()), bytes, kind, stream))\n"
-     "            }\n",
+    # The out-of-memory ladder (Manager::climb, manager/spill.rs) first gives back every lane's
+    # cached chunks. The bug skips that rung: chunks cached in other lanes strand the memory.
+    ("lanes-release-own-lane-only", "rust/kmm/src/manager/spill.rs",
+     "        let released = self.release(kind, 0).and_then(",
+     "        let released = Ok::<(), crate::error::Error>(()).and_then(",
      ["abi_lanes"]),
-    ("summary-writes-past-buffer", "rust/kmm/src/ffi/manager.rs",
+    ("summary-writes-past-buffer", "rust/kmm/src/ffi/mod.rs",
      "*buf.add(n) = 0;",
      "*buf.add(n + 1) = 0;",
      ["valgrind"]),
