@@ -58,9 +58,9 @@ try
     @testset "signals reach workers through one shared file, or are fetched" begin
         @everywhere ws using Kmm: QMRI
         sig = reshape(ComplexF32.(1:60*15, -(1:60*15)), 60, 3, 5)
-        seen = QMRI.with_shipped_signals(sig) do s, write
+        seen = QMRI.with_shipped_signals(sig) do s, write_file
             @test s.dims == size(sig)
-            write()                                            # as on_workers does once it sent
+            write_file()                                       # as on_workers does once it sent
             # A worker waits for the file, then maps it (and unmaps it after).
             path, got = remotecall_fetch(ws[1], s) do s
                 path = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
@@ -86,8 +86,8 @@ try
         @test !isfile(seen) && isempty(QMRI.SHIPPED)            # removed after the call
         path = Ref("")
         err = try
-            QMRI.with_shipped_signals(sig) do s, write
-                write()
+            QMRI.with_shipped_signals(sig) do s, write_file
+                write_file()
                 path[] = remotecall_fetch(QMRI.shipped_path, s.owner, s.id)
                 error("the call failed")
             end
@@ -109,7 +109,7 @@ try
         @test log == [:sent, :sent, :write]
         # The token does not draw from the caller's (perhaps seeded) random numbers.
         Random.seed!(3); want = rand()
-        Random.seed!(3); QMRI.with_shipped_signals((s, write) -> write(), sig)
+        Random.seed!(3); QMRI.with_shipped_signals((s, write_file) -> write_file(), sig)
         @test rand() == want
     end
 

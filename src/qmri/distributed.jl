@@ -201,12 +201,12 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         hu = u === nothing ? nothing : Array(u)
         release_made(u, basis)
     end
-    parts = with_shipped_signals(host_signals) do shipped, write
+    parts = with_shipped_signals(host_signals) do shipped, write_file
         on_workers("match", ws, devs, ranges,
                    (i, w) -> Distributed.remotecall(remote_match, w, seq, p[:, ranges[i]], first(ranges[i]),
                                                     shipped, hu, Int(rank), batch_atoms, max_bytes,
                                                     devs[i], timings);
-                   sent = write)
+                   sent = write_file)
     end
     best = reduce_matches(parts)
     up(a) = KmmArray(reshape(a, vdims); manager = manager)

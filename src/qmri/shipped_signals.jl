@@ -32,10 +32,10 @@ const SHARED_HEADER = 64              # bytes before the data: the token, then p
 const WRITE_PIECE = 1 << 30
 
 """
-Runs `f(shipped, write)` while workers can reach `signals` through `shipped`; `f` calls
-`write()` once it has sent its calls, and the shared file is written then (if `f` never calls
-it, workers that ask are told there is no file and fetch the array). The array stays held here
-until `f` returns or throws, and the file is removed then.
+Runs `f(shipped, write_file)` while workers can reach `signals` through `shipped`. `f` must call
+`write_file()` once it has sent its calls (workers that ask for the signals wait for it); the
+shared file is written then. The array stays held here until `f` returns or throws, and the
+file is removed then.
 """
 function with_shipped_signals(f, signals::Array{ComplexF32})
     # The token comes from the system, not from the caller's (perhaps seeded) global RNG.
@@ -47,7 +47,7 @@ function with_shipped_signals(f, signals::Array{ComplexF32})
         SHIPPED_NEXT[]
     end
     written = Ref(false)
-    function write()
+    function write_file()
         written[] && return
         written[] = true
         try
@@ -57,7 +57,7 @@ function with_shipped_signals(f, signals::Array{ComplexF32})
         end
     end
     try
-        f(ShippedSignals(Distributed.myid(), id, size(signals), token), write)
+        f(ShippedSignals(Distributed.myid(), id, size(signals), token), write_file)
     finally
         notify(shipment.written)               # no worker waits forever, whatever failed
         shipment.path === nothing || rm(shipment.path; force = true)
