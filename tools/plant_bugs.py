@@ -358,6 +358,11 @@ PLANTS = [
      "    foreach(Kmm.unsafe_free!, maps)\n",
      "",
      ["jl:distributed.jl"]),
+    # With CUDA usable, an auto manager on a device CUDA lacks falls back to a host stand-in.
+    ("auto-falls-back-to-host", "rust/kmm/src/backend/mod.rs",
+     "        BackendChoice::Auto if cuda_usable() => cuda::CudaBackend::get(device)?,\n        BackendChoice::Auto => host::HostBackend::get(device)?,\n",
+     "        BackendChoice::Auto => match cuda::CudaBackend::get(device) {\n            Ok(b) => b,\n            Err(_) => host::HostBackend::get(device)?,\n        },\n",
+     ["gpu:backend_env"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
      "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
