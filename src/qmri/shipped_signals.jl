@@ -8,7 +8,8 @@
 #
 # The caller sends every call first and writes the file after (`on_workers`' `sent`), and a
 # worker asks for the signals only after it has queued its first batch's simulation (see
-# `match`), so that the write, the wait and the worker's copy overlap the simulation.
+# `match`), so that the write and the wait overlap the simulation. (The worker's copy itself
+# runs on its stream, after the simulation.)
 
 "What a worker is sent in place of the signals (see `with_shipped_signals`)."
 struct ShippedSignals{N}
@@ -46,10 +47,10 @@ function with_shipped_signals(f, signals::Array{ComplexF32})
         SHIPPED[SHIPPED_NEXT[]] = shipment
         SHIPPED_NEXT[]
     end
-    written = Ref(false)
+    write_started = Ref(false)               # the file is written once; the event tells when
     function write_file()
-        written[] && return
-        written[] = true
+        write_started[] && return
+        write_started[] = true
         try
             shipment.path = write_shared(signals, token)
         finally
