@@ -44,16 +44,98 @@ fn with_fp32_blas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R
     })
 }
 
-/// C = op(A) op(B) + beta C in complex f32, column-major.
-#[allow(clippy::too_many_arguments)]
-unsafe fn gemm(h: cb::cublasHandle_t, ta: cb::cublasOperation_t, tb: cb::cublasOperation_t, mm: u64, n: u64, k: u64, a: u64, lda: u64, b: u64, ldb: u64, beta: f32, c: u64, ldc: u64) -> Result<()> {
-    let one = cb::cuComplex { x: 1.0, y: 0.0 };
-    let beta = cb::cuComplex { x: beta, y: 0.0 };
-    let status = cb::cublasCgemm_v2_64(h, ta, tb, mm as i64, n as i64, k as i64, &one, a as *const cb::cuComplex, lda as i64, b as *const cb::cuComplex, ldb as i64, &beta, c as *mut cb::cuComplex, ldc as i64);
-    if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-        crate::fail!(KMM_ERROR_BACKEND, "cublasCgemm failed: {status:?}");
+/// How the Cartesian fast path multiplies: cuBLAS's CGEMM, or CGEMM3M (Gauss's three real
+/// products per complex one: a quarter fewer flops, errors still near f32 rounding).
+/// `KMM_MRSTAT_GEMM=plain` or `3m` overrides the default.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum GemmKind {
+    Plain,
+    Gauss,
+}
+
+fn gemm_kind() -> GemmKind {
+    match std::env::var("KMM_MRSTAT_GEMM").ok().as_deref() {
+        Some("plain") => GemmKind::Plain,
+        Some("3m") => GemmKind::Gauss,
+        _ => GemmKind::Gauss,
     }
-    Ok(())
+}
+
+/// One column-major complex f32 product C = op(A) op(B) (+ C when `accumulate`), repeated
+/// `batch` times at the given strides (in elements).
+struct Gemm {
+    ta: cb::cublasOperation_t,
+    tb: cb::cublasOperation_t,
+    m: u64,
+    n: u64,
+    k: u64,
+    a: u64,
+    lda: u64,
+    b: u64,
+    ldb: u64,
+    c: u64,
+    ldc: u64,
+    batch: u64,
+    strides: [u64; 3],
+}
+
+impl Gemm {
+    /// SAFETY: the addresses hold the shapes and strides described, on `h`'s stream.
+    unsafe fn run(&self, h: cb::cublasHandle_t, kind: GemmKind) -> Result<()> {
+        let one = cb::cuComplex { x: 1.0, y: 0.0 };
+        let zero = cb::cuComplex { x: 0.0, y: 0.0 };
+        let (a, b, c) = (self.a as *const cb::cuComplex, self.b as *const cb::cuComplex, self.c as *mut cb::cuComplex);
+        let (m, n, k) = (self.m as i64, self.n as i64, self.k as i64);
+        let (lda, ldb, ldc) = (self.lda as i64, self.ldb as i64, self.ldc as i64);
+        let [sa, sb, sc] = self.strides.map(|x| x as i64);
+        let status = match (kind, self.batch) {
+            (GemmKind::Plain, 1) => cb::cublasCgemm_v2_64(h, self.ta, self.tb, m, n, k, &one, a, lda, b, ldb, &zero, c, ldc),
+            (GemmKind::Gauss, 1) => cb::cublasCgemm3m_64(h, self.ta, self.tb, m, n, k, &one, a, lda, b, ldb, &zero, c, ldc),
+            (GemmKind::Plain, nb) => cb::cublasCgemmStridedBatched_64(h, self.ta, self.tb, m, n, k, &one, a, lda, sa, b, ldb, sb, &zero, c, ldc, sc, nb as i64),
+            (GemmKind::Gauss, nb) => cb::cublasCgemm3mStridedBatched_64(h, self.ta, self.tb, m, n, k, &one, a, lda, sa, b, ldb, sb, &zero, c, ldc, sc, nb as i64),
+        };
+        if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            crate::fail!(KMM_ERROR_BACKEND, "cuBLAS complex product ({kind:?}, batch {}) failed: {status:?}", self.batch);
+        }
+        Ok(())
+    }
+}
+
+/// Scratch the products of one call may take (bytes), beyond Z: coils are grouped so that
+/// their stacked A (or the adjoint's Q) fits.
+const GROUP_BYTES: u64 = 1 << 30;
+
+/// Slices of voxels the synthesis product is split into (split-K): its output (samples x
+/// readouts) is small against its inner dimension (voxels), too few tiles to fill the GPU.
+/// `KMM_MRSTAT_SPLIT` overrides the default.
+fn voxel_slices(nv: u64) -> u64 {
+    let asked = std::env::var("KMM_MRSTAT_SPLIT").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&p| p > 0);
+    asked.unwrap_or(1).min(nv).max(1)
+}
+
+/// Coils per product: `KMM_MRSTAT_COILS_PER_PRODUCT` overrides the fit to [`GROUP_BYTES`].
+fn coils_per_product(ncoils: u64, bytes_per_coil: u64) -> u64 {
+    let asked = std::env::var("KMM_MRSTAT_COILS_PER_PRODUCT").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&g| g > 0);
+    asked.unwrap_or(GROUP_BYTES / bytes_per_coil.max(1)).clamp(1, ncoils)
+}
+
+/// Z (ns x nv) times the transpose of `a` (`cols x nv`, leading dimension `cols`): into `out`
+/// directly (ns x cols) when `parts` is None, else into the partial sums of `slices` slices
+/// of voxels (`parts`: slices x ns x cols), which `kmm_cart_sum` adds.
+#[allow(clippy::too_many_arguments)]
+fn synthesis_products(h: cb::cublasHandle_t, kind: GemmKind, z: u64, a: u64, ns: u64, nv: u64, cols: u64, slices: u64, out: u64) -> Result<u64> {
+    use cb::cublasOperation_t::*;
+    let per = nv.div_ceil(slices);
+    let full = nv / per;
+    let rest = nv - full * per;
+    let whole = Gemm { ta: CUBLAS_OP_N, tb: CUBLAS_OP_T, m: ns, n: cols, k: per, a: z, lda: ns, b: a, ldb: cols, c: out, ldc: ns, batch: full, strides: [ns * per, cols * per, ns * cols] };
+    // SAFETY: the caller sized z, a and out for these shapes.
+    unsafe { whole.run(h, kind)? };
+    if rest > 0 {
+        let tail = Gemm { k: rest, a: z + full * per * ns * 8, b: a + full * per * cols * 8, c: out + full * ns * cols * 8, batch: 1, ..whole };
+        unsafe { tail.run(h, kind)? };
+    }
+    Ok(full + (rest > 0) as u64)
 }
 
 /// `KMM_MRSTAT_DIRECT=1` sums over voxels directly even where the Cartesian fast path applies
@@ -178,111 +260,141 @@ impl<'a> DeviceModel<'a> {
 }
 
 impl DeviceModel<'_> {
-    /// Z (and Z2 = t Z) of the Cartesian factorisation, `nsamples x nvoxels`.
-    fn cartesian_z<'s>(&self, m: &'s Manager, dk: [f32; 2], with_z2: bool) -> Result<(Scratch<'s>, Option<Scratch<'s>>)> {
-        let bytes = self.nsamples * self.nvoxels * 8;
-        let z = Scratch::new(m, bytes)?;
-        let z2 = if with_z2 { Some(Scratch::new(m, bytes)?) } else { None };
+    /// Z of the Cartesian factorisation, `nsamples x nvoxels`.
+    fn cartesian_z<'s>(&self, m: &'s Manager, dk: [f32; 2]) -> Result<Scratch<'s>> {
+        let z = Scratch::new(m, self.nsamples * self.nvoxels * 8)?;
         let f = cartesian_function(m, "kmm_cart_z")?;
-        let mut p = [
-            self.x.addr,
-            self.y.addr,
-            self.t2.addr,
-            self.b0.addr,
-            z.addr,
-            z2.as_ref().map_or(0, |s| s.addr),
-            self.nvoxels,
-            self.nsamples,
-            self.dt.to_bits() as u64,
-            dk[0].to_bits() as u64,
-            dk[1].to_bits() as u64,
-        ];
-        // SAFETY: the arguments match kmm_cart_z; z and z2 hold nsamples x nvoxels values.
+        let mut p = [self.x.addr, self.y.addr, self.t2.addr, self.b0.addr, z.addr, self.nvoxels, self.nsamples, self.dt.to_bits() as u64, dk[0].to_bits() as u64, dk[1].to_bits() as u64];
+        // SAFETY: the arguments match kmm_cart_z; z holds nsamples x nvoxels values.
         unsafe { f.launch(m.raw_stream(), grid_for(self.nsamples * self.nvoxels, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
-        Ok((z, z2))
+        Ok(z)
     }
 
-    /// The signal (`v` None) or J v of a Cartesian trajectory with one step: per coil, A (and
-    /// A2) by a kernel, then S_c = Z A^T (+ Z2 A2^T) by CGEMM.
+    /// The signal (`v` None) or J v of a Cartesian trajectory with one step, for groups of
+    /// coils: A (readouts of the group's coils, then for J v their A2) by a kernel, then
+    /// Z A^T by one product (split over slices of voxels), and `kmm_cart_sum` where partial
+    /// sums or A2's t_s remain.
     fn cartesian_synthesis(&self, m: &Manager, dk: [f32; 2], mag: [u64; 3], v: Option<u64>, out: u64) -> Result<()> {
-        use cb::cublasOperation_t::*;
-        let (nv, nr, ns) = (self.nvoxels, self.nreadouts, self.nsamples);
-        let (z, z2) = self.cartesian_z(m, dk, v.is_some())?;
-        let a1 = Scratch::new(m, nr * nv * 8)?;
-        let a2 = if v.is_some() { Some(Scratch::new(m, nr * nv * 8)?) } else { None };
-        let f = cartesian_function(m, "kmm_cart_a")?;
+        let (nv, nr, ns, nc) = (self.nvoxels, self.nreadouts, self.nsamples, self.ncoils);
+        let halves = if v.is_some() { 2 } else { 1 };
+        let group = coils_per_product(nc, halves * nr * nv * 8);
+        let slices = voxel_slices(nv);
+        let direct = slices == 1 && halves == 1;
+        let z = self.cartesian_z(m, dk)?;
+        let a = Scratch::new(m, halves * group * nr * nv * 8)?;
+        let parts = if direct { None } else { Some(Scratch::new(m, slices * ns * halves * group * nr * 8)?) };
+        let (fa, fsum) = (cartesian_function(m, "kmm_cart_a")?, cartesian_function(m, "kmm_cart_sum")?);
+        let kind = gemm_kind();
         with_fp32_blas(m, |h| {
-            for c in 0..self.ncoils {
-                let mut p = [
-                    self.coils + c * nv * 8,
-                    self.rho.addr,
-                    self.x.addr,
-                    self.y.addr,
-                    self.t2.addr,
-                    mag[0],
-                    mag[1],
-                    mag[2],
-                    v.unwrap_or(0),
-                    self.k.addr,
-                    a1.addr,
-                    a2.as_ref().map_or(0, |s| s.addr),
-                    nv,
-                    nr,
-                    v.is_some() as u64,
-                ];
-                let o = out + c * nr * ns * 8;
-                // SAFETY: the arguments match kmm_cart_a and the products' shapes; one stream orders them.
-                unsafe {
-                    f.launch(m.raw_stream(), grid_for(nr * nv, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)?;
-                    gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, ns, nr, nv, z.addr, ns, a1.addr, nr, 0.0, o, ns)?;
-                    if let (Some(z2), Some(a2)) = (&z2, &a2) {
-                        gemm(h, CUBLAS_OP_N, CUBLAS_OP_T, ns, nr, nv, z2.addr, ns, a2.addr, nr, 1.0, o, ns)?;
-                    }
+            for c0 in (0..nc).step_by(group as usize) {
+                let gc = group.min(nc - c0);
+                let cols = halves * gc * nr;
+                for c in 0..gc {
+                    let mut p = [
+                        self.coils + (c0 + c) * nv * 8,
+                        self.rho.addr,
+                        self.x.addr,
+                        self.y.addr,
+                        self.t2.addr,
+                        mag[0],
+                        mag[1],
+                        mag[2],
+                        v.unwrap_or(0),
+                        self.k.addr,
+                        a.addr + c * nr * 8,
+                        cols,
+                        gc * nr,
+                        nv,
+                        nr,
+                        v.is_some() as u64,
+                    ];
+                    // SAFETY: the arguments match kmm_cart_a; `a` holds cols x nv values.
+                    unsafe { fa.launch(m.raw_stream(), grid_for(nr * nv, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
                 }
+                let o = out + c0 * nr * ns * 8;
+                let Some(parts) = &parts else {
+                    synthesis_products(h, kind, z.addr, a.addr, ns, nv, cols, 1, o)?;
+                    continue;
+                };
+                let nparts = synthesis_products(h, kind, z.addr, a.addr, ns, nv, cols, slices, parts.addr)?;
+                let mut p = [parts.addr, ns * cols, nparts, o, ns, gc * nr, halves, self.dt.to_bits() as u64];
+                // SAFETY: the arguments match kmm_cart_sum; `o` holds the group's ns x gc*nr values.
+                unsafe { fsum.launch(m.raw_stream(), grid_for(ns * gc * nr, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
             }
             Ok(())
         })
     }
 
-    /// Re(J^H w) of a Cartesian trajectory with one step: per coil, conj(P) = W^H Z and W^H Z2
-    /// by CGEMM, then a reduction per voxel.
+    /// Re(J^H w) of a Cartesian trajectory with one step, for groups of coils: Q = W'^H Z with
+    /// W' = [W, diag(t) W] (the group's readouts) by one product, then a reduction per voxel
+    /// and coil.
     fn cartesian_adjoint(&self, m: &Manager, dk: [f32; 2], mag: [u64; 3], w: u64, out: u64) -> Result<()> {
         use cb::cublasOperation_t::*;
-        let (nv, nr, ns) = (self.nvoxels, self.nreadouts, self.nsamples);
-        let (z, z2) = self.cartesian_z(m, dk, true)?;
-        let z2 = z2.expect("asked for");
-        let (q, q2) = (Scratch::new(m, nr * nv * 8)?, Scratch::new(m, nr * nv * 8)?);
-        let f = cartesian_function(m, "kmm_cart_adjoint")?;
+        let (nv, nr, ns, nc) = (self.nvoxels, self.nreadouts, self.nsamples, self.ncoils);
+        let group = coils_per_product(nc, 2 * nr * nv * 8);
+        let z = self.cartesian_z(m, dk)?;
+        let wp = Scratch::new(m, ns * 2 * group * nr * 8)?;
+        let q = Scratch::new(m, 2 * group * nr * nv * 8)?;
+        let (ftw, fadj) = (cartesian_function(m, "kmm_cart_tw")?, cartesian_function(m, "kmm_cart_adjoint")?);
+        let kind = gemm_kind();
         with_fp32_blas(m, |h| {
-            for c in 0..self.ncoils {
-                let wc = w + c * nr * ns * 8;
-                let mut p = [
-                    q.addr,
-                    q2.addr,
-                    self.coils + c * nv * 8,
-                    self.rho.addr,
-                    self.x.addr,
-                    self.y.addr,
-                    self.t2.addr,
-                    mag[0],
-                    mag[1],
-                    mag[2],
-                    self.k.addr,
-                    out,
-                    nv,
-                    nr,
-                    (c > 0) as u64,
-                ];
-                // SAFETY: as above, for the adjoint's products and kmm_cart_adjoint.
-                unsafe {
-                    gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, nr, nv, ns, wc, ns, z.addr, ns, 0.0, q.addr, nr)?;
-                    gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, nr, nv, ns, wc, ns, z2.addr, ns, 0.0, q2.addr, nr)?;
-                    f.launch(m.raw_stream(), grid_for(nv * 32, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)?;
+            for c0 in (0..nc).step_by(group as usize) {
+                let gc = group.min(nc - c0);
+                let cols = 2 * gc * nr;
+                let mut p = [w + c0 * nr * ns * 8, wp.addr, ns, gc * nr, self.dt.to_bits() as u64];
+                // SAFETY: the arguments match kmm_cart_tw; wp holds ns x cols values.
+                unsafe { ftw.launch(m.raw_stream(), grid_for(ns * gc * nr, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
+                let product = Gemm { ta: CUBLAS_OP_C, tb: CUBLAS_OP_N, m: cols, n: nv, k: ns, a: wp.addr, lda: ns, b: z.addr, ldb: ns, c: q.addr, ldc: cols, batch: 1, strides: [0; 3] };
+                // SAFETY: wp, z and q hold the product's shapes.
+                unsafe { product.run(h, kind)? };
+                for c in 0..gc {
+                    let mut p = [
+                        q.addr + c * nr * 8,
+                        cols,
+                        gc * nr,
+                        self.coils + (c0 + c) * nv * 8,
+                        self.rho.addr,
+                        self.x.addr,
+                        self.y.addr,
+                        self.t2.addr,
+                        mag[0],
+                        mag[1],
+                        mag[2],
+                        self.k.addr,
+                        out,
+                        nv,
+                        nr,
+                        (c0 + c > 0) as u64,
+                    ];
+                    // SAFETY: the arguments match kmm_cart_adjoint.
+                    unsafe { fadj.launch(m.raw_stream(), grid_for(nv * 32, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
                 }
             }
             Ok(())
         })
     }
+}
+
+/// The products of the Cartesian fast path alone, on scratch of the benchmark's shapes
+/// (`nvoxels`, `nreadouts`, `nsamples`, one coil): the synthesis product (two halves for J v)
+/// or the adjoint's, as the operations run them; for the benchmark's floor.
+pub fn bare_cartesian_products(m: &Manager, nv: u64, nr: u64, ns: u64, halves: u64, adjoint: bool) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    let kind = gemm_kind();
+    let z = Scratch::new(m, ns * nv * 8)?;
+    let a = Scratch::new(m, halves * nr * nv * 8)?;
+    let cols = halves * nr;
+    with_fp32_blas(m, |h| {
+        if adjoint {
+            let wp = Scratch::new(m, ns * cols * 8)?;
+            let product = Gemm { ta: CUBLAS_OP_C, tb: CUBLAS_OP_N, m: cols, n: nv, k: ns, a: wp.addr, lda: ns, b: z.addr, ldb: ns, c: a.addr, ldc: cols, batch: 1, strides: [0; 3] };
+            // SAFETY: the scratch holds the product's shapes.
+            return unsafe { product.run(h, kind) };
+        }
+        let slices = voxel_slices(nv);
+        let parts = Scratch::new(m, slices * ns * cols * 8)?;
+        synthesis_products(h, kind, z.addr, a.addr, ns, nv, cols, slices, parts.addr).map(|_| ())
+    })
 }
 
 /// The FISP magnetization and its T1 and T2 derivatives of `natoms` atom records at `atoms`,

@@ -10,7 +10,7 @@ pub mod cpu;
 pub mod mrstat;
 pub mod mrstat_run;
 pub mod gpu;
-mod gpu_mrstat;
+pub mod gpu_mrstat;
 mod gpu_svd;
 mod run;
 pub mod svd;

@@ -4,10 +4,10 @@
 //   S_c[s, r] = sum_v Z[s, v] A_c[r, v],
 //   Z[s, v]   = exp(-t_s / T2_v) exp(i (2 pi B0_v t_s - s dk . x_v)),
 //   A_c[r, v] = C[c, v] rho_v m_v(r) exp(-i k0[r] . x_v)
-// (Z: ns x nv, sample fastest; A: nr x nv, readout fastest, the layout of m). J v adds a second
-// product with Z2[s, v] = t_s Z[s, v] for the readout decay's T2 derivative; the adjoint takes
-// conj(P_c) = W_c^H Z (and W_c^H Z2) by CGEMM and reduces per voxel here.
-
+// (Z: ns x nv, sample fastest; A: readouts of a group of coils x nv, readout fastest). J v adds
+// t_s (Z A2_c^T)[s, r] for the readout decay's T2 derivative: A2 is stacked after A in one
+// product and `kmm_cart_sum` applies t_s. The adjoint takes conj(P_c) = W'^H Z with
+// W' = [W_c, diag(t) W_c] in one product and reduces per voxel here.
 
 __device__ __forceinline__ float2 cmulf(float2 a, float2 b) { return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
 
@@ -21,9 +21,9 @@ __device__ __forceinline__ float2 cis_reduced(double phase)
     return make_float2(c, s);
 }
 
-// Z and Z2 (ns x nv, sample fastest). One thread per entry.
+// Z (ns x nv, sample fastest). One thread per entry.
 extern "C" __global__ void kmm_cart_z(const float* __restrict__ x, const float* __restrict__ y,
-    const float* __restrict__ t2, const float* __restrict__ b0, float2* __restrict__ z, float2* __restrict__ z2,
+    const float* __restrict__ t2, const float* __restrict__ b0, float2* __restrict__ z,
     int nvoxels, int nsamples, float dt, float dkx, float dky)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -33,43 +33,79 @@ extern "C" __global__ void kmm_cart_z(const float* __restrict__ x, const float* 
     const double phase = 6.283185307179586476925286766559 * (double)b0[v] * t - (double)s * ((double)dkx * x[v] + (double)dky * y[v]);
     const float decay = isinf(t2[v]) ? 1.f : expf((float)(-t / (double)t2[v]));
     const float2 e = cis_reduced(phase);
-    const float2 val = make_float2(decay * e.x, decay * e.y);
-    z[i] = val;
-    if (z2) z2[i] = make_float2((float)t * val.x, (float)t * val.y);
+    z[i] = make_float2(decay * e.x, decay * e.y);
 }
 
-// A (nr x nv, readout fastest) for one coil. mode 0: the signal, A1 = C rho m e^{-i k0.x}.
-// mode 1: J v, A1 = C e^{-i k0.x} (rho (v1 dm1 + v2 dm2) + (v3 + i v4) m), A2 = C e^{-i k0.x} rho m v2 / T2^2.
+// A for one coil: entry (r, v) at a[v * ld + r]. mode 0: the signal, A = C rho m e^{-i k0.x}.
+// mode 1: J v, A = C e^{-i k0.x} (rho (v1 dm1 + v2 dm2) + (v3 + i v4) m) and, `second` entries
+// further, A2 = C e^{-i k0.x} rho m v2 / T2^2.
 extern "C" __global__ void kmm_cart_a(const float2* __restrict__ coil, const float2* __restrict__ rho,
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ t2,
     const float2* __restrict__ m, const float2* __restrict__ dm1, const float2* __restrict__ dm2,
     const float* __restrict__ vec, const float2* __restrict__ k0,
-    float2* __restrict__ a1, float2* __restrict__ a2, int nvoxels, int nreadouts, int mode)
+    float2* __restrict__ a, long long ld, long long second, int nvoxels, int nreadouts, int mode)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)nvoxels * nreadouts) return;
     const int r = (int)(i % nreadouts), v = (int)(i / nreadouts);
+    const long long o = v * ld + r;
     const float2 e = cis_reduced(-((double)k0[r].x * x[v] + (double)k0[r].y * y[v]));
     const float2 ce = cmulf(coil[v], e);
     const float2 rh = rho[v];
     if (mode == 0) {
-        a1[i] = cmulf(ce, cmulf(rh, m[i]));
+        a[o] = cmulf(ce, cmulf(rh, m[i]));
         return;
     }
     const float v1 = vec[4 * v], v2 = vec[4 * v + 1], v3 = vec[4 * v + 2], v4 = vec[4 * v + 3];
     const float2 dm = make_float2(v1 * dm1[i].x + v2 * dm2[i].x, v1 * dm1[i].y + v2 * dm2[i].y);
     const float2 t = cmulf(rh, dm);
     const float2 u = cmulf(make_float2(v3, v4), m[i]);
-    a1[i] = cmulf(ce, make_float2(t.x + u.x, t.y + u.y));
+    a[o] = cmulf(ce, make_float2(t.x + u.x, t.y + u.y));
     const float w = isinf(t2[v]) ? 0.f : v2 / (t2[v] * t2[v]);
     const float2 rm = cmulf(rh, m[i]);
-    a2[i] = cmulf(ce, make_float2(w * rm.x, w * rm.y));
+    a[o + second] = cmulf(ce, make_float2(w * rm.x, w * rm.y));
 }
 
-// The adjoint's reduction for one coil: q = conj(P) = W^H Z and q2 = W^H Z2 (nr x nv, readout
-// fastest). g[4 v + j] (+)= Re sum_r a_j(r) q[r, v] with a_j = C e^{-i k0.x} (rho dm1, rho dm2,
+// The signal (or J v) of a group of coils from the products' partial sums: `nparts` slices of
+// ns x ncols, `stride` entries apart (one per slice of voxels). out[s + ns * j] (j: readout and
+// coil, ncols of them) = sum of column j (+ t_s times the sum of column j + ncols when `halves`
+// is 2, the A2 columns of J v).
+extern "C" __global__ void kmm_cart_sum(const float2* __restrict__ part, long long stride, int nparts,
+    float2* __restrict__ out, int nsamples, long long ncols, int halves, float dt)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nsamples * ncols) return;
+    const int s = (int)(i % nsamples);
+    float2 a = make_float2(0.f, 0.f), b = make_float2(0.f, 0.f);
+    for (int p = 0; p < nparts; ++p) {
+        const float2 u = part[p * stride + i];
+        a.x += u.x; a.y += u.y;
+        if (halves == 2) {
+            const float2 w = part[p * stride + i + nsamples * ncols];
+            b.x += w.x; b.y += w.y;
+        }
+    }
+    const float t = (float)(((double)s - 0.5 * nsamples) * (double)dt);
+    out[i] = make_float2(a.x + t * b.x, a.y + t * b.y);
+}
+
+// W' = [W, diag(t) W] for the adjoint's product: w is ns x ncols (sample fastest), wp ns x 2 ncols.
+extern "C" __global__ void kmm_cart_tw(const float2* __restrict__ w, float2* __restrict__ wp,
+    int nsamples, long long ncols, float dt)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nsamples * ncols) return;
+    const int s = (int)(i % nsamples);
+    const float t = (float)(((double)s - 0.5 * nsamples) * (double)dt);
+    const float2 u = w[i];
+    wp[i] = u;
+    wp[i + nsamples * ncols] = make_float2(t * u.x, t * u.y);
+}
+
+// The adjoint's reduction for one coil: q = conj(P) = W^H Z at q[v * ld + r] and q2 = W^H diag(t) Z
+// `second` entries further. g[4 v + j] (+)= Re sum_r a_j(r) q[r, v] with a_j = C e^{-i k0.x} (rho dm1, rho dm2,
 // m, i m) (and rho m / T2^2 with q2 for T2). One warp per voxel.
-extern "C" __global__ void kmm_cart_adjoint(const float2* __restrict__ q, const float2* __restrict__ q2,
+extern "C" __global__ void kmm_cart_adjoint(const float2* __restrict__ q, long long ld, long long second,
     const float2* __restrict__ coil, const float2* __restrict__ rho,
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ t2,
     const float2* __restrict__ m, const float2* __restrict__ dm1, const float2* __restrict__ dm2,
@@ -82,9 +118,9 @@ extern "C" __global__ void kmm_cart_adjoint(const float2* __restrict__ q, const 
     const float inv_t22 = isinf(t2[v]) ? 0.f : 1.f / (t2[v] * t2[v]);
     double s1 = 0, s2 = 0, s3 = 0, s4 = 0;
     for (int r = lane; r < nreadouts; r += 32) {
-        const long long i = v * (long long)nreadouts + r;
+        const long long i = v * (long long)nreadouts + r, o = v * ld + r;
         const float2 ce = cmulf(cv, cis_reduced(-((double)k0[r].x * x[v] + (double)k0[r].y * y[v])));
-        const float2 qm = q[i];
+        const float2 qm = q[o];
         // Re(a q) for a = ce * b: Re(ce b q)
         const float2 cq = cmulf(ce, qm);
         const float2 b1 = cmulf(rh, dm1[i]), b2 = cmulf(rh, dm2[i]), mm = m[i];
@@ -92,7 +128,7 @@ extern "C" __global__ void kmm_cart_adjoint(const float2* __restrict__ q, const 
         s2 += (double)(b2.x * cq.x - b2.y * cq.y);
         s3 += (double)(mm.x * cq.x - mm.y * cq.y);
         s4 += (double)(-mm.y * cq.x - mm.x * cq.y);   // Re(i m cq)
-        const float2 cq2 = cmulf(ce, q2[i]);
+        const float2 cq2 = cmulf(ce, q[o + second]);
         const float2 rm = cmulf(rh, mm);
         s2 += (double)inv_t22 * (double)(rm.x * cq2.x - rm.y * cq2.y);
     }
