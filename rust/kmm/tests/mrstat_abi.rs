@@ -192,6 +192,23 @@ fn bad_mrstat_arguments_are_rejected() {
     let mut bad = p.records.clone();
     bad[3][2] = -0.1;
     expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { voxels: upload(&m, &bad), ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["model", "t2[3]"]);
+    // On CUDA the records and coils are checked on the device: the last entries too, for every
+    // operation, and +Inf is a valid T2.
+    let mut bad = p.records.clone();
+    bad[p.nvox - 1][0] = f32::INFINITY;
+    let (v4, w) = (m.alloc(16 * p.nvox as u64, DEVICE), m.alloc((p.nc * p.nr * p.ns) as u64 * 8, DEVICE));
+    let g = m.alloc(16 * p.nvox as u64, DEVICE);
+    expect_err(kmm_qmri_jacobian_adjoint_mul(m.0, &KmmMrstatModel { voxels: upload(&m, &bad), ..good }, mb, mb, mb, w, g), KMM_ERROR_INVALID_ARGUMENT, &["voxels.x[35]", "not finite"]);
+    let mut bad = p.records.clone();
+    bad[p.nvox - 1][5] = f32::NAN;
+    expect_err(kmm_qmri_jacobian_mul(m.0, &KmmMrstatModel { voxels: upload(&m, &bad), ..good }, mb, mb, mb, v4, out), KMM_ERROR_INVALID_ARGUMENT, &["voxels.rho[35]", "not finite"]);
+    let mut badc = p.coils.clone();
+    badc[p.coils.len() - 1][1] = f32::NAN;
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { coils: upload(&m, &badc), ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["coils[71]", "not finite"]);
+    let mut inf_t2 = p.records.clone();
+    inf_t2[0][2] = f32::INFINITY;
+    let scratch = m.alloc((p.nc * p.nr * p.ns) as u64 * 8, DEVICE);
+    ok(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { voxels: upload(&m, &inf_t2), ..good }, mb, scratch));
     let small = m.alloc(8, DEVICE);
     expect_err(kmm_qmri_mrstat_signal(m.0, &good, mb, small), KMM_ERROR_OUT_OF_RANGE, &["out"]);
     expect_err(kmm_qmri_mrstat_signal(m.0, &good, small, out), KMM_ERROR_OUT_OF_RANGE, &["m holds"]);

@@ -5,7 +5,8 @@
 //! magnetization, coils and outputs are used in place.
 
 use super::gpu::{grid_for, options, rf_table, Scratch};
-use super::mrstat::{Trajectory, Voxels};
+use super::mrstat::Trajectory;
+use crate::manager::copy::Completion;
 use super::Fisp;
 use crate::backend::cuda::module::{self, Function};
 use crate::error::Result;
@@ -15,6 +16,8 @@ use cudarc::cublas::sys as cb;
 pub const KERNELS: &str = include_str!("mrstat_kernels.cu");
 /// The kernels around the matrix products of the Cartesian fast path.
 pub const CARTESIAN_KERNELS: &str = include_str!("mrstat_cartesian.cu");
+/// The check and unpacking of the model's voxel records and coils.
+const MODEL_KERNELS: &str = include_str!("mrstat_model.cu");
 
 /// Threads per block of every MR-STAT kernel.
 const BLOCK: u32 = 256;
@@ -44,25 +47,9 @@ fn with_fp32_blas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R
     })
 }
 
-/// How the Cartesian fast path multiplies: cuBLAS's CGEMM, or CGEMM3M (Gauss's three real
-/// products per complex one: a quarter fewer flops, errors still near f32 rounding).
-/// `KMM_MRSTAT_GEMM=plain` or `3m` overrides the default.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub enum GemmKind {
-    Plain,
-    Gauss,
-}
-
-fn gemm_kind() -> GemmKind {
-    match std::env::var("KMM_MRSTAT_GEMM").ok().as_deref() {
-        Some("plain") => GemmKind::Plain,
-        Some("3m") => GemmKind::Gauss,
-        _ => GemmKind::Gauss,
-    }
-}
-
-/// One column-major complex f32 product C = op(A) op(B) (+ C when `accumulate`), repeated
-/// `batch` times at the given strides (in elements).
+/// One column-major complex f32 product C = op(A) op(B) (cuBLAS CGEMM). CGEMM3M (Gauss's three
+/// real products) and splitting the synthesis product over slices of voxels measured no faster
+/// on an H200 (bench/results/qmri.md).
 struct Gemm {
     ta: cb::cublasOperation_t,
     tb: cb::cublasOperation_t,
@@ -75,29 +62,32 @@ struct Gemm {
     ldb: u64,
     c: u64,
     ldc: u64,
-    batch: u64,
-    strides: [u64; 3],
 }
 
 impl Gemm {
-    /// SAFETY: the addresses hold the shapes and strides described, on `h`'s stream.
-    unsafe fn run(&self, h: cb::cublasHandle_t, kind: GemmKind) -> Result<()> {
+    /// SAFETY: the addresses hold the shapes described, for work on `h`'s stream.
+    unsafe fn run(&self, h: cb::cublasHandle_t) -> Result<()> {
         let one = cb::cuComplex { x: 1.0, y: 0.0 };
         let zero = cb::cuComplex { x: 0.0, y: 0.0 };
         let (a, b, c) = (self.a as *const cb::cuComplex, self.b as *const cb::cuComplex, self.c as *mut cb::cuComplex);
-        let (m, n, k) = (self.m as i64, self.n as i64, self.k as i64);
-        let (lda, ldb, ldc) = (self.lda as i64, self.ldb as i64, self.ldc as i64);
-        let [sa, sb, sc] = self.strides.map(|x| x as i64);
-        let status = match (kind, self.batch) {
-            (GemmKind::Plain, 1) => cb::cublasCgemm_v2_64(h, self.ta, self.tb, m, n, k, &one, a, lda, b, ldb, &zero, c, ldc),
-            (GemmKind::Gauss, 1) => cb::cublasCgemm3m_64(h, self.ta, self.tb, m, n, k, &one, a, lda, b, ldb, &zero, c, ldc),
-            (GemmKind::Plain, nb) => cb::cublasCgemmStridedBatched_64(h, self.ta, self.tb, m, n, k, &one, a, lda, sa, b, ldb, sb, &zero, c, ldc, sc, nb as i64),
-            (GemmKind::Gauss, nb) => cb::cublasCgemm3mStridedBatched_64(h, self.ta, self.tb, m, n, k, &one, a, lda, sa, b, ldb, sb, &zero, c, ldc, sc, nb as i64),
-        };
+        let status = cb::cublasCgemm_v2_64(h, self.ta, self.tb, self.m as i64, self.n as i64, self.k as i64, &one, a, self.lda as i64, b, self.ldb as i64, &zero, c, self.ldc as i64);
         if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            crate::fail!(KMM_ERROR_BACKEND, "cuBLAS complex product ({kind:?}, batch {}) failed: {status:?}", self.batch);
+            crate::fail!(KMM_ERROR_BACKEND, "cublasCgemm failed: {status:?}");
         }
         Ok(())
+    }
+
+    /// The synthesis product: Z (ns x nv) times the transpose of `a` (`cols x nv`, leading
+    /// dimension `cols`) into `out` (ns x cols).
+    fn synthesis(z: u64, a: u64, ns: u64, nv: u64, cols: u64, out: u64) -> Gemm {
+        use cb::cublasOperation_t::*;
+        Gemm { ta: CUBLAS_OP_N, tb: CUBLAS_OP_T, m: ns, n: cols, k: nv, a: z, lda: ns, b: a, ldb: cols, c: out, ldc: ns }
+    }
+
+    /// The adjoint's product: Q (`cols x nv`) = W'^H Z with W' `ns x cols`.
+    fn adjoint(wp: u64, z: u64, ns: u64, nv: u64, cols: u64, q: u64) -> Gemm {
+        use cb::cublasOperation_t::*;
+        Gemm { ta: CUBLAS_OP_C, tb: CUBLAS_OP_N, m: cols, n: nv, k: ns, a: wp, lda: ns, b: z, ldb: ns, c: q, ldc: cols }
     }
 }
 
@@ -105,43 +95,21 @@ impl Gemm {
 /// their stacked A (or the adjoint's Q) fits.
 const GROUP_BYTES: u64 = 1 << 30;
 
-/// Slices of voxels the synthesis product is split into (split-K): its output (samples x
-/// readouts) is small against its inner dimension (voxels), too few tiles to fill the GPU.
-/// `KMM_MRSTAT_SPLIT` overrides the default.
-fn voxel_slices(nv: u64) -> u64 {
-    let asked = std::env::var("KMM_MRSTAT_SPLIT").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&p| p > 0);
-    asked.unwrap_or(1).min(nv).max(1)
-}
-
-/// Coils per product: `KMM_MRSTAT_COILS_PER_PRODUCT` overrides the fit to [`GROUP_BYTES`].
+/// Coils per product: `KMM_MRSTAT_COILS_PER_PRODUCT` overrides the fit to [`GROUP_BYTES`]
+/// (tests take several groups with it).
 fn coils_per_product(ncoils: u64, bytes_per_coil: u64) -> u64 {
     let asked = std::env::var("KMM_MRSTAT_COILS_PER_PRODUCT").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&g| g > 0);
     asked.unwrap_or(GROUP_BYTES / bytes_per_coil.max(1)).clamp(1, ncoils)
-}
-
-/// Z (ns x nv) times the transpose of `a` (`cols x nv`, leading dimension `cols`): into `out`
-/// directly (ns x cols) when `parts` is None, else into the partial sums of `slices` slices
-/// of voxels (`parts`: slices x ns x cols), which `kmm_cart_sum` adds.
-#[allow(clippy::too_many_arguments)]
-fn synthesis_products(h: cb::cublasHandle_t, kind: GemmKind, z: u64, a: u64, ns: u64, nv: u64, cols: u64, slices: u64, out: u64) -> Result<u64> {
-    use cb::cublasOperation_t::*;
-    let per = nv.div_ceil(slices);
-    let full = nv / per;
-    let rest = nv - full * per;
-    let whole = Gemm { ta: CUBLAS_OP_N, tb: CUBLAS_OP_T, m: ns, n: cols, k: per, a: z, lda: ns, b: a, ldb: cols, c: out, ldc: ns, batch: full, strides: [ns * per, cols * per, ns * cols] };
-    // SAFETY: the caller sized z, a and out for these shapes.
-    unsafe { whole.run(h, kind)? };
-    if rest > 0 {
-        let tail = Gemm { k: rest, a: z + full * per * ns * 8, b: a + full * per * cols * 8, c: out + full * ns * cols * 8, batch: 1, ..whole };
-        unsafe { tail.run(h, kind)? };
-    }
-    Ok(full + (rest > 0) as u64)
 }
 
 /// `KMM_MRSTAT_DIRECT=1` sums over voxels directly even where the Cartesian fast path applies
 /// (for comparison).
 fn fast_path_enabled() -> bool {
     std::env::var("KMM_MRSTAT_DIRECT").map_or(true, |v| v != "1")
+}
+
+fn c32s(v: &[[f64; 2]]) -> Vec<[f32; 2]> {
+    v.iter().map(|c| [c[0] as f32, c[1] as f32]).collect()
 }
 
 /// The model on the device in the kernels' layout.
@@ -165,17 +133,12 @@ pub struct DeviceModel<'a> {
     uniform_dk: Option<[f32; 2]>,
 }
 
-fn f32s(v: &[f64]) -> Vec<f32> {
-    v.iter().map(|&x| x as f32).collect()
-}
-
-fn c32s(v: &[[f64; 2]]) -> Vec<[f32; 2]> {
-    v.iter().map(|c| [c[0] as f32, c[1] as f32]).collect()
-}
-
 impl<'a> DeviceModel<'a> {
-    /// Uploads the checked model; `coils` is the mapped address of the model's coil buffer.
-    pub fn new(m: &'a Manager, voxels: &Voxels, traj: &Trajectory, coils: u64, ncoils: u64) -> Result<DeviceModel<'a>> {
+    /// The model from the voxel records (`nvoxels` x [x, y, T2, B0, Re rho, Im rho] floats at the
+    /// mapped address `records`) and the coils (`nvoxels x ncoils` complex at `coils`), checked
+    /// and unpacked on the device, and the checked trajectory. `Ok(Err(what))` when a record or
+    /// coil entry is bad (`what` names the first).
+    pub fn checked(m: &'a Manager, records: u64, coils: u64, nvoxels: u64, ncoils: u64, traj: &Trajectory) -> Result<std::result::Result<DeviceModel<'a>, String>> {
         let (k, dk, cartesian) = match traj {
             Trajectory::Cartesian(c) => (c32s(&c.k0), c32s(&c.dk), true),
             Trajectory::Spiral(s) => (c32s(&s.k), vec![[0f32; 2]], false),
@@ -183,23 +146,41 @@ impl<'a> DeviceModel<'a> {
         // The fast path needs cuBLAS; without it the direct kernels still run.
         let blas = unsafe { cb::is_culib_present() };
         let uniform_dk = (cartesian && blas && dk.iter().all(|d| *d == dk[0]) && fast_path_enabled()).then(|| dk[0]);
-        Ok(DeviceModel {
-            x: Scratch::upload(m, &f32s(&voxels.x))?,
-            y: Scratch::upload(m, &f32s(&voxels.y))?,
-            rho: Scratch::upload(m, &c32s(&voxels.rho))?,
-            t2: Scratch::upload(m, &f32s(&voxels.t2))?,
-            b0: Scratch::upload(m, &f32s(&voxels.b0))?,
+        let field = |each: u64| Scratch::new(m, nvoxels * each);
+        let (x, y, t2, b0, rho) = (field(4)?, field(4)?, field(4)?, field(4)?, field(8)?);
+        let bad = Scratch::upload(m, &[u64::MAX; 2])?;
+        let entries = nvoxels * ncoils;
+        let f = module::compile(m.device(), MODEL_KERNELS, &options(&[]))?.function("kmm_mrstat_unpack")?;
+        let mut p = [records, coils, nvoxels, entries, x.addr, y.addr, t2.addr, b0.addr, rho.addr, bad.addr];
+        // SAFETY: the arguments match kmm_mrstat_unpack; the caller mapped records and coils at
+        // their sizes, the fields hold nvoxels values each.
+        unsafe { f.launch(m.raw_stream(), grid_for(nvoxels.max(entries), BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
+        let mut found = [0u64; 2];
+        // SAFETY: `found` has room for the 16 bytes; the copy completes before return.
+        unsafe { m.copy_to_host(found.as_mut_ptr() as *mut u8, bad.handle, 0, 16, Completion::Wait)? };
+        if found[0] != u64::MAX {
+            return Ok(Err(format!("voxel record {} has a value out of range", found[0])));
+        }
+        if found[1] != u64::MAX {
+            return Ok(Err(format!("coils[{}] is not finite", found[1])));
+        }
+        Ok(Ok(DeviceModel {
+            x,
+            y,
+            rho,
+            t2,
+            b0,
             k: Scratch::upload(m, &k)?,
             dk: Scratch::upload(m, &dk)?,
             coils,
-            nvoxels: voxels.len() as u64,
+            nvoxels,
             ncoils,
             nreadouts: traj.nreadouts() as u64,
             nsamples: traj.nsamples() as u64,
             dt: traj.dt() as f32,
             cartesian,
             uniform_dk,
-        })
+        }))
     }
 
     fn head(&self) -> [u64; 6] {
@@ -266,25 +247,21 @@ impl DeviceModel<'_> {
         let f = cartesian_function(m, "kmm_cart_z")?;
         let mut p = [self.x.addr, self.y.addr, self.t2.addr, self.b0.addr, z.addr, self.nvoxels, self.nsamples, self.dt.to_bits() as u64, dk[0].to_bits() as u64, dk[1].to_bits() as u64];
         // SAFETY: the arguments match kmm_cart_z; z holds nsamples x nvoxels values.
-        unsafe { f.launch(m.raw_stream(), grid_for(self.nsamples * self.nvoxels, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
+        unsafe { f.launch(m.raw_stream(), [self.nvoxels as u32, 1, 1], [BLOCK, 1, 1], 0, &mut p)? };
         Ok(z)
     }
 
     /// The signal (`v` None) or J v of a Cartesian trajectory with one step, for groups of
     /// coils: A (readouts of the group's coils, then for J v their A2) by a kernel, then
-    /// Z A^T by one product (split over slices of voxels), and `kmm_cart_sum` where partial
-    /// sums or A2's t_s remain.
+    /// Z A^T by one product; for J v, `kmm_cart_sum` adds t_s times the A2 half.
     fn cartesian_synthesis(&self, m: &Manager, dk: [f32; 2], mag: [u64; 3], v: Option<u64>, out: u64) -> Result<()> {
         let (nv, nr, ns, nc) = (self.nvoxels, self.nreadouts, self.nsamples, self.ncoils);
         let halves = if v.is_some() { 2 } else { 1 };
         let group = coils_per_product(nc, halves * nr * nv * 8);
-        let slices = voxel_slices(nv);
-        let direct = slices == 1 && halves == 1;
         let z = self.cartesian_z(m, dk)?;
         let a = Scratch::new(m, halves * group * nr * nv * 8)?;
-        let parts = if direct { None } else { Some(Scratch::new(m, slices * ns * halves * group * nr * 8)?) };
+        let both = if v.is_some() { Some(Scratch::new(m, ns * 2 * group * nr * 8)?) } else { None };
         let (fa, fsum) = (cartesian_function(m, "kmm_cart_a")?, cartesian_function(m, "kmm_cart_sum")?);
-        let kind = gemm_kind();
         with_fp32_blas(m, |h| {
             for c0 in (0..nc).step_by(group as usize) {
                 let gc = group.min(nc - c0);
@@ -309,15 +286,17 @@ impl DeviceModel<'_> {
                         v.is_some() as u64,
                     ];
                     // SAFETY: the arguments match kmm_cart_a; `a` holds cols x nv values.
-                    unsafe { fa.launch(m.raw_stream(), grid_for(nr * nv, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
+                    unsafe { fa.launch(m.raw_stream(), [nv as u32, 1, 1], [BLOCK, 1, 1], 0, &mut p)? };
                 }
                 let o = out + c0 * nr * ns * 8;
-                let Some(parts) = &parts else {
-                    synthesis_products(h, kind, z.addr, a.addr, ns, nv, cols, 1, o)?;
+                let Some(both) = &both else {
+                    // SAFETY: z, a and the group's part of `out` hold the product's shapes.
+                    unsafe { Gemm::synthesis(z.addr, a.addr, ns, nv, cols, o).run(h)? };
                     continue;
                 };
-                let nparts = synthesis_products(h, kind, z.addr, a.addr, ns, nv, cols, slices, parts.addr)?;
-                let mut p = [parts.addr, ns * cols, nparts, o, ns, gc * nr, halves, self.dt.to_bits() as u64];
+                // SAFETY: as above, into `both` (ns x cols).
+                unsafe { Gemm::synthesis(z.addr, a.addr, ns, nv, cols, both.addr).run(h)? };
+                let mut p = [both.addr, o, ns, gc * nr, self.dt.to_bits() as u64];
                 // SAFETY: the arguments match kmm_cart_sum; `o` holds the group's ns x gc*nr values.
                 unsafe { fsum.launch(m.raw_stream(), grid_for(ns * gc * nr, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
             }
@@ -329,14 +308,12 @@ impl DeviceModel<'_> {
     /// W' = [W, diag(t) W] (the group's readouts) by one product, then a reduction per voxel
     /// and coil.
     fn cartesian_adjoint(&self, m: &Manager, dk: [f32; 2], mag: [u64; 3], w: u64, out: u64) -> Result<()> {
-        use cb::cublasOperation_t::*;
         let (nv, nr, ns, nc) = (self.nvoxels, self.nreadouts, self.nsamples, self.ncoils);
         let group = coils_per_product(nc, 2 * nr * nv * 8);
         let z = self.cartesian_z(m, dk)?;
         let wp = Scratch::new(m, ns * 2 * group * nr * 8)?;
         let q = Scratch::new(m, 2 * group * nr * nv * 8)?;
         let (ftw, fadj) = (cartesian_function(m, "kmm_cart_tw")?, cartesian_function(m, "kmm_cart_adjoint")?);
-        let kind = gemm_kind();
         with_fp32_blas(m, |h| {
             for c0 in (0..nc).step_by(group as usize) {
                 let gc = group.min(nc - c0);
@@ -344,9 +321,8 @@ impl DeviceModel<'_> {
                 let mut p = [w + c0 * nr * ns * 8, wp.addr, ns, gc * nr, self.dt.to_bits() as u64];
                 // SAFETY: the arguments match kmm_cart_tw; wp holds ns x cols values.
                 unsafe { ftw.launch(m.raw_stream(), grid_for(ns * gc * nr, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
-                let product = Gemm { ta: CUBLAS_OP_C, tb: CUBLAS_OP_N, m: cols, n: nv, k: ns, a: wp.addr, lda: ns, b: z.addr, ldb: ns, c: q.addr, ldc: cols, batch: 1, strides: [0; 3] };
                 // SAFETY: wp, z and q hold the product's shapes.
-                unsafe { product.run(h, kind)? };
+                unsafe { Gemm::adjoint(wp.addr, z.addr, ns, nv, cols, q.addr).run(h)? };
                 for c in 0..gc {
                     let mut p = [
                         q.addr + c * nr * 8,
@@ -375,25 +351,18 @@ impl DeviceModel<'_> {
     }
 }
 
-/// The products of the Cartesian fast path alone, on scratch of the benchmark's shapes
-/// (`nvoxels`, `nreadouts`, `nsamples`, one coil): the synthesis product (two halves for J v)
-/// or the adjoint's, as the operations run them; for the benchmark's floor.
+/// The products of the Cartesian fast path alone, on scratch of the operations' shapes
+/// (`nvoxels`, `nreadouts`, `nsamples`, one coil): the synthesis product (`halves` 2: J v's,
+/// with A2) or the adjoint's; the benchmark's floor for the operations.
 pub fn bare_cartesian_products(m: &Manager, nv: u64, nr: u64, ns: u64, halves: u64, adjoint: bool) -> Result<()> {
-    use cb::cublasOperation_t::*;
-    let kind = gemm_kind();
-    let z = Scratch::new(m, ns * nv * 8)?;
-    let a = Scratch::new(m, halves * nr * nv * 8)?;
     let cols = halves * nr;
+    let z = Scratch::new(m, ns * nv * 8)?;
+    let a = Scratch::new(m, cols * nv * 8)?;
+    let small = Scratch::new(m, ns * cols * 8)?;
     with_fp32_blas(m, |h| {
-        if adjoint {
-            let wp = Scratch::new(m, ns * cols * 8)?;
-            let product = Gemm { ta: CUBLAS_OP_C, tb: CUBLAS_OP_N, m: cols, n: nv, k: ns, a: wp.addr, lda: ns, b: z.addr, ldb: ns, c: a.addr, ldc: cols, batch: 1, strides: [0; 3] };
-            // SAFETY: the scratch holds the product's shapes.
-            return unsafe { product.run(h, kind) };
-        }
-        let slices = voxel_slices(nv);
-        let parts = Scratch::new(m, slices * ns * cols * 8)?;
-        synthesis_products(h, kind, z.addr, a.addr, ns, nv, cols, slices, parts.addr).map(|_| ())
+        let product = if adjoint { Gemm::adjoint(small.addr, z.addr, ns, nv, cols, a.addr) } else { Gemm::synthesis(z.addr, a.addr, ns, nv, cols, small.addr) };
+        // SAFETY: the scratch holds the product's shapes.
+        unsafe { product.run(h) }
     })
 }
 

@@ -21,19 +21,21 @@ __device__ __forceinline__ float2 cis_reduced(double phase)
     return make_float2(c, s);
 }
 
-// Z (ns x nv, sample fastest). One thread per entry.
+// Z (ns x nv, sample fastest). One block per voxel, its threads over the samples.
 extern "C" __global__ void kmm_cart_z(const float* __restrict__ x, const float* __restrict__ y,
     const float* __restrict__ t2, const float* __restrict__ b0, float2* __restrict__ z,
     int nvoxels, int nsamples, float dt, float dkx, float dky)
 {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)nvoxels * nsamples) return;
-    const int s = (int)(i % nsamples), v = (int)(i / nsamples);
-    const double t = ((double)s - 0.5 * nsamples) * (double)dt;
-    const double phase = 6.283185307179586476925286766559 * (double)b0[v] * t - (double)s * ((double)dkx * x[v] + (double)dky * y[v]);
-    const float decay = isinf(t2[v]) ? 1.f : expf((float)(-t / (double)t2[v]));
-    const float2 e = cis_reduced(phase);
-    z[i] = make_float2(decay * e.x, decay * e.y);
+    const int v = blockIdx.x;
+    const double xk = (double)dkx * x[v] + (double)dky * y[v], w = 6.283185307179586476925286766559 * (double)b0[v];
+    const float t2v = t2[v];
+    float2* zv = z + (long long)v * nsamples;
+    for (int s = threadIdx.x; s < nsamples; s += blockDim.x) {
+        const double t = ((double)s - 0.5 * nsamples) * (double)dt;
+        const float decay = isinf(t2v) ? 1.f : expf((float)(-t / (double)t2v));
+        const float2 e = cis_reduced(w * t - (double)s * xk);
+        zv[s] = make_float2(decay * e.x, decay * e.y);
+    }
 }
 
 // A for one coil: entry (r, v) at a[v * ld + r]. mode 0: the signal, A = C rho m e^{-i k0.x}.
@@ -45,47 +47,40 @@ extern "C" __global__ void kmm_cart_a(const float2* __restrict__ coil, const flo
     const float* __restrict__ vec, const float2* __restrict__ k0,
     float2* __restrict__ a, long long ld, long long second, int nvoxels, int nreadouts, int mode)
 {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)nvoxels * nreadouts) return;
-    const int r = (int)(i % nreadouts), v = (int)(i / nreadouts);
-    const long long o = v * ld + r;
-    const float2 e = cis_reduced(-((double)k0[r].x * x[v] + (double)k0[r].y * y[v]));
-    const float2 ce = cmulf(coil[v], e);
-    const float2 rh = rho[v];
-    if (mode == 0) {
-        a[o] = cmulf(ce, cmulf(rh, m[i]));
-        return;
+    // One block per voxel, its threads over the readouts.
+    const int v = blockIdx.x;
+    const float2 cv = coil[v], rh = rho[v];
+    const double xv = x[v], yv = y[v];
+    const float v1 = mode ? vec[4 * v] : 0.f, v2 = mode ? vec[4 * v + 1] : 0.f;
+    const float2 v34 = mode ? make_float2(vec[4 * v + 2], vec[4 * v + 3]) : make_float2(0.f, 0.f);
+    const float w = (mode && !isinf(t2[v])) ? v2 / (t2[v] * t2[v]) : 0.f;
+    for (int r = threadIdx.x; r < nreadouts; r += blockDim.x) {
+        const long long i = (long long)v * nreadouts + r, o = (long long)v * ld + r;
+        const float2 ce = cmulf(cv, cis_reduced(-((double)k0[r].x * xv + (double)k0[r].y * yv)));
+        const float2 mi = m[i];
+        if (mode == 0) {
+            a[o] = cmulf(ce, cmulf(rh, mi));
+            continue;
+        }
+        const float2 d1 = dm1[i], d2 = dm2[i];
+        const float2 t = cmulf(rh, make_float2(v1 * d1.x + v2 * d2.x, v1 * d1.y + v2 * d2.y));
+        const float2 u = cmulf(v34, mi);
+        a[o] = cmulf(ce, make_float2(t.x + u.x, t.y + u.y));
+        const float2 rm = cmulf(rh, mi);
+        a[o + second] = cmulf(ce, make_float2(w * rm.x, w * rm.y));
     }
-    const float v1 = vec[4 * v], v2 = vec[4 * v + 1], v3 = vec[4 * v + 2], v4 = vec[4 * v + 3];
-    const float2 dm = make_float2(v1 * dm1[i].x + v2 * dm2[i].x, v1 * dm1[i].y + v2 * dm2[i].y);
-    const float2 t = cmulf(rh, dm);
-    const float2 u = cmulf(make_float2(v3, v4), m[i]);
-    a[o] = cmulf(ce, make_float2(t.x + u.x, t.y + u.y));
-    const float w = isinf(t2[v]) ? 0.f : v2 / (t2[v] * t2[v]);
-    const float2 rm = cmulf(rh, m[i]);
-    a[o + second] = cmulf(ce, make_float2(w * rm.x, w * rm.y));
 }
 
-// The signal (or J v) of a group of coils from the products' partial sums: `nparts` slices of
-// ns x ncols, `stride` entries apart (one per slice of voxels). out[s + ns * j] (j: readout and
-// coil, ncols of them) = sum of column j (+ t_s times the sum of column j + ncols when `halves`
-// is 2, the A2 columns of J v).
-extern "C" __global__ void kmm_cart_sum(const float2* __restrict__ part, long long stride, int nparts,
-    float2* __restrict__ out, int nsamples, long long ncols, int halves, float dt)
+// J v of a group of coils from its product (ns x 2 ncols: the A columns, then the A2 columns):
+// out[s + ns * j] (j: readout and coil) = both[s + ns * j] + t_s both[s + ns * (j + ncols)].
+extern "C" __global__ void kmm_cart_sum(const float2* __restrict__ both, float2* __restrict__ out,
+    int nsamples, long long ncols, float dt)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nsamples * ncols) return;
     const int s = (int)(i % nsamples);
-    float2 a = make_float2(0.f, 0.f), b = make_float2(0.f, 0.f);
-    for (int p = 0; p < nparts; ++p) {
-        const float2 u = part[p * stride + i];
-        a.x += u.x; a.y += u.y;
-        if (halves == 2) {
-            const float2 w = part[p * stride + i + nsamples * ncols];
-            b.x += w.x; b.y += w.y;
-        }
-    }
     const float t = (float)(((double)s - 0.5 * nsamples) * (double)dt);
+    const float2 a = both[i], b = both[i + nsamples * ncols];
     out[i] = make_float2(a.x + t * b.x, a.y + t * b.y);
 }
 

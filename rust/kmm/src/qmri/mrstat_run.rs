@@ -111,31 +111,48 @@ struct HostModel {
     traj: Trajectory,
 }
 
+/// Checks the model's counts and dt.
+fn check_counts(b: &ModelBuffers) -> Result<()> {
+    nonzero("model->nvoxels", b.nvoxels)?;
+    nonzero("model->nreadouts", b.nreadouts)?;
+    nonzero("model->nsamples", b.nsamples)?;
+    nonzero("model->ncoils", b.ncoils)?;
+    if !(b.dt.is_finite() && b.dt > 0.0) {
+        fail!(KMM_ERROR_INVALID_ARGUMENT, "model->dt = {} must be finite and > 0 (s)", b.dt);
+    }
+    Ok(())
+}
+
+/// Reads the trajectory from its buffer (in stream order) and checks it.
+fn read_trajectory(m: &Manager, b: &ModelBuffers) -> Result<Trajectory> {
+    let (ns, dt) = (b.nsamples as usize, b.dt as f64);
+    let traj = match b.trajectory {
+        TrajectoryKind::Cartesian => {
+            let k = c64(&read::<[f32; 2]>(m, b.kspace, 2 * b.nreadouts, "model->kspace")?);
+            Trajectory::Cartesian(Cartesian { nsamples: ns, dt, k0: k.iter().step_by(2).copied().collect(), dk: k.iter().skip(1).step_by(2).copied().collect() })
+        }
+        TrajectoryKind::Spiral => {
+            let k = c64(&read::<[f32; 2]>(m, b.kspace, b.nreadouts.saturating_mul(b.nsamples), "model->kspace")?);
+            Trajectory::Spiral(Spiral { nsamples: ns, dt, k })
+        }
+    };
+    traj.validate().map_err(|mut e| {
+        e.message = format!("model: {}", e.message);
+        e
+    })?;
+    Ok(traj)
+}
+
 impl HostModel {
     fn read(m: &Manager, b: &ModelBuffers) -> Result<HostModel> {
-        nonzero("model->nvoxels", b.nvoxels)?;
-        nonzero("model->nreadouts", b.nreadouts)?;
-        nonzero("model->nsamples", b.nsamples)?;
-        nonzero("model->ncoils", b.ncoils)?;
-        if !(b.dt.is_finite() && b.dt > 0.0) {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "model->dt = {} must be finite and > 0 (s)", b.dt);
-        }
+        check_counts(b)?;
         let rec: Vec<f32> = read(m, b.voxels, b.nvoxels.saturating_mul(VOXEL_FLOATS), "model->voxels")?;
         let field = |i: usize| rec.iter().skip(i).step_by(VOXEL_FLOATS as usize).map(|&x| x as f64).collect::<Vec<_>>();
         let (re, im) = (field(4), field(5));
         let voxels = Voxels { x: field(0), y: field(1), t2: field(2), b0: field(3), rho: re.iter().zip(&im).map(|(&a, &b)| [a, b]).collect() };
         let coils = c64(&read::<[f32; 2]>(m, b.coils, b.nvoxels.saturating_mul(b.ncoils), "model->coils")?);
-        let (nr, ns, dt) = (b.nreadouts as usize, b.nsamples as usize, b.dt as f64);
-        let traj = match b.trajectory {
-            TrajectoryKind::Cartesian => {
-                let k = c64(&read::<[f32; 2]>(m, b.kspace, 2 * b.nreadouts, "model->kspace")?);
-                Trajectory::Cartesian(Cartesian { nsamples: ns, dt, k0: k.iter().step_by(2).copied().collect(), dk: k.iter().skip(1).step_by(2).copied().collect() })
-            }
-            TrajectoryKind::Spiral => {
-                let k = c64(&read::<[f32; 2]>(m, b.kspace, b.nreadouts.saturating_mul(b.nsamples), "model->kspace")?);
-                Trajectory::Spiral(Spiral { nsamples: ns, dt, k })
-            }
-        };
+        let nr = b.nreadouts as usize;
+        let traj = read_trajectory(m, b)?;
         let hm = HostModel { voxels, coils, traj };
         hm.model().validate().map_err(|mut e| {
             e.message = format!("model: {}", e.message);
@@ -213,25 +230,42 @@ fn signal_len(b: &ModelBuffers) -> u64 {
 /// The k-space signal of the magnetization `mag` (`nreadouts x nvoxels` complex float) into
 /// `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
 pub fn signal(m: &Manager, b: &ModelBuffers, mag: u64, out: u64) -> Result<()> {
-    let hm = HostModel::read(m, b)?;
     let mag_len = b.nreadouts.saturating_mul(b.nvoxels);
-    check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
     if on_cuda(m) {
         let mut pins = Pins::new(m);
-        let dm = device_model(m, &mut pins, b, &hm)?;
+        let dm = device_model(m, &mut pins, b)?;
+        check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
         let (mg, o) = (pins.map(mag, mag_len * 8, "m")?, pins.map(out, signal_len(b) * 8, "out")?);
         return dm.signal(m, mg, o);
     }
+    let hm = HostModel::read(m, b)?;
+    check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
     let mm = c64(&read(m, mag, mag_len, "m")?);
     let mut s = vec![[0f64; 2]; signal_len(b) as usize];
     mrstat::signal(&hm.model(), &mm, &mut s)?;
     write(m, out, &c32(&s))
 }
 
-/// The checked model on the device (its coil buffer mapped through `pins`).
-fn device_model<'a>(m: &'a Manager, pins: &mut Pins<'a>, b: &ModelBuffers, hm: &HostModel) -> Result<gpu_mrstat::DeviceModel<'a>> {
-    let coils = pins.map(b.coils, b.nvoxels * b.ncoils * 8, "model->coils")?;
-    gpu_mrstat::DeviceModel::new(m, &hm.voxels, &hm.traj, coils, b.ncoils)
+/// The model on the device, its voxel records and coils checked there (its buffers mapped
+/// through `pins`): only the trajectory comes to the host. When the device finds a bad value,
+/// the host reads and checks the whole model for the error to report.
+fn device_model<'a>(m: &'a Manager, pins: &mut Pins<'a>, b: &ModelBuffers) -> Result<gpu_mrstat::DeviceModel<'a>> {
+    check_counts(b)?;
+    let traj = read_trajectory(m, b)?;
+    let (nv, nc) = (b.nvoxels, b.ncoils);
+    let fits = |x: u64, y: u64| x.checked_mul(y).filter(|&n| n.checked_mul(16).is_some()).is_some();
+    if !fits(b.nreadouts, nv) || !fits(nc.saturating_mul(b.nreadouts), b.nsamples) || !fits(nv, nc.max(VOXEL_FLOATS)) {
+        fail!(KMM_ERROR_SIZE_OVERFLOW, "nvoxels = {nv}, ncoils = {nc}, nreadouts = {}, nsamples = {}: the array sizes overflow", b.nreadouts, b.nsamples);
+    }
+    let records = pins.map(b.voxels, nv * VOXEL_FLOATS * 4, "model->voxels")?;
+    let coils = pins.map(b.coils, nv * nc * 8, "model->coils")?;
+    match gpu_mrstat::DeviceModel::checked(m, records, coils, nv, nc, &traj)? {
+        Ok(dm) => Ok(dm),
+        Err(found) => {
+            HostModel::read(m, b)?;
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "model: {found}");
+        }
+    }
 }
 
 /// Maps the magnetization and its derivatives for a kernel.
@@ -242,15 +276,16 @@ fn map_magnetization(pins: &mut Pins, b: &ModelBuffers, mag: [u64; 3]) -> Result
 
 /// J·v: `v` holds `4 x nvoxels` floats (T1, T2, Re ρ, Im ρ per voxel); `out` is signal-shaped.
 pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u64) -> Result<()> {
-    let hm = HostModel::read(m, b)?;
-    check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
     if on_cuda(m) {
         let mut pins = Pins::new(m);
-        let dm = device_model(m, &mut pins, b, &hm)?;
+        let dm = device_model(m, &mut pins, b)?;
+        check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
         let mg = map_magnetization(&mut pins, b, mag)?;
         let (vv, o) = (pins.map(v, 16 * b.nvoxels, "v")?, pins.map(out, signal_len(b) * 8, "out")?);
         return dm.jacobian(m, mg, vv, o);
     }
+    let hm = HostModel::read(m, b)?;
+    check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
     let [mm, d1, d2] = read_magnetization(m, b, mag)?;
     let vv: Vec<f64> = read::<f32>(m, v, 4 * b.nvoxels, "v")?.iter().map(|&x| x as f64).collect();
     let mut s = vec![[0f64; 2]; signal_len(b) as usize];
@@ -260,15 +295,16 @@ pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u
 
 /// Re(Jᴴw): `w` is signal-shaped complex float; `out` holds `4 x nvoxels` floats.
 pub fn jacobian_adjoint_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], w: u64, out: u64) -> Result<()> {
-    let hm = HostModel::read(m, b)?;
-    check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
     if on_cuda(m) {
         let mut pins = Pins::new(m);
-        let dm = device_model(m, &mut pins, b, &hm)?;
+        let dm = device_model(m, &mut pins, b)?;
+        check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
         let mg = map_magnetization(&mut pins, b, mag)?;
         let (ww, o) = (pins.map(w, signal_len(b) * 8, "w")?, pins.map(out, 16 * b.nvoxels, "out")?);
         return dm.jacobian_adjoint(m, mg, ww, o);
     }
+    let hm = HostModel::read(m, b)?;
+    check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
     let [mm, d1, d2] = read_magnetization(m, b, mag)?;
     let ww = c64(&read(m, w, signal_len(b), "w")?);
     let mut g = vec![0f64; 4 * b.nvoxels as usize];
