@@ -48,8 +48,8 @@ fn with_fp32_blas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R
 }
 
 /// One column-major complex f32 product C = op(A) op(B) (cuBLAS CGEMM). CGEMM3M (Gauss's three
-/// real products) and splitting the synthesis product over slices of voxels measured no faster
-/// on an H200 (bench/results/qmri.md).
+/// real products), splitting the synthesis product over slices of voxels and its transposed
+/// form measured no faster on an H200 (bench/results/qmri.md).
 struct Gemm {
     ta: cb::cublasOperation_t,
     tb: cb::cublasOperation_t,

@@ -14,8 +14,8 @@ __device__ __forceinline__ float2 cmulf(float2 a, float2 b) { return make_float2
 // cis(phase) with the phase reduced in double first (phases reach hundreds of radians).
 __device__ __forceinline__ float2 cis_reduced(double phase)
 {
-    const double two_pi = 6.283185307179586476925286766559;
-    phase -= two_pi * rint(phase / two_pi);
+    const double two_pi = 6.283185307179586476925286766559, inv_two_pi = 0.15915494309189533576888376337251;
+    phase -= two_pi * rint(phase * inv_two_pi);
     float s, c;
     sincosf((float)phase, &s, &c);
     return make_float2(c, s);
@@ -29,10 +29,11 @@ extern "C" __global__ void kmm_cart_z(const float* __restrict__ x, const float* 
     const int v = blockIdx.x;
     const double xk = (double)dkx * x[v] + (double)dky * y[v], w = 6.283185307179586476925286766559 * (double)b0[v];
     const float t2v = t2[v];
+    const double inv_t2 = 1.0 / (double)t2v;
     float2* zv = z + (long long)v * nsamples;
     for (int s = threadIdx.x; s < nsamples; s += blockDim.x) {
         const double t = ((double)s - 0.5 * nsamples) * (double)dt;
-        const float decay = isinf(t2v) ? 1.f : expf((float)(-t / (double)t2v));
+        const float decay = isinf(t2v) ? 1.f : expf((float)(-t * inv_t2));
         const float2 e = cis_reduced(w * t - (double)s * xk);
         zv[s] = make_float2(decay * e.x, decay * e.y);
     }
