@@ -1,17 +1,14 @@
 //! The compression basis on the GPU, by a randomized range finder with power iterations
 //! (Halko, Martinsson and Tropp 2011): starting from a fixed pseudo-random block Q (`ntr x l`,
 //! l = rank + [`OVERSAMPLE`]), each iteration Q <- QR(D (Dᴴ Q)) with two CGEMMs and cuSOLVER's
-//! Householder QR; then Rayleigh-Ritz on the small (DᴴQ)ᴴ(DᴴQ) (on the host, in f64) keeps the
-//! dominant `rank` directions. The Gram matrix D Dᴴ is never formed: with 100000 atoms its
-//! CHERK alone took longer than all of this. Everything of size ntr x natoms stays on the
-//! device; the host sees an l x l matrix once.
+//! Householder QR; then Rayleigh-Ritz on the small Qᴴ D Dᴴ Q (cuSOLVER's Hermitian eigensolver)
+//! keeps the dominant `rank` directions. The Gram matrix D Dᴴ is never formed: with 100000
+//! atoms its CHERK alone took longer than all of this. Everything stays on the device.
 //! Without cuSOLVER the Gram matrix is downloaded and iterated on the host ([`super::svd`]).
 
 use super::gpu::{cgemm as gemm, Scratch};
-use super::svd;
 use crate::error::Result;
 use crate::fail;
-use crate::manager::copy::Completion;
 use crate::manager::Manager;
 use cudarc::cublas::sys as cb;
 use cudarc::cusolver::sys as cs;
@@ -139,20 +136,27 @@ pub fn compression_basis(
             solver_check(cs::cusolverDnCungqr(solver, ntr as i32, l as i32, l as i32, a, ntr as i32, t, wk, lwork, inf), "cusolverDnCungqr")?;
         }
     }
-    // Rayleigh-Ritz: H = Q^H (D (D^H Q)) (l x l) on the host; its dominant rank-dimensional
-    // subspace R gives the basis Q R.
+    // Rayleigh-Ritz: H = Q^H (D (D^H Q)) (l x l), its eigenvectors by cuSOLVER (ascending
+    // eigenvalues); the basis is Q times the last `rank` of them, dominant first (R selects
+    // and reverses them). On the host this small step took milliseconds (subspace iteration).
     let small = Scratch::new(m, (l * l * 8) as u64)?;
     let y = Scratch::new(m, (ntr * l * 8) as u64)?;
+    let eigenvalues = Scratch::new(m, (l * 4) as u64)?;
+    let select: Vec<[f32; 2]> = (0..rank).flat_map(|j| (0..l).map(move |i| if i == l - 1 - j { [1.0, 0.0] } else { [0.0, 0.0] })).collect();
+    let select = Scratch::upload(m, &select)?;
+    let r = Scratch::new(m, (l * rank * 8) as u64)?;
+    let (jobz, uplo) = (cs::cusolverEigMode_t::CUSOLVER_EIG_MODE_VECTOR, cs::cublasFillMode_t::CUBLAS_FILL_MODE_LOWER);
+    let mut le = 0i32;
+    // SAFETY: as above; small is l x l, eigenvalues l floats, r l x rank.
     unsafe {
         gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, natoms, l, ntr, dict, ntr, q.addr, ntr, z.addr, natoms)?;
         gemm_over_atoms(m, h, dict, ntr, natoms, z.addr, l, y.addr)?;
         gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, l, l, ntr, q.addr, ntr, y.addr, ntr, small.addr, l)?;
+        let (a, w) = (small.addr as *mut cs::cuComplex, eigenvalues.addr as *mut f32);
+        solver_check(cs::cusolverDnCheevd_bufferSize(solver, jobz, uplo, l as i32, a, l as i32, w, &mut le), "cusolverDnCheevd_bufferSize")?;
+        let ework = Scratch::new(m, le.max(1) as u64 * 8)?;
+        solver_check(cs::cusolverDnCheevd(solver, jobz, uplo, l as i32, a, l as i32, w, ework.addr as *mut cs::cuComplex, le.max(1), info.addr as *mut i32), "cusolverDnCheevd")?;
+        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, l, rank, l, small.addr, l, select.addr, l, r.addr, l)?;
+        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, rank, l, q.addr, ntr, r.addr, l, out, ntr)
     }
-    let mut host = vec![[0f32; 2]; l * l];
-    // SAFETY: `host` has room for l x l values; the copy completes before return.
-    unsafe { m.copy_to_host(host.as_mut_ptr() as *mut u8, small.handle, 0, (l * l * 8) as u64, Completion::Wait)? };
-    let hm: Vec<_> = host.iter().map(|c| super::cpu::C64::new(c[0] as f64, c[1] as f64)).collect();
-    let r: Vec<[f32; 2]> = svd::dominant_subspace(&hm, l, rank).iter().map(|c| [c.re as f32, c.im as f32]).collect();
-    let rd = Scratch::upload(m, &r)?;
-    unsafe { gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, rank, l, q.addr, ntr, rd.addr, l, out, ntr) }
 }
