@@ -355,17 +355,24 @@ fn main() {
         row(&format!("match, rank {rank}, own basis"), &shape, tr, &format!("{:.2}x uncompressed", tm / tr), &format!("{exact}/{m_vox} exact; basis and match"));
         // The basis once, then the match in it: what a batched match costs per batch.
         let basis = m.alloc(m_ntr as u64 * rank as u64 * 8);
-        let tb = m.time(2, || ok(kmm_qmri_compression_basis(m.0, dict, m_ntr as u64, m_atoms as u64, rank, basis)));
-        row(&format!("  compression basis, rank {rank}"), &format!("{m_atoms} x {m_ntr}"), tb, "", if cuda { "randomized range finder, 6 power iterations, cuSOLVER QR" } else { "host reference" });
+        let make_basis = || ok(kmm_qmri_compression_basis(m.0, dict, m_ntr as u64, m_atoms as u64, rank, basis));
+        let run_in = || ok(kmm_qmri_match_in_basis(m.0, dict, m_ntr as u64, m_atoms as u64, 0, sig, m_vox as u64, basis, rank, 0, &outs, KMM_MATCH_SKIP_CHECKS));
         if cuda {
-            for it in [2, 8] {
+            // Other choices of the power iterations' count and math, each with the exactness
+            // of the match in its basis (the evidence for the default).
+            for (math, it) in [("fp32", 6), ("fp32", 2), ("tf32", 2), ("tf32", 6)] {
+                std::env::set_var("KMM_BASIS_MATH", math);
                 std::env::set_var("KMM_BASIS_ITERATIONS", it.to_string());
-                let t = m.time(2, || ok(kmm_qmri_compression_basis(m.0, dict, m_ntr as u64, m_atoms as u64, rank, basis)));
-                row(&format!("    with {it} iteration(s)"), &format!("{m_atoms} x {m_ntr}"), t, "", "KMM_BASIS_ITERATIONS");
+                let t = m.time(2, make_basis);
+                run_in();
+                let note = format!("KMM_BASIS_MATH={math} KMM_BASIS_ITERATIONS={it}; the match in it: {}/{m_vox} exact", count_exact());
+                row(&format!("    {it} iterations, {math}"), &format!("{m_atoms} x {m_ntr}"), t, "", &note);
             }
+            std::env::remove_var("KMM_BASIS_MATH");
             std::env::remove_var("KMM_BASIS_ITERATIONS");
         }
-        let run_in = || ok(kmm_qmri_match_in_basis(m.0, dict, m_ntr as u64, m_atoms as u64, 0, sig, m_vox as u64, basis, rank, 0, &outs, KMM_MATCH_SKIP_CHECKS));
+        let tb = m.time(2, make_basis);
+        row(&format!("  compression basis, rank {rank}"), &format!("{m_atoms} x {m_ntr}"), tb, "", if cuda { "randomized range finder (default: 3 power iterations in TF32), cuSOLVER QR and eigensolver" } else { "host reference" });
         m.time(1, run_in);
         let ti = m.time(3, run_in);
         let exact = count_exact();
