@@ -363,6 +363,11 @@ PLANTS = [
      "        BackendChoice::Auto if cuda_usable() => cuda::CudaBackend::get(device)?,\n        BackendChoice::Auto => host::HostBackend::get(device)?,\n",
      "        BackendChoice::Auto => match cuda::CudaBackend::get(device) {\n            Ok(b) => b,\n            Err(_) => host::HostBackend::get(device)?,\n        },\n",
      ["gpu:backend_env"]),
+    # The device's check of an MR-STAT model lets non-finite coil sensitivities through.
+    ("mrstat-device-check-skips-coils", "rust/kmm/src/qmri/mrstat_model.cu",
+     "        if (!(isfinite(c.x) && isfinite(c.y))) atomicMin(&bad[1], (unsigned long long)i);\n",
+     "",
+     ["gpu:mrstat_abi"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
      "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
