@@ -1525,9 +1525,12 @@ KmmStatus kmm_qmri_match(KmmManager manager,
  * `ntr x rank` complex float (TR index fastest), the orthonormal basis of the dominant
  * rank-`rank` subspace of the atoms' TR space (1 <= rank <= ntr). Compute it once from the
  * whole dictionary or a representative sample of its atoms (a few thousand spread over the
- * parameter grid), then match every batch with `kmm_qmri_match_in_basis`. Queued on the
- * manager's stream; on CUDA the call waits once (for the small matrix of its last step, or
- * for the Gram matrix where cuSOLVER is missing). Thread-safe.
+ * parameter grid), then match every batch with `kmm_qmri_match_in_basis`. On CUDA: a
+ * randomized range finder (3 power iterations whose products use TF32 tensor cores,
+ * `KMM_BASIS_MATH=fp32` for FP32, `KMM_BASIS_ITERATIONS` for another count) and a
+ * Rayleigh-Ritz step in FP32 by cuSOLVER; the call waits once, for the eigensolver's status
+ * (for the Gram matrix where cuSOLVER is missing). Queued on the manager's stream otherwise.
+ * Thread-safe.
  */
 KmmStatus kmm_qmri_compression_basis(KmmManager manager,
                                      KmmBuffer dictionary,

@@ -21,7 +21,9 @@ struct Problem {
 }
 
 fn problem() -> Problem {
-    let (n, nc) = (6usize, 2usize);
+    // Three coils: with KMM_MRSTAT_COILS_PER_PRODUCT=2 (see `coil_groups_...`) the CUDA fast
+    // path takes a group of two and a short one.
+    let (n, nc) = (6usize, 3usize);
     let nvox = n * n;
     let (nr, ns) = (24usize, 6usize);
     let fov = 0.2f32;
@@ -173,6 +175,25 @@ fn mrstat_operations_through_the_abi_equal_the_reference() {
     assert!(e1 < tol && e2 < tol);
 }
 
+/// The CUDA fast path in several groups of coils, the last one short (two, then one), each
+/// group's adjoint adding to the earlier ones': the reference test again, in a child process
+/// with the group size set (the variable is read per call; setting it here would race the
+/// other tests' threads).
+#[test]
+fn coil_groups_and_a_short_last_group_equal_the_reference() {
+    if std::env::var_os("KMM_MRSTAT_COILS_PER_PRODUCT").is_some() {
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "mrstat_operations_through_the_abi_equal_the_reference", "--nocapture"])
+        .env("KMM_MRSTAT_COILS_PER_PRODUCT", "2")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(out.status.success() && text.contains("1 passed"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
 #[test]
 fn bad_mrstat_arguments_are_rejected() {
     let m = Mgr::new();
@@ -187,11 +208,23 @@ fn bad_mrstat_arguments_are_rejected() {
     expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { dt: 0.0, ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["model->dt"]);
     expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { nvoxels: 0, ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["model->nvoxels = 0"]);
     expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { nvoxels: p.nvox as u64 + 1, ..good }, mb, out), KMM_ERROR_OUT_OF_RANGE, &["model->voxels"]);
-    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { ncoils: 3, ..good }, mb, out), KMM_ERROR_OUT_OF_RANGE, &["model->coils"]);
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { ncoils: 4, ..good }, mb, out), KMM_ERROR_OUT_OF_RANGE, &["model->coils"]);
     expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { trajectory: KMM_TRAJECTORY_SPIRAL, ..good }, mb, out), KMM_ERROR_OUT_OF_RANGE, &["model->kspace"]);
     let mut bad = p.records.clone();
     bad[3][2] = -0.1;
     expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { voxels: upload(&m, &bad), ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["model", "t2[3]"]);
+    // Several bad values: the first in the host's order (voxels, trajectory, coils) is named,
+    // on both backends.
+    let mut bad = p.records.clone();
+    bad[0][0] = f32::NAN;
+    let mut badk = p.kspace.clone();
+    badk[0][0] = f32::NAN;
+    let mut badc = p.coils.clone();
+    badc[0][0] = f32::NAN;
+    let (vb, kb, cb) = (upload(&m, &bad), upload(&m, &badk), upload(&m, &badc));
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { voxels: vb, kspace: kb, coils: cb, ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["voxels.x[0]"]);
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { kspace: kb, coils: cb, ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["trajectory.k0"]);
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { coils: cb, ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["coils[0]"]);
     // On CUDA the records and coils are checked on the device: the last entries too, for every
     // operation, and +Inf is a valid T2.
     let mut bad = p.records.clone();
@@ -204,7 +237,7 @@ fn bad_mrstat_arguments_are_rejected() {
     expect_err(kmm_qmri_jacobian_mul(m.0, &KmmMrstatModel { voxels: upload(&m, &bad), ..good }, mb, mb, mb, v4, out), KMM_ERROR_INVALID_ARGUMENT, &["voxels.rho[35]", "not finite"]);
     let mut badc = p.coils.clone();
     badc[p.coils.len() - 1][1] = f32::NAN;
-    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { coils: upload(&m, &badc), ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["coils[71]", "not finite"]);
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { coils: upload(&m, &badc), ..good }, mb, out), KMM_ERROR_INVALID_ARGUMENT, &["coils[107]", "not finite"]);
     let mut inf_t2 = p.records.clone();
     inf_t2[0][2] = f32::INFINITY;
     let scratch = m.alloc((p.nc * p.nr * p.ns) as u64 * 8, DEVICE);

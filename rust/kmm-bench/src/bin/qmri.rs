@@ -120,14 +120,19 @@ fn mrstat_ops(m: &Mgr, n: usize, nr: usize) {
 /// The products of the Cartesian fast path alone (the operations' floor), and what the
 /// operations add to them.
 fn mrstat_products(m: &Mgr, nv: u64, nr: u64, ns: u64, ops: [f64; 3]) {
-    use kmm::qmri::gpu_mrstat::bare_cartesian_products;
+    use kmm::qmri::gpu_mrstat::BareProducts;
     let shape = format!("{nv} vox, {nr} x {ns} samples");
     let flops = 8.0 * (nv * nr * ns) as f64;
-    for (i, (what, halves, adjoint)) in [("signal", 1, false), ("J v", 2, false), ("J^H w", 2, true)].into_iter().enumerate() {
-        let t = m.time(3, || with_manager(m.0, |mm| bare_cartesian_products(mm, nv, nr, ns, halves, adjoint)).unwrap());
-        let note = format!("CGEMM alone; the operation adds {:.3} ms (model check, kernels)", (ops[i] - t) * 1e3);
-        row(&format!("  {what}: product"), &shape, t, &format!("{:.1} TFLOP/s", flops * halves as f64 / t / 1e12), &note);
-    }
+    with_manager(m.0, |mm| {
+        let bare = BareProducts::new(mm, nv, nr, ns)?;
+        for (i, (what, halves, adjoint)) in [("signal", 1, false), ("J v", 2, false), ("J^H w", 2, true)].into_iter().enumerate() {
+            let t = m.time(3, || bare.run(halves, adjoint).unwrap());
+            let note = format!("CGEMM alone; the operation adds {:.3} ms (model check, kernels)", (ops[i] - t) * 1e3);
+            row(&format!("  {what}: product"), &shape, t, &format!("{:.1} TFLOP/s", flops * halves as f64 / t / 1e12), &note);
+        }
+        Ok(())
+    })
+    .unwrap();
 }
 
 /// `n` atoms x 1000 TRs against `n` voxels (every atom, noiseless) at rank 32: simulation, the

@@ -1,8 +1,10 @@
-//! The CUDA path of the MR-STAT operations: kernels from `mrstat_kernels.cu`, compiled at run
-//! time through [`crate::backend::cuda::module`] and launched on the manager's stream. The model
-//! (voxels, coils, trajectory) arrives checked on the host ([`super::mrstat_run`]); its voxel
-//! records and k-space are uploaded in the kernels' layout (one array per field), the
-//! magnetization, coils and outputs are used in place.
+//! The CUDA path of the MR-STAT operations: kernels from `mrstat_kernels.cu` (direct sums),
+//! `mrstat_cartesian.cu` (around the products of the Cartesian fast path) and `mrstat_model.cu`
+//! (the model's check), compiled at run time through [`crate::backend::cuda::module`] and
+//! launched on the manager's stream. The trajectory arrives checked from the host
+//! ([`super::mrstat_run`]); the voxel records and coils are checked on the device and the
+//! records unpacked into the kernels' layout (one array per field); the magnetization, coils
+//! and outputs are used in place.
 
 use super::gpu::{grid_for, options, rf_table, Scratch};
 use super::mrstat::Trajectory;
@@ -92,14 +94,16 @@ impl Gemm {
 }
 
 /// Scratch the products of one call may take (bytes), beyond Z: coils are grouped so that
-/// their stacked A (or the adjoint's Q) fits.
+/// what a group takes (A, or the adjoint's W' and Q, and J·v's product) stays under it, or one
+/// coil at a time where one takes more.
 const GROUP_BYTES: u64 = 1 << 30;
 
-/// Coils per product: `KMM_MRSTAT_COILS_PER_PRODUCT` overrides the fit to [`GROUP_BYTES`]
-/// (tests take several groups with it).
-fn coils_per_product(ncoils: u64, bytes_per_coil: u64) -> u64 {
+/// Coils per product, for `per_coil` bytes of scratch per coil of a group:
+/// `KMM_MRSTAT_COILS_PER_PRODUCT` overrides the fit to [`GROUP_BYTES`] (the GPU tests take
+/// several groups, the last one short, with it).
+fn coils_per_product(ncoils: u64, per_coil: u64) -> u64 {
     let asked = std::env::var("KMM_MRSTAT_COILS_PER_PRODUCT").ok().and_then(|v| v.parse::<u64>().ok()).filter(|&g| g > 0);
-    asked.unwrap_or(GROUP_BYTES / bytes_per_coil.max(1)).clamp(1, ncoils)
+    asked.unwrap_or(GROUP_BYTES / per_coil.max(1)).clamp(1, ncoils)
 }
 
 /// `KMM_MRSTAT_DIRECT=1` sums over voxels directly even where the Cartesian fast path applies
@@ -257,7 +261,8 @@ impl DeviceModel<'_> {
     fn cartesian_synthesis(&self, m: &Manager, dk: [f32; 2], mag: [u64; 3], v: Option<u64>, out: u64) -> Result<()> {
         let (nv, nr, ns, nc) = (self.nvoxels, self.nreadouts, self.nsamples, self.ncoils);
         let halves = if v.is_some() { 2 } else { 1 };
-        let group = coils_per_product(nc, halves * nr * nv * 8);
+        // Per coil: its A (and A2), and for J v the product of both (ns x 2 nr).
+        let group = coils_per_product(nc, halves * nr * nv * 8 + (halves - 1) * 2 * ns * nr * 8);
         let z = self.cartesian_z(m, dk)?;
         let a = Scratch::new(m, halves * group * nr * nv * 8)?;
         let both = if v.is_some() { Some(Scratch::new(m, ns * 2 * group * nr * 8)?) } else { None };
@@ -309,7 +314,8 @@ impl DeviceModel<'_> {
     /// and coil.
     fn cartesian_adjoint(&self, m: &Manager, dk: [f32; 2], mag: [u64; 3], w: u64, out: u64) -> Result<()> {
         let (nv, nr, ns, nc) = (self.nvoxels, self.nreadouts, self.nsamples, self.ncoils);
-        let group = coils_per_product(nc, 2 * nr * nv * 8);
+        // Per coil: its two halves of W' (ns x 2 nr) and of Q (2 nr x nv).
+        let group = coils_per_product(nc, 2 * nr * (ns + nv) * 8);
         let z = self.cartesian_z(m, dk)?;
         let wp = Scratch::new(m, ns * 2 * group * nr * 8)?;
         let q = Scratch::new(m, 2 * group * nr * nv * 8)?;
@@ -352,18 +358,37 @@ impl DeviceModel<'_> {
 }
 
 /// The products of the Cartesian fast path alone, on scratch of the operations' shapes
-/// (`nvoxels`, `nreadouts`, `nsamples`, one coil): the synthesis product (`halves` 2: J v's,
-/// with A2) or the adjoint's; the benchmark's floor for the operations.
-pub fn bare_cartesian_products(m: &Manager, nv: u64, nr: u64, ns: u64, halves: u64, adjoint: bool) -> Result<()> {
-    let cols = halves * nr;
-    let z = Scratch::new(m, ns * nv * 8)?;
-    let a = Scratch::new(m, cols * nv * 8)?;
-    let small = Scratch::new(m, ns * cols * 8)?;
-    with_fp32_blas(m, |h| {
-        let product = if adjoint { Gemm::adjoint(small.addr, z.addr, ns, nv, cols, a.addr) } else { Gemm::synthesis(z.addr, a.addr, ns, nv, cols, small.addr) };
+/// (`nvoxels`, `nreadouts`, `nsamples`, one coil), made once: the benchmark's floor for the
+/// operations.
+pub struct BareProducts<'a> {
+    m: &'a Manager,
+    z: Scratch<'a>,
+    a: Scratch<'a>,
+    small: Scratch<'a>,
+    nv: u64,
+    nr: u64,
+    ns: u64,
+}
+
+impl<'a> BareProducts<'a> {
+    pub fn new(m: &'a Manager, nv: u64, nr: u64, ns: u64) -> Result<BareProducts<'a>> {
+        let sizes = [ns * nv * 8, 2 * nr * nv * 8, 2 * ns * nr * 8];
+        let [z, a, small] = sizes.map(|bytes| Scratch::new(m, bytes));
+        let (z, a, small) = (z?, a?, small?);
+        for (s, bytes) in [&z, &a, &small].into_iter().zip(sizes) {
+            m.fill(s.handle, 0, bytes, &[0])?;
+        }
+        Ok(BareProducts { m, z, a, small, nv, nr, ns })
+    }
+
+    /// The synthesis product (`halves` 2: J v's, with A2) or the adjoint's, queued.
+    pub fn run(&self, halves: u64, adjoint: bool) -> Result<()> {
+        let cols = halves * self.nr;
+        let (z, a, small) = (self.z.addr, self.a.addr, self.small.addr);
+        let product = if adjoint { Gemm::adjoint(small, z, self.ns, self.nv, cols, a) } else { Gemm::synthesis(z, a, self.ns, self.nv, cols, small) };
         // SAFETY: the scratch holds the product's shapes.
-        unsafe { product.run(h) }
-    })
+        with_fp32_blas(self.m, |h| unsafe { product.run(h) })
+    }
 }
 
 /// The FISP magnetization and its T1 and T2 derivatives of `natoms` atom records at `atoms`,

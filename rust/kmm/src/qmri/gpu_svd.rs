@@ -9,6 +9,7 @@
 use super::gpu::{cgemm as gemm, Scratch};
 use crate::error::Result;
 use crate::fail;
+use crate::manager::copy::Completion;
 use crate::manager::Manager;
 use cudarc::cublas::sys as cb;
 use cudarc::cusolver::sys as cs;
@@ -27,8 +28,9 @@ fn iterations() -> usize {
 }
 
 /// The power iterations' products run on TF32 tensor cores: they only find the subspace, and
-/// the Rayleigh-Ritz step that makes the basis from it runs in full FP32, so the basis is as
-/// good (same benchmark evidence) at half the time. `KMM_BASIS_MATH=fp32` keeps FP32 throughout.
+/// the Rayleigh-Ritz step that makes the basis from it runs in full FP32 (whatever
+/// `KMM_MATCH_MATH` asks of matching), so the basis is as good (same benchmark evidence) at half
+/// the time. `KMM_BASIS_MATH=fp32` keeps FP32 throughout.
 fn iteration_math() -> cb::cublasMath_t {
     match std::env::var("KMM_BASIS_MATH").ok().as_deref() {
         Some("fp32") => cb::cublasMath_t::CUBLAS_DEFAULT_MATH,
@@ -144,10 +146,13 @@ pub fn compression_basis(
     }
     let lwork = lq.max(lg).max(1);
     let work = Scratch::new(m, lwork as u64 * 8)?;
-    // The caller's math mode (KMM_MATCH_MATH) comes back for the Rayleigh-Ritz step and after.
+    // The caller's math mode (KMM_MATCH_MATH) comes back after the basis is made. (An error on
+    // the way leaves the handle in another mode: every taker of a handle sets its own.)
     let mut caller_math = cb::cublasMath_t::CUBLAS_DEFAULT_MATH;
     // SAFETY: a valid handle.
-    unsafe { cb::cublasGetMathMode(h, &mut caller_math) };
+    if unsafe { cb::cublasGetMathMode(h, &mut caller_math) } != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        fail!(KMM_ERROR_BACKEND, "cublasGetMathMode failed");
+    }
     set_math(h, iteration_math())?;
     for _ in 0..iterations() {
         // SAFETY: all buffers are on the device with the sizes above; one stream orders them.
@@ -160,7 +165,7 @@ pub fn compression_basis(
             solver_check(cs::cusolverDnCungqr(solver, ntr as i32, l as i32, l as i32, a, ntr as i32, t, wk, lwork, inf), "cusolverDnCungqr")?;
         }
     }
-    set_math(h, caller_math)?;
+    set_math(h, cb::cublasMath_t::CUBLAS_DEFAULT_MATH)?;
     // Rayleigh-Ritz: H = Q^H (D (D^H Q)) (l x l), its eigenvectors by cuSOLVER (ascending
     // eigenvalues); the basis is Q times the last `rank` of them, dominant first (R selects
     // and reverses them). On the host this small step took milliseconds (subspace iteration).
@@ -182,6 +187,15 @@ pub fn compression_basis(
         let ework = Scratch::new(m, le.max(1) as u64 * 8)?;
         solver_check(cs::cusolverDnCheevd(solver, jobz, uplo, l as i32, a, l as i32, w, ework.addr as *mut cs::cuComplex, le.max(1), info.addr as *mut i32), "cusolverDnCheevd")?;
         gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, l, rank, l, small.addr, l, select.addr, l, r.addr, l)?;
-        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, rank, l, q.addr, ntr, r.addr, l, out, ntr)
+        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, rank, l, q.addr, ntr, r.addr, l, out, ntr)?;
     }
+    set_math(h, caller_math)?;
+    // The eigensolver's status (the QRs' only reports bad arguments, which these are not).
+    let mut status = 0i32;
+    // SAFETY: `status` has room for the 4 bytes; the copy completes before return.
+    unsafe { m.copy_to_host(&mut status as *mut i32 as *mut u8, info.handle, 0, 4, Completion::Wait)? };
+    if status != 0 {
+        fail!(KMM_ERROR_BACKEND, "cusolverDnCheevd did not converge on the {l} x {l} Rayleigh-Ritz matrix (info = {status})");
+    }
+    Ok(())
 }

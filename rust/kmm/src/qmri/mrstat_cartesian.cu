@@ -52,8 +52,9 @@ extern "C" __global__ void kmm_cart_a(const float2* __restrict__ coil, const flo
     const int v = blockIdx.x;
     const float2 cv = coil[v], rh = rho[v];
     const double xv = x[v], yv = y[v];
-    const float v1 = mode ? vec[4 * v] : 0.f, v2 = mode ? vec[4 * v + 1] : 0.f;
-    const float2 v34 = mode ? make_float2(vec[4 * v + 2], vec[4 * v + 3]) : make_float2(0.f, 0.f);
+    const float* vv = vec + 4LL * v;
+    const float v1 = mode ? vv[0] : 0.f, v2 = mode ? vv[1] : 0.f;
+    const float2 v34 = mode ? make_float2(vv[2], vv[3]) : make_float2(0.f, 0.f);
     const float w = (mode && !isinf(t2[v])) ? v2 / (t2[v] * t2[v]) : 0.f;
     for (int r = threadIdx.x; r < nreadouts; r += blockDim.x) {
         const long long i = (long long)v * nreadouts + r, o = (long long)v * ld + r;

@@ -1,12 +1,13 @@
 //! MR-STAT operations on a manager's buffers: the magnetization and its derivatives, the k-space
 //! signal, the Jacobian J·v and its adjoint Re(Jᴴw). The math is [`super::mrstat`] (f64).
 //!
-//! Every call first reads and checks the model (voxels, coils, trajectory) and the atom records
-//! on the host, in the order of the manager's stream (it waits for the work queued before it).
-//! On the host backend it then computes in f64 on the calling thread (rayon inside) and writes
-//! its outputs in stream order before returning. On CUDA it queues the kernels of
-//! [`super::gpu_mrstat`] (f32 data, double where sums need it) on the manager's stream and
-//! returns.
+//! Every call first checks the model (voxels, coils, trajectory), in the order of the manager's
+//! stream (it waits for the work queued before it). On the host backend it reads the model and
+//! checks it there, then computes in f64 on the calling thread (rayon inside) and writes its
+//! outputs in stream order before returning. On CUDA only the trajectory comes to the host; the
+//! voxel records and coils are checked on the device (a bad value is then named by the host's
+//! check), and the kernels of [`super::gpu_mrstat`] (f32 data, double where sums need it) are
+//! queued on the manager's stream.
 
 use super::mrstat::{self, AtomF64, Cartesian, Model, Param, Spiral, Trajectory, VoxelParam, Voxels};
 use super::gpu::Scratch;
@@ -123,7 +124,7 @@ fn check_counts(b: &ModelBuffers) -> Result<()> {
     Ok(())
 }
 
-/// Reads the trajectory from its buffer (in stream order) and checks it.
+/// Reads the trajectory from its buffer (in stream order).
 fn read_trajectory(m: &Manager, b: &ModelBuffers) -> Result<Trajectory> {
     let (ns, dt) = (b.nsamples as usize, b.dt as f64);
     let traj = match b.trajectory {
@@ -136,11 +137,15 @@ fn read_trajectory(m: &Manager, b: &ModelBuffers) -> Result<Trajectory> {
             Trajectory::Spiral(Spiral { nsamples: ns, dt, k })
         }
     };
+    Ok(traj)
+}
+
+/// `Trajectory::validate`, its message prefixed as the model's.
+fn check_trajectory(traj: &Trajectory) -> Result<()> {
     traj.validate().map_err(|mut e| {
         e.message = format!("model: {}", e.message);
         e
-    })?;
-    Ok(traj)
+    })
 }
 
 impl HostModel {
@@ -251,19 +256,26 @@ pub fn signal(m: &Manager, b: &ModelBuffers, mag: u64, out: u64) -> Result<()> {
 /// the host reads and checks the whole model for the error to report.
 fn device_model<'a>(m: &'a Manager, pins: &mut Pins<'a>, b: &ModelBuffers) -> Result<gpu_mrstat::DeviceModel<'a>> {
     check_counts(b)?;
-    let traj = read_trajectory(m, b)?;
     let (nv, nc) = (b.nvoxels, b.ncoils);
     let fits = |x: u64, y: u64| x.checked_mul(y).filter(|&n| n.checked_mul(16).is_some()).is_some();
     if !fits(b.nreadouts, nv) || !fits(nc.saturating_mul(b.nreadouts), b.nsamples) || !fits(nv, nc.max(VOXEL_FLOATS)) {
         fail!(KMM_ERROR_SIZE_OVERFLOW, "nvoxels = {nv}, ncoils = {nc}, nreadouts = {}, nsamples = {}: the array sizes overflow", b.nreadouts, b.nsamples);
     }
+    // The host backend's order: the buffers' room (voxels, coils, k-space), then the values
+    // (voxels, trajectory, coils).
     let records = pins.map(b.voxels, nv * VOXEL_FLOATS * 4, "model->voxels")?;
     let coils = pins.map(b.coils, nv * nc * 8, "model->coils")?;
+    let traj = read_trajectory(m, b)?;
     match gpu_mrstat::DeviceModel::checked(m, records, coils, nv, nc, &traj)? {
-        Ok(dm) => Ok(dm),
+        Ok(dm) => {
+            check_trajectory(&traj)?;
+            Ok(dm)
+        }
         Err(found) => {
+            // The host's check names the first bad value as the host backend would (the
+            // trajectory's, when it comes before).
             HostModel::read(m, b)?;
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "model: {found}");
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "model: {found} (the buffer changed while it was checked)");
         }
     }
 }
