@@ -34,7 +34,9 @@ fn auto_on_a_device_cuda_lacks_is_an_error_not_a_host_stand_in() {
     assert!(n >= 1, "a GPU run sees at least one CUDA device");
     c.device = n as i32;
     let mut m = 0;
-    expect_err(kmm_manager_create(&c, &mut m), KMM_ERROR_BACKEND_UNAVAILABLE, &[&format!("device {n} does not exist")]);
+    // CUDA's message: a host stand-in's own "does not exist on the host backend" would mean
+    // auto fell back to it.
+    expect_err(kmm_manager_create(&c, &mut m), KMM_ERROR_BACKEND_UNAVAILABLE, &[&format!("device {n} does not exist: {n} CUDA device(s) visible")]);
     c.device = 0;
     ok(kmm_manager_create(&c, &mut m));
     let mut info = KmmManagerInfo::default();

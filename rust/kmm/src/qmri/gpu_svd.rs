@@ -186,16 +186,32 @@ pub fn compression_basis(
         solver_check(cs::cusolverDnCheevd_bufferSize(solver, jobz, uplo, l as i32, a, l as i32, w, &mut le), "cusolverDnCheevd_bufferSize")?;
         let ework = Scratch::new(m, le.max(1) as u64 * 8)?;
         solver_check(cs::cusolverDnCheevd(solver, jobz, uplo, l as i32, a, l as i32, w, ework.addr as *mut cs::cuComplex, le.max(1), info.addr as *mut i32), "cusolverDnCheevd")?;
-        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, l, rank, l, small.addr, l, select.addr, l, r.addr, l)?;
-        gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, rank, l, q.addr, ntr, r.addr, l, out, ntr)?;
     }
-    set_math(h, caller_math)?;
     // The eigensolver's status (the QRs' only reports bad arguments, which these are not).
     let mut status = 0i32;
     // SAFETY: `status` has room for the 4 bytes; the copy completes before return.
     unsafe { m.copy_to_host(&mut status as *mut i32 as *mut u8, info.handle, 0, 4, Completion::Wait)? };
-    if status != 0 {
-        fail!(KMM_ERROR_BACKEND, "cusolverDnCheevd did not converge on the {l} x {l} Rayleigh-Ritz matrix (info = {status})");
+    let mut nan_r = None;
+    if status == 0 {
+        // SAFETY: as above.
+        unsafe { gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, l, rank, l, small.addr, l, select.addr, l, r.addr, l)? };
+    } else {
+        // A dictionary holding NaN or Inf makes a matrix no eigensolver converges on; its basis
+        // is NaN, and nothing matches in it (as nothing matches such atoms uncompressed).
+        // Otherwise the failure is the solver's.
+        let mut host = vec![[0f32; 2]; l * l];
+        // SAFETY: q and y are as the step left them; `host` has room for l x l values.
+        unsafe {
+            gemm(h, CUBLAS_OP_C, CUBLAS_OP_N, l, l, ntr, q.addr, ntr, y.addr, ntr, small.addr, l)?;
+            m.copy_to_host(host.as_mut_ptr() as *mut u8, small.handle, 0, (l * l * 8) as u64, Completion::Wait)?;
+        }
+        if host.iter().all(|c| c[0].is_finite() && c[1].is_finite()) {
+            fail!(KMM_ERROR_BACKEND, "cusolverDnCheevd did not converge on the {l} x {l} Rayleigh-Ritz matrix (info = {status})");
+        }
+        nan_r = Some(Scratch::upload(m, &vec![[f32::NAN, f32::NAN]; l * rank])?);
     }
-    Ok(())
+    let r_addr = nan_r.as_ref().map_or(r.addr, |s| s.addr);
+    // SAFETY: as above; r_addr holds l x rank values.
+    unsafe { gemm(h, CUBLAS_OP_N, CUBLAS_OP_N, ntr, rank, l, q.addr, ntr, r_addr, l, out, ntr)? };
+    set_math(h, caller_math)
 }
