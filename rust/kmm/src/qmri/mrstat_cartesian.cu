@@ -9,6 +9,9 @@
 // product and `kmm_cart_sum` applies t_s. The adjoint takes conj(P_c) = W'^H Z with
 // W' = [W_c, diag(t) W_c] in one product and reduces per voxel here.
 
+// t_s = (s - ns/2) dt, the time of sample s from the echo.
+__device__ __forceinline__ float sample_time(int s, int nsamples, float dt) { return (float)(((double)s - 0.5 * nsamples) * (double)dt); }
+
 __device__ __forceinline__ float2 cmulf(float2 a, float2 b) { return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
 
 // cis(phase) with the phase reduced in double first (phases reach hundreds of radians).
@@ -80,8 +83,7 @@ extern "C" __global__ void kmm_cart_sum(const float2* __restrict__ both, float2*
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nsamples * ncols) return;
-    const int s = (int)(i % nsamples);
-    const float t = (float)(((double)s - 0.5 * nsamples) * (double)dt);
+    const float t = sample_time((int)(i % nsamples), nsamples, dt);
     const float2 a = both[i], b = both[i + nsamples * ncols];
     out[i] = make_float2(a.x + t * b.x, a.y + t * b.y);
 }
@@ -92,8 +94,7 @@ extern "C" __global__ void kmm_cart_tw(const float2* __restrict__ w, float2* __r
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nsamples * ncols) return;
-    const int s = (int)(i % nsamples);
-    const float t = (float)(((double)s - 0.5 * nsamples) * (double)dt);
+    const float t = sample_time((int)(i % nsamples), nsamples, dt);
     const float2 u = w[i];
     wp[i] = u;
     wp[i + nsamples * ncols] = make_float2(t * u.x, t * u.y);
