@@ -120,7 +120,7 @@ fn mrstat_ops(m: &Mgr, n: usize, nr: usize) {
 /// The products of the Cartesian fast path alone (the operations' floor), and what the
 /// operations add to them.
 fn mrstat_products(m: &Mgr, nv: u64, nr: u64, ns: u64, ops: [f64; 3]) {
-    use kmm::qmri::gpu_mrstat::BareProducts;
+    use kmm::qmri::BareProducts;
     let shape = format!("{nv} vox, {nr} x {ns} samples");
     let flops = 8.0 * (nv * nr * ns) as f64;
     with_manager(m.0, |mm| {

@@ -10,8 +10,10 @@ pub mod cpu;
 pub mod mrstat;
 pub mod mrstat_run;
 pub mod gpu;
-pub mod gpu_mrstat;
+mod gpu_mrstat;
 mod gpu_svd;
+/// The MR-STAT products alone, for the benchmark's floor.
+pub use gpu_mrstat::BareProducts;
 mod run;
 pub mod svd;
 
