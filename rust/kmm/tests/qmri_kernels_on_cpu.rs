@@ -217,7 +217,8 @@ fn argmax_kernel_run_on_the_cpu_equals_the_reference() {
 /// The fused compressed-matching kernel (no GEMM scratch), run on the CPU: the same atoms,
 /// scores, PD and parameters as the reference on the same coordinates, across partial voxel
 /// blocks and atom tiles, with a zero atom, a NaN atom, a duplicate (tie), a zero voxel, and
-/// accumulating over earlier results.
+/// accumulating over earlier results; at rank 20 and at rank 32 (the kernel's largest, whose
+/// atom tiles are copied whole).
 #[test]
 fn fused_match_kernel_run_on_the_cpu_equals_the_reference() {
     if !have_cxx() {
@@ -226,7 +227,14 @@ fn fused_match_kernel_run_on_the_cpu_equals_the_reference() {
     let dir = std::env::temp_dir().join(format!("kmm-fused-harness-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let Some(exe) = compile("fused_harness.cpp", 32, 4, &dir) else { return };
-    let (k, natoms, nvox, offset) = (20usize, 150usize, 300usize, 7u64);
+    for k in [20usize, 32] {
+        fused_case(&exe, &dir, k);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn fused_case(exe: &Path, dir: &Path, k: usize) {
+    let (natoms, nvox, offset) = (150usize, 300usize, 7u64);
     let mut dict: Vec<[f32; 2]> = (0..k * natoms).map(|i| [((i * 7919) % 97) as f32 / 50.0 - 1.0, ((i * 104729) % 89) as f32 / 45.0 - 1.0]).collect();
     for t in 0..k {
         dict[5 * k + t] = [0.0, 0.0];
@@ -268,7 +276,7 @@ fn fused_match_kernel_run_on_the_cpu_equals_the_reference() {
         buf.extend(bytes_of(&vec![[0f32; 4]; nvox]));
         let (input, output) = (dir.join("in.bin"), dir.join("out.bin"));
         std::fs::write(&input, &buf).unwrap();
-        assert!(Command::new(&exe).arg(&input).arg(&output).status().unwrap().success());
+        assert!(Command::new(exe).arg(&input).arg(&output).status().unwrap().success());
         let raw = std::fs::read(&output).unwrap();
         let f = |i: usize| f32::from_le_bytes(raw[i..i + 4].try_into().unwrap());
         let index: Vec<i32> = (0..nvox).map(|v| f(4 * v).to_bits() as i32).collect();
@@ -298,5 +306,4 @@ fn fused_match_kernel_run_on_the_cpu_equals_the_reference() {
         assert_eq!(index[v], expect, "voxel {v}, accumulating");
     }
     println!("fused matching kernel on the CPU: {nvox} voxels x {natoms} atoms at rank {k} as the reference");
-    let _ = std::fs::remove_dir_all(&dir);
 }
