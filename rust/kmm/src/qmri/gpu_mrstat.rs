@@ -6,7 +6,7 @@
 //! records unpacked into the kernels' layout (one array per field); the magnetization, coils
 //! and outputs are used in place.
 
-use super::gpu::{grid_for, options, rf_table, Scratch};
+use super::gpu::{cgemm, grid_for, options, rf_table, Scratch};
 use super::mrstat::Trajectory;
 use crate::manager::copy::Completion;
 use super::Fisp;
@@ -49,48 +49,25 @@ fn with_fp32_blas<R>(m: &Manager, f: impl FnOnce(cb::cublasHandle_t) -> Result<R
     })
 }
 
-/// One column-major complex f32 product C = op(A) op(B) (cuBLAS CGEMM). CGEMM3M (Gauss's three
-/// real products), splitting the synthesis product over slices of voxels and its transposed
-/// form measured no faster on an H200 (bench/results/qmri.md).
-struct Gemm {
-    ta: cb::cublasOperation_t,
-    tb: cb::cublasOperation_t,
-    m: u64,
-    n: u64,
-    k: u64,
-    a: u64,
-    lda: u64,
-    b: u64,
-    ldb: u64,
-    c: u64,
-    ldc: u64,
+/// The synthesis product: Z (ns x nv) times the transpose of `a` (`cols x nv`, leading
+/// dimension `cols`) into `out` (ns x cols). CGEMM3M (Gauss's three real products), splitting
+/// this product over slices of voxels and its transposed form measured no faster on an H200
+/// (bench/results/qmri.md).
+///
+/// SAFETY: the addresses hold those shapes, for work on `h`'s stream.
+unsafe fn synthesis_product(h: cb::cublasHandle_t, z: u64, a: u64, ns: u64, nv: u64, cols: u64, out: u64) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    let (ns, nv, cols) = (ns as usize, nv as usize, cols as usize);
+    cgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, ns, cols, nv, z, ns, a, cols, out, ns)
 }
 
-impl Gemm {
-    /// SAFETY: the addresses hold the shapes described, for work on `h`'s stream.
-    unsafe fn run(&self, h: cb::cublasHandle_t) -> Result<()> {
-        let one = cb::cuComplex { x: 1.0, y: 0.0 };
-        let zero = cb::cuComplex { x: 0.0, y: 0.0 };
-        let (a, b, c) = (self.a as *const cb::cuComplex, self.b as *const cb::cuComplex, self.c as *mut cb::cuComplex);
-        let status = cb::cublasCgemm_v2_64(h, self.ta, self.tb, self.m as i64, self.n as i64, self.k as i64, &one, a, self.lda as i64, b, self.ldb as i64, &zero, c, self.ldc as i64);
-        if status != cb::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
-            crate::fail!(KMM_ERROR_BACKEND, "cublasCgemm failed: {status:?}");
-        }
-        Ok(())
-    }
-
-    /// The synthesis product: Z (ns x nv) times the transpose of `a` (`cols x nv`, leading
-    /// dimension `cols`) into `out` (ns x cols).
-    fn synthesis(z: u64, a: u64, ns: u64, nv: u64, cols: u64, out: u64) -> Gemm {
-        use cb::cublasOperation_t::*;
-        Gemm { ta: CUBLAS_OP_N, tb: CUBLAS_OP_T, m: ns, n: cols, k: nv, a: z, lda: ns, b: a, ldb: cols, c: out, ldc: ns }
-    }
-
-    /// The adjoint's product: Q (`cols x nv`) = W'^H Z with W' `ns x cols`.
-    fn adjoint(wp: u64, z: u64, ns: u64, nv: u64, cols: u64, q: u64) -> Gemm {
-        use cb::cublasOperation_t::*;
-        Gemm { ta: CUBLAS_OP_C, tb: CUBLAS_OP_N, m: cols, n: nv, k: ns, a: wp, lda: ns, b: z, ldb: ns, c: q, ldc: cols }
-    }
+/// The adjoint's product: Q (`cols x nv`) = W'^H Z with W' `ns x cols`.
+///
+/// SAFETY: as for [`synthesis_product`].
+unsafe fn adjoint_product(h: cb::cublasHandle_t, wp: u64, z: u64, ns: u64, nv: u64, cols: u64, q: u64) -> Result<()> {
+    use cb::cublasOperation_t::*;
+    let (ns, nv, cols) = (ns as usize, nv as usize, cols as usize);
+    cgemm(h, CUBLAS_OP_C, CUBLAS_OP_N, cols, nv, ns, wp, ns, z, ns, q, cols)
 }
 
 /// Scratch the products of one call may take (bytes), beyond Z: coils are grouped so that
@@ -296,11 +273,11 @@ impl DeviceModel<'_> {
                 let o = out + c0 * nr * ns * 8;
                 let Some(both) = &both else {
                     // SAFETY: z, a and the group's part of `out` hold the product's shapes.
-                    unsafe { Gemm::synthesis(z.addr, a.addr, ns, nv, cols, o).run(h)? };
+                    unsafe { synthesis_product(h, z.addr, a.addr, ns, nv, cols, o)? };
                     continue;
                 };
                 // SAFETY: as above, into `both` (ns x cols).
-                unsafe { Gemm::synthesis(z.addr, a.addr, ns, nv, cols, both.addr).run(h)? };
+                unsafe { synthesis_product(h, z.addr, a.addr, ns, nv, cols, both.addr)? };
                 let mut p = [both.addr, o, ns, gc * nr, self.dt.to_bits() as u64];
                 // SAFETY: the arguments match kmm_cart_sum; `o` holds the group's ns x gc*nr values.
                 unsafe { fsum.launch(m.raw_stream(), grid_for(ns * gc * nr, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
@@ -328,7 +305,7 @@ impl DeviceModel<'_> {
                 // SAFETY: the arguments match kmm_cart_tw; wp holds ns x cols values.
                 unsafe { ftw.launch(m.raw_stream(), grid_for(ns * gc * nr, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
                 // SAFETY: wp, z and q hold the product's shapes.
-                unsafe { Gemm::adjoint(wp.addr, z.addr, ns, nv, cols, q.addr).run(h)? };
+                unsafe { adjoint_product(h, wp.addr, z.addr, ns, nv, cols, q.addr)? };
                 for c in 0..gc {
                     let mut p = [
                         q.addr + c * nr * 8,
@@ -385,9 +362,15 @@ impl<'a> BareProducts<'a> {
     pub fn run(&self, halves: u64, adjoint: bool) -> Result<()> {
         let cols = halves * self.nr;
         let (z, a, small) = (self.z.addr, self.a.addr, self.small.addr);
-        let product = if adjoint { Gemm::adjoint(small, z, self.ns, self.nv, cols, a) } else { Gemm::synthesis(z, a, self.ns, self.nv, cols, small) };
+        let (ns, nv) = (self.ns, self.nv);
         // SAFETY: the scratch holds the product's shapes.
-        with_fp32_blas(self.m, |h| unsafe { product.run(h) })
+        with_fp32_blas(self.m, |h| unsafe {
+            if adjoint {
+                adjoint_product(h, small, z, ns, nv, cols, a)
+            } else {
+                synthesis_product(h, z, a, ns, nv, cols, small)
+            }
+        })
     }
 }
 
