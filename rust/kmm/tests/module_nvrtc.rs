@@ -63,3 +63,29 @@ fn compile_errors_carry_the_log() {
     assert_eq!(err.status, KmmStatus::KMM_ERROR_COMPILE);
     assert!(err.message.contains("nope"), "{}", err.message);
 }
+
+/// The MR-STAT modules as `gpu_mrstat` compiles them (the column path with the Cartesian
+/// helpers); the column kernels keep their series' terms in registers, without spills.
+#[test]
+fn mrstat_kernels_compile_without_spills() {
+    if !nvrtc() {
+        return;
+    }
+    let cartesian = include_str!("../src/qmri/mrstat_cartesian.cu");
+    let columns = format!("{cartesian}{}", include_str!("../src/qmri/mrstat_columns.cu"));
+    let sources = [("cartesian", cartesian.to_string()), ("columns", columns), ("model", include_str!("../src/qmri/mrstat_model.cu").to_string())];
+    for arch in ["sm_80", "sm_90"] {
+        for (name, src) in &sources {
+            let mut opts = options(&[]);
+            opts.push(format!("--gpu-architecture={arch}"));
+            opts.push("--ptxas-options=-v".into());
+            let (image, log) = compile_image(src, &opts).unwrap_or_else(|e| panic!("{arch} {name}: {e:?}"));
+            assert!(!image.is_empty());
+            for kernel in ["kmm_col_b", "kmm_col_adjoint", "kmm_col_sum", "kmm_cart_adjoint"].iter().filter(|k| log.contains(*k)) {
+                let use_ = usage(&log, kernel);
+                println!("{arch} {name}: {kernel} {use_}");
+                assert!(use_.contains("0 bytes spill stores"), "{kernel} spills on {arch}: {use_}");
+            }
+        }
+    }
+}

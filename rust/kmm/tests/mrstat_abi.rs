@@ -20,7 +20,8 @@ struct Problem {
     dt: f32,
 }
 
-fn problem() -> Problem {
+/// The problem of the reference tests; B0 runs over -b0_hz, 0, b0_hz.
+fn problem_with(b0_hz: f32) -> Problem {
     // Three coils: with KMM_MRSTAT_COILS_PER_PRODUCT=2 (see `coil_groups_...`) the CUDA fast
     // path takes a group of two and a short one.
     let (n, nc) = (6usize, 3usize);
@@ -30,7 +31,7 @@ fn problem() -> Problem {
     let mut records = Vec::new();
     for i in 0..nvox {
         let (ix, iy) = ((i % n) as f32, (i / n) as f32);
-        records.push([(ix - n as f32 / 2.0) * fov / n as f32, (iy - n as f32 / 2.0) * fov / n as f32, 0.05 + 0.01 * (i % 5) as f32, (i % 3) as f32 - 1.0, 0.5 + 0.05 * (i % 4) as f32, 0.1 * ((i % 2) as f32 - 0.5)]);
+        records.push([(ix - n as f32 / 2.0) * fov / n as f32, (iy - n as f32 / 2.0) * fov / n as f32, 0.05 + 0.01 * (i % 5) as f32, ((i % 3) as f32 - 1.0) * b0_hz, 0.5 + 0.05 * (i % 4) as f32, 0.1 * ((i % 2) as f32 - 0.5)]);
     }
     let coils: Vec<Cf> = (0..nvox * nc).map(|i| [1.0 + 0.3 * ((i * 7 % 11) as f32 / 11.0), 0.2 * ((i * 3 % 5) as f32 / 5.0 - 0.5)]).collect();
     let dk = 2.0 * std::f32::consts::PI / fov;
@@ -41,6 +42,10 @@ fn problem() -> Problem {
         kspace.push([dk, 0.0]);
     }
     Problem { nvox, nr, ns, nc, records, coils, kspace, dt: 4e-6 }
+}
+
+fn problem() -> Problem {
+    problem_with(1.0)
 }
 
 /// The problem's model (Cartesian) on `m`'s buffers.
@@ -82,11 +87,20 @@ fn rel(a: &[Cf], b: &[[f64; 2]]) -> f64 {
 
 #[test]
 fn mrstat_operations_through_the_abi_equal_the_reference() {
+    operations_equal_the_reference(&problem());
+}
+
+/// Off-resonance of 8 kHz: the column path's series takes 9 terms over the readout.
+#[test]
+fn strong_off_resonance_equals_the_reference() {
+    operations_equal_the_reference(&problem_with(8000.0));
+}
+
+fn operations_equal_the_reference(p: &Problem) {
     let m = Mgr::new();
-    let p = problem();
     let seq = FispSpec::mrf(p.nr, 8);
     let raw = seq.raw();
-    let at = atoms(&p);
+    let at = atoms(p);
     let params = upload(&m, &at);
     let n = p.nr * p.nvox;
     let (mb, d1, d2) = (m.alloc(n as u64 * 8, DEVICE), m.alloc(n as u64 * 8, DEVICE), m.alloc(n as u64 * 8, DEVICE));
@@ -105,8 +119,8 @@ fn mrstat_operations_through_the_abi_equal_the_reference() {
     assert!(errs.iter().all(|&e| e < tol), "{errs:?}");
 
     // The model.
-    let kmodel = upload_model(&m, &p);
-    let (voxels, coils, traj) = reference_model(&p);
+    let kmodel = upload_model(&m, p);
+    let (voxels, coils, traj) = reference_model(p);
     let model = Model { voxels: &voxels, coils: &coils, traj: &traj };
     let ns = p.nc * p.nr * p.ns;
     let gm64: Vec<[f64; 2]> = gm.iter().map(|c| [c[0] as f64, c[1] as f64]).collect();
@@ -175,23 +189,69 @@ fn mrstat_operations_through_the_abi_equal_the_reference() {
     assert!(e1 < tol && e2 < tol);
 }
 
-/// The CUDA fast path in several groups of coils, the last one short (two, then one), each
-/// group's adjoint adding to the earlier ones': the reference test again, in a child process
-/// with the group size set (the variable is read per call; setting it here would race the
-/// other tests' threads).
-#[test]
-fn coil_groups_and_a_short_last_group_equal_the_reference() {
-    if std::env::var_os("KMM_MRSTAT_COILS_PER_PRODUCT").is_some() {
+/// Runs the reference tests again in a child process with `env` set (the variables are read
+/// per call; setting them here would race the other tests' threads).
+fn rerun_reference_tests(env: &[(&str, &str)]) {
+    rerun("equal_the_reference", 2, env);
+}
+
+/// Runs the tests whose names hold `filter` (`count` of them) in a child process with `env`.
+fn rerun(filter: &str, count: usize, env: &[(&str, &str)]) {
+    if std::env::var_os("KMM_MRSTAT_CHILD").is_some() {
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "mrstat_operations_through_the_abi_equal_the_reference", "--nocapture"])
-        .env("KMM_MRSTAT_COILS_PER_PRODUCT", "2")
+        .args([filter, "--nocapture", "--test-threads=1"])
+        .env("KMM_MRSTAT_CHILD", "1")
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     println!("{text}");
-    assert!(out.status.success() && text.contains("1 passed"), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains(&format!("{count} passed")), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// The CUDA products in several groups of coils, the last one short (two, then one), each
+/// group's adjoint adding to the earlier ones'.
+#[test]
+fn coil_groups_and_a_short_last_group_equal_the_reference() {
+    rerun_reference_tests(&[("KMM_MRSTAT_COILS_PER_PRODUCT", "2"), ("KMM_MRSTAT_PATH", "products")]);
+}
+
+/// The column path on CUDA (the problem is too small for it to pay, so it is forced): columns
+/// of six voxels, then cut into segments of four and two with coils in groups of two.
+#[test]
+fn column_path_equals_the_reference() {
+    rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns")]);
+    rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_SEGMENT_VOXELS", "4"), ("KMM_MRSTAT_COILS_PER_PRODUCT", "2")]);
+    rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "columns")]);
+    rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "sideways")]);
+}
+
+/// On CUDA, in the child processes of `column_path_equals_the_reference`: a path asked for that
+/// cannot run is an error that names it (columns: off-resonance of 1 MHz, past the series'
+/// bound; an unknown path), and the output is left as it was.
+#[test]
+fn path_that_cannot_run_is_an_error() {
+    let Ok(path) = std::env::var("KMM_MRSTAT_PATH") else { return };
+    if !gpu() {
+        return;
+    }
+    let m = Mgr::new();
+    let p = problem_with(1e6);
+    let kmodel = upload_model(&m, &p);
+    let n = p.nr * p.nvox;
+    let mag = upload(&m, &vec![[0.5f32, 0.0]; n]);
+    let ns = p.nc * p.nr * p.ns;
+    let out = upload(&m, &vec![[7f32, 7.0]; ns]);
+    let st = kmm_qmri_mrstat_signal(m.0, &kmodel, mag, out);
+    assert_eq!(st, KmmStatus::KMM_ERROR_INVALID_ARGUMENT);
+    let msg = last_error();
+    assert!(msg.contains("KMM_MRSTAT_PATH"), "{msg}");
+    if path == "columns" {
+        assert!(msg.contains("12 terms"), "{msg}");
+    }
+    assert!(download::<Cf>(&m, out, ns).iter().all(|c| *c == [7.0, 7.0]));
 }
 
 #[test]

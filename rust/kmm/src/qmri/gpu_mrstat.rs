@@ -18,8 +18,13 @@ use cudarc::cublas::sys as cb;
 pub const KERNELS: &str = include_str!("mrstat_kernels.cu");
 /// The kernels around the matrix products of the Cartesian fast path.
 pub const CARTESIAN_KERNELS: &str = include_str!("mrstat_cartesian.cu");
+/// The kernels of the column path, with the helpers of the Cartesian ones.
+const COLUMN_KERNELS: &str = concat!(include_str!("mrstat_cartesian.cu"), include_str!("mrstat_columns.cu"));
 /// The check and unpacking of the model's voxel records and coils.
 const MODEL_KERNELS: &str = include_str!("mrstat_model.cu");
+
+#[path = "mrstat_columns.rs"]
+mod columns;
 
 /// Threads per block of every MR-STAT kernel.
 const BLOCK: u32 = 256;
@@ -83,10 +88,26 @@ fn coils_per_product(ncoils: u64, per_coil: u64) -> u64 {
     asked.unwrap_or(GROUP_BYTES / per_coil.max(1)).clamp(1, ncoils)
 }
 
-/// `KMM_MRSTAT_DIRECT=1` sums over voxels directly even where the Cartesian fast path applies
-/// (for comparison).
-fn fast_path_enabled() -> bool {
-    std::env::var("KMM_MRSTAT_DIRECT").map_or(true, |v| v != "1")
+/// How a Cartesian trajectory with one step is computed (`KMM_MRSTAT_PATH`): by the column
+/// path where it applies and pays (`auto`, the default), by dense products of all voxels
+/// (`products`), by the column path wherever it applies (`columns`, for the tests), or by the
+/// direct sums of other trajectories (`direct`, for comparison).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Auto,
+    Products,
+    Columns,
+    Direct,
+}
+
+fn path() -> Result<Path> {
+    Ok(match std::env::var("KMM_MRSTAT_PATH").ok().as_deref() {
+        None | Some("") | Some("auto") => Path::Auto,
+        Some("products") => Path::Products,
+        Some("columns") => Path::Columns,
+        Some("direct") => Path::Direct,
+        Some(other) => crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "KMM_MRSTAT_PATH = {other:?} must be auto, products, columns or direct"),
+    })
 }
 
 fn c32s(v: &[[f64; 2]]) -> Vec<[f32; 2]> {
@@ -112,6 +133,11 @@ pub struct DeviceModel<'a> {
     /// The common step of every readout of a Cartesian trajectory, where they share one: the
     /// operations are then matrix products.
     uniform_dk: Option<[f32; 2]>,
+    path: Path,
+    /// The hash of the voxels' positions (the column path keeps its grouping by it).
+    positions_hash: [u64; 2],
+    /// The largest |-1/T2 + i 2 pi B0| of the voxels (1/s).
+    max_rate: f32,
 }
 
 impl<'a> DeviceModel<'a> {
@@ -126,19 +152,24 @@ impl<'a> DeviceModel<'a> {
         };
         // The fast path needs cuBLAS; without it the direct kernels still run.
         let blas = unsafe { cb::is_culib_present() };
-        let uniform_dk = (cartesian && blas && dk.iter().all(|d| *d == dk[0]) && fast_path_enabled()).then(|| dk[0]);
+        let path = path()?;
+        let uniform_dk = (cartesian && blas && dk.iter().all(|d| *d == dk[0]) && path != Path::Direct).then(|| dk[0]);
         let field = |each: u64| Scratch::new(m, nvoxels * each);
         let (x, y, t2, b0, rho) = (field(4)?, field(4)?, field(4)?, field(4)?, field(8)?);
-        let bad = Scratch::upload(m, &[u64::MAX; 2])?;
+        // What kmm_mrstat_unpack finds: bad record, bad coil entry, positions' hash, largest rate.
+        let found = Scratch::upload(m, &[u64::MAX, u64::MAX, 0, 0, 0])?;
         let entries = nvoxels * ncoils;
         let f = module::compile(m.device(), MODEL_KERNELS, &options(&[]))?.function("kmm_mrstat_unpack")?;
-        let mut p = [records, coils, nvoxels, entries, x.addr, y.addr, t2.addr, b0.addr, rho.addr, bad.addr];
+        let mut p = [records, coils, nvoxels, entries, x.addr, y.addr, t2.addr, b0.addr, rho.addr, found.addr];
         // SAFETY: the arguments match kmm_mrstat_unpack; the caller mapped records and coils at
         // their sizes, the fields hold nvoxels values each.
         unsafe { f.launch(m.raw_stream(), grid_for(nvoxels.max(entries), BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
-        let mut found = [0u64; 2];
-        // SAFETY: `found` has room for the 16 bytes; the copy completes before return.
-        unsafe { m.copy_to_host(found.as_mut_ptr() as *mut u8, bad.handle, 0, 16, Completion::Wait)? };
+        let found = {
+            let mut f = [0u64; 5];
+            // SAFETY: `f` has room for the 40 bytes; the copy completes before return.
+            unsafe { m.copy_to_host(f.as_mut_ptr() as *mut u8, found.handle, 0, 40, Completion::Wait)? };
+            f
+        };
         if found[0] != u64::MAX {
             return Ok(Err(format!("voxel record {} has a value out of range", found[0])));
         }
@@ -161,6 +192,9 @@ impl<'a> DeviceModel<'a> {
             dt: traj.dt() as f32,
             cartesian,
             uniform_dk,
+            path,
+            positions_hash: [found[2], found[3]],
+            max_rate: f32::from_bits(found[4] as u32),
         }))
     }
 
@@ -181,6 +215,9 @@ impl<'a> DeviceModel<'a> {
     /// The signal of the magnetization at `mag` into `out`.
     pub fn signal(&self, m: &Manager, mag: u64, out: u64) -> Result<()> {
         if let Some(dk) = self.uniform_dk {
+            if let Some(c) = self.columns_if_chosen(m, dk)? {
+                return self.column_synthesis(m, &c, [mag, 0, 0], None, out);
+            }
             return self.cartesian_synthesis(m, dk, [mag, 0, 0], None, out);
         }
         let f = function(m, &[], "kmm_mrstat_signal")?;
@@ -194,6 +231,9 @@ impl<'a> DeviceModel<'a> {
     /// J·v into `out`; `mag` = [m, dm/dT1, dm/dT2].
     pub fn jacobian(&self, m: &Manager, mag: [u64; 3], v: u64, out: u64) -> Result<()> {
         if let Some(dk) = self.uniform_dk {
+            if let Some(c) = self.columns_if_chosen(m, dk)? {
+                return self.column_synthesis(m, &c, mag, Some(v), out);
+            }
             return self.cartesian_synthesis(m, dk, mag, Some(v), out);
         }
         let f = function(m, &[], "kmm_mrstat_jacobian")?;
@@ -208,6 +248,9 @@ impl<'a> DeviceModel<'a> {
     /// Re(Jᴴw) into `out` (`4 x nvoxels` floats): blocks over voxels.
     pub fn jacobian_adjoint(&self, m: &Manager, mag: [u64; 3], w: u64, out: u64) -> Result<()> {
         if let Some(dk) = self.uniform_dk {
+            if let Some(c) = self.columns_if_chosen(m, dk)? {
+                return self.column_adjoint(m, &c, mag, w, out);
+            }
             return self.cartesian_adjoint(m, dk, mag, w, out);
         }
         let f = function(m, &[], "kmm_mrstat_jacobian_adjoint")?;
@@ -222,6 +265,14 @@ impl<'a> DeviceModel<'a> {
 }
 
 impl DeviceModel<'_> {
+    /// The column path's data where the path asks for it and it applies.
+    fn columns_if_chosen<'m>(&self, m: &'m Manager, dk: [f32; 2]) -> Result<Option<columns::Columns<'m>>> {
+        match self.path {
+            Path::Auto | Path::Columns => self.columns(m, dk, self.path == Path::Columns),
+            Path::Products | Path::Direct => Ok(None),
+        }
+    }
+
     /// Z of the Cartesian factorisation, `nsamples x nvoxels`.
     fn cartesian_z<'s>(&self, m: &'s Manager, dk: [f32; 2]) -> Result<Scratch<'s>> {
         let z = Scratch::new(m, self.nsamples * self.nvoxels * 8)?;

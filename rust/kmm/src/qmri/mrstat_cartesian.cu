@@ -42,9 +42,21 @@ extern "C" __global__ void kmm_cart_z(const float* __restrict__ x, const float* 
     }
 }
 
+// J v's A and A2 at one (readout, voxel), from ce = C e^{-i k0.x}, the voxel's v = vv[0..4]:
+// A = ce (rho (v1 dm1 + v2 dm2) + (v3 + i v4) m), A2 = ce rho m v2 / T2^2.
+__device__ __forceinline__ void jv_entries(float2 ce, float2 rh, const float* vv, float t2v,
+    float2 mi, float2 d1, float2 d2, float2* a, float2* a2)
+{
+    const float2 t = cmulf(rh, make_float2(vv[0] * d1.x + vv[1] * d2.x, vv[0] * d1.y + vv[1] * d2.y));
+    const float2 u = cmulf(make_float2(vv[2], vv[3]), mi);
+    *a = cmulf(ce, make_float2(t.x + u.x, t.y + u.y));
+    const float w = isinf(t2v) ? 0.f : vv[1] / (t2v * t2v);
+    const float2 rm = cmulf(rh, mi);
+    *a2 = cmulf(ce, make_float2(w * rm.x, w * rm.y));
+}
+
 // A for one coil: entry (r, v) at a[v * ld + r]. mode 0: the signal, A = C rho m e^{-i k0.x}.
-// mode 1: J v, A = C e^{-i k0.x} (rho (v1 dm1 + v2 dm2) + (v3 + i v4) m) and, `second` entries
-// further, A2 = C e^{-i k0.x} rho m v2 / T2^2.
+// mode 1: J v's A and, `second` entries further, A2 (jv_entries).
 extern "C" __global__ void kmm_cart_a(const float2* __restrict__ coil, const float2* __restrict__ rho,
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ t2,
     const float2* __restrict__ m, const float2* __restrict__ dm1, const float2* __restrict__ dm2,
@@ -55,24 +67,14 @@ extern "C" __global__ void kmm_cart_a(const float2* __restrict__ coil, const flo
     const int v = blockIdx.x;
     const float2 cv = coil[v], rh = rho[v];
     const double xv = x[v], yv = y[v];
-    const float* vv = vec + 4LL * v;
-    const float v1 = mode ? vv[0] : 0.f, v2 = mode ? vv[1] : 0.f;
-    const float2 v34 = mode ? make_float2(vv[2], vv[3]) : make_float2(0.f, 0.f);
-    const float w = (mode && !isinf(t2[v])) ? v2 / (t2[v] * t2[v]) : 0.f;
     for (int r = threadIdx.x; r < nreadouts; r += blockDim.x) {
         const long long i = (long long)v * nreadouts + r, o = (long long)v * ld + r;
         const float2 ce = cmulf(cv, cis_reduced(-((double)k0[r].x * xv + (double)k0[r].y * yv)));
-        const float2 mi = m[i];
         if (mode == 0) {
-            a[o] = cmulf(ce, cmulf(rh, mi));
+            a[o] = cmulf(ce, cmulf(rh, m[i]));
             continue;
         }
-        const float2 d1 = dm1[i], d2 = dm2[i];
-        const float2 t = cmulf(rh, make_float2(v1 * d1.x + v2 * d2.x, v1 * d1.y + v2 * d2.y));
-        const float2 u = cmulf(v34, mi);
-        a[o] = cmulf(ce, make_float2(t.x + u.x, t.y + u.y));
-        const float2 rm = cmulf(rh, mi);
-        a[o + second] = cmulf(ce, make_float2(w * rm.x, w * rm.y));
+        jv_entries(ce, rh, vec + 4LL * v, t2[v], m[i], dm1[i], dm2[i], &a[o], &a[o + second]);
     }
 }
 
@@ -100,6 +102,33 @@ extern "C" __global__ void kmm_cart_tw(const float2* __restrict__ w, float2* __r
     wp[i + nsamples * ncols] = make_float2(t * u.x, t * u.y);
 }
 
+// One readout's part of the adjoint's sums of a voxel: sums[j] += Re(a_j q) for
+// a_j = ce (rho dm1, rho dm2, m, i m), and sums[1] += w2 Re(ce rho m q2) (T2's readout decay).
+__device__ __forceinline__ void adjoint_terms(double* sums, float2 ce, float2 q, float2 q2, double w2,
+    float2 rh, float2 mm, float2 d1, float2 d2)
+{
+    const float2 cq = cmulf(ce, q);
+    const float2 b1 = cmulf(rh, d1), b2 = cmulf(rh, d2);
+    sums[0] += (double)(b1.x * cq.x - b1.y * cq.y);
+    sums[1] += (double)(b2.x * cq.x - b2.y * cq.y);
+    sums[2] += (double)(mm.x * cq.x - mm.y * cq.y);
+    sums[3] += (double)(-mm.y * cq.x - mm.x * cq.y);   // Re(i m cq)
+    const float2 cq2 = cmulf(ce, q2), rm = cmulf(rh, mm);
+    sums[1] += w2 * (double)(rm.x * cq2.x - rm.y * cq2.y);
+}
+
+// The warp's sums into the voxel's four gradient entries (lane 0 writes; `accumulate` adds to
+// an earlier coil's).
+__device__ __forceinline__ void adjoint_store(double* sums, float* o, int lane, int accumulate)
+{
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        for (int off = 16; off > 0; off >>= 1) sums[j] += __shfl_down_sync(0xffffffffu, sums[j], off);
+    if (lane != 0) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = accumulate ? o[j] + (float)sums[j] : (float)sums[j];
+}
+
 // The adjoint's reduction for one coil: q = conj(P) = W^H Z at q[v * ld + r] and q2 = W^H diag(t) Z
 // `second` entries further. g[4 v + j] (+)= Re sum_r a_j(r) q[r, v] with a_j = C e^{-i k0.x} (rho dm1, rho dm2,
 // m, i m) (and rho m / T2^2 with q2 for T2). One warp per voxel.
@@ -113,32 +142,12 @@ extern "C" __global__ void kmm_cart_adjoint(const float2* __restrict__ q, long l
     const int lane = threadIdx.x % 32;
     if (v >= nvoxels) return;
     const float2 rh = rho[v], cv = coil[v];
-    const float inv_t22 = isinf(t2[v]) ? 0.f : 1.f / (t2[v] * t2[v]);
-    double s1 = 0, s2 = 0, s3 = 0, s4 = 0;
+    const double inv_t22 = isinf(t2[v]) ? 0.0 : (double)(1.f / (t2[v] * t2[v]));
+    double sums[4] = {0, 0, 0, 0};
     for (int r = lane; r < nreadouts; r += 32) {
         const long long i = v * (long long)nreadouts + r, o = v * ld + r;
         const float2 ce = cmulf(cv, cis_reduced(-((double)k0[r].x * x[v] + (double)k0[r].y * y[v])));
-        const float2 qm = q[o];
-        // Re(a q) for a = ce * b: Re(ce b q)
-        const float2 cq = cmulf(ce, qm);
-        const float2 b1 = cmulf(rh, dm1[i]), b2 = cmulf(rh, dm2[i]), mm = m[i];
-        s1 += (double)(b1.x * cq.x - b1.y * cq.y);
-        s2 += (double)(b2.x * cq.x - b2.y * cq.y);
-        s3 += (double)(mm.x * cq.x - mm.y * cq.y);
-        s4 += (double)(-mm.y * cq.x - mm.x * cq.y);   // Re(i m cq)
-        const float2 cq2 = cmulf(ce, q[o + second]);
-        const float2 rm = cmulf(rh, mm);
-        s2 += (double)inv_t22 * (double)(rm.x * cq2.x - rm.y * cq2.y);
+        adjoint_terms(sums, ce, q[o], q[o + second], inv_t22, rh, m[i], dm1[i], dm2[i]);
     }
-    for (int off = 16; off > 0; off >>= 1) {
-        s1 += __shfl_down_sync(0xffffffffu, s1, off);
-        s2 += __shfl_down_sync(0xffffffffu, s2, off);
-        s3 += __shfl_down_sync(0xffffffffu, s3, off);
-        s4 += __shfl_down_sync(0xffffffffu, s4, off);
-    }
-    if (lane == 0) {
-        float* o = g + 4 * v;
-        if (accumulate) { o[0] += (float)s1; o[1] += (float)s2; o[2] += (float)s3; o[3] += (float)s4; }
-        else { o[0] = (float)s1; o[1] = (float)s2; o[2] = (float)s3; o[3] = (float)s4; }
-    }
+    adjoint_store(sums, g + 4 * v, lane, accumulate);
 }
