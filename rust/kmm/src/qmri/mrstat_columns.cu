@@ -1,22 +1,23 @@
 // MR-STAT on a Cartesian trajectory with one step dk, voxels grouped in columns: voxels of equal
 // projection p = dk . x (the columns of a grid along the readout) share the readout's phase
 // exp(-i s p). The decay and off-resonance of a voxel during the readout, exp(t_s z_v) with
-// z_v = -1/T2_v + i 2 pi B0_v, is expanded in nterms powers of tau_s = t_s / h (h = ns dt / 2,
+// z_v = -1/T2_v + i 2 pi B0_v, is expanded in COL_TERMS powers of tau_s = t_s / h (h = ns dt / 2,
 // |tau_s| <= 1):
 //   exp(t_s z_v) = sum_l alpha_l(v) tau_s^l,  alpha_l(v) = (h z_v)^l / l!
-// (the host picks nterms so that the rest stays under 1e-7 relative). With A_c[r, v] of
+// (the host picks them so that the rest stays under 1e-7 relative). With A_c[r, v] of
 // mrstat_cartesian.cu the signal is then
 //   S_c[s, r] = sum_l tau_s^l sum_g E[s, g] B_l[r, g],
 //   E[s, g]   = exp(-i s p_g),     B_l[r, g] = sum_{v in g} alpha_l(v) A_c[r, v]
 // over segments g (a column, or a part of one of at most a set number of voxels): B by
-// `kmm_col_b`, one product E B^T (ns x nterms readouts, the product's inner dimension the
+// `kmm_col_b_signal` (`kmm_col_b_jv`), one product E B^T (ns x COL_TERMS readouts, the product's inner dimension the
 // segments, not the voxels), and `kmm_col_sum` sums the terms. J v takes A2 too (after the A
-// terms; t_s applied in the sum). The adjoint: G = W'^H E with W' = [tau^0 W, .., tau^nterms W]
+// terms; t_s applied in the sum). The adjoint: G = W'^H E with W' = [tau^0 W, .., tau^COL_TERMS W]
 // by one product, then per voxel q = sum_l alpha_l G_l and q2 = h sum_l alpha_l G_{l+1} stand in
 // for the dense path's W^H Z and W^H diag(t) Z in the same reduction.
 // Needs the helpers of mrstat_cartesian.cu (compiled with it).
 
-#define MAX_TERMS 12
+// COL_TERMS, the series' terms, and MAX_SEGMENT, the most voxels of a segment, come from the
+// compile options.
 
 // tau_s = t_s / h, in [-1, 1).
 __device__ __forceinline__ float sample_tau(int s, int nsamples) { return (float)(((double)s - 0.5 * nsamples) / (0.5 * nsamples)); }
@@ -35,55 +36,97 @@ extern "C" __global__ void kmm_col_e(const double* __restrict__ proj, float2* __
 }
 
 // B for one coil: term l of segment g at b[g * ld + l * stride + r] (and, for J v, A2's terms
-// `nterms * stride` further). Blocks: x over segments, y over readouts (a thread per readout,
-// the segment's voxels in turn). mode 0: A = C rho m e^{-i k0.x}; mode 1: J v's A and A2 (as
-// kmm_cart_a).
-extern "C" __global__ void kmm_col_b(const float2* __restrict__ coil, const float2* __restrict__ rho,
+// `COL_TERMS * stride` further). Blocks: x over segments, y over readouts; a thread per readout
+// runs the segment's voxels in turn, their per-voxel factors staged in shared memory first so
+// that the loop loads only the magnetization. A = C rho m e^{-i k0.x} for the signal (mode 0);
+// for J v (mode 1), A = e^{-i k0.x} (c1 dm1 + c2 dm2 + c3 m) and A2 = e^{-i k0.x} c4 m with
+// c1 = C rho v1, c2 = C rho v2, c3 = C (v3 + i v4), c4 = C rho v2 / T2^2 (kmm_cart_a's terms).
+template <int MODE>
+__device__ __forceinline__ void column_b(const float2* __restrict__ coil, const float2* __restrict__ rho,
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ t2, const float* __restrict__ b0,
     const float2* __restrict__ m, const float2* __restrict__ dm1, const float2* __restrict__ dm2,
     const float* __restrict__ vec, const float2* __restrict__ k0, const int* __restrict__ voxel, const int* __restrict__ start,
-    float2* __restrict__ b, long long ld, long long stride, int nreadouts, int nterms, int mode, double h)
+    float2* __restrict__ b, long long ld, long long stride, int nreadouts, double h)
 {
-    const int g = blockIdx.x, r = blockIdx.y * blockDim.x + threadIdx.x;
+    __shared__ int sv[MAX_SEGMENT];
+    __shared__ float2 spos[MAX_SEGMENT], sxi[MAX_SEGMENT], sc[4][MAX_SEGMENT];
+    const int g = blockIdx.x, r = blockIdx.y * blockDim.x + threadIdx.x, first = start[g], len = start[g + 1] - first;
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        const int v = voxel[first + j];
+        sv[j] = v;
+        spos[j] = make_float2(x[v], y[v]);
+        sxi[j] = half_rate(t2[v], b0[v], h);
+        const float2 cr = cmulf(coil[v], rho[v]);
+        if (MODE == 0) {
+            sc[0][j] = cr;
+        } else {
+            const float* vv = vec + 4LL * v;
+            const float w = isinf(t2[v]) ? 0.f : vv[1] / (t2[v] * t2[v]);
+            sc[0][j] = make_float2(vv[0] * cr.x, vv[0] * cr.y);
+            sc[1][j] = make_float2(vv[1] * cr.x, vv[1] * cr.y);
+            sc[2][j] = cmulf(coil[v], make_float2(vv[2], vv[3]));
+            sc[3][j] = make_float2(w * cr.x, w * cr.y);
+        }
+    }
+    __syncthreads();
     if (r >= nreadouts) return;
-    float2 acc[MAX_TERMS], acc2[MAX_TERMS];
+    float2 acc[COL_TERMS], acc2[COL_TERMS];
 #pragma unroll
-    for (int l = 0; l < MAX_TERMS; ++l) acc[l] = acc2[l] = make_float2(0.f, 0.f);
+    for (int l = 0; l < COL_TERMS; ++l) acc[l] = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int l = 0; l < COL_TERMS; ++l) acc2[l] = make_float2(0.f, 0.f);
     const float2 k = k0[r];
-    for (int i = start[g]; i < start[g + 1]; ++i) {
-        const int v = voxel[i];
-        const long long mi = (long long)v * nreadouts + r;
-        const float2 ce = cmulf(coil[v], cis_reduced(-((double)k.x * x[v] + (double)k.y * y[v])));
+#pragma unroll 4
+    for (int j = 0; j < len; ++j) {
+        const long long mi = (long long)sv[j] * nreadouts + r;
+        const float2 e = cis_reduced(-((double)k.x * spos[j].x + (double)k.y * spos[j].y));
         float2 a, a2 = make_float2(0.f, 0.f);
-        if (mode == 0) a = cmulf(ce, cmulf(rho[v], m[mi]));
-        else jv_entries(ce, rho[v], vec + 4LL * v, t2[v], m[mi], dm1[mi], dm2[mi], &a, &a2);
-        const float2 xi = half_rate(t2[v], b0[v], h);
+        if (MODE == 0) {
+            a = cmulf(e, cmulf(sc[0][j], m[mi]));
+        } else {
+            const float2 mm = m[mi], u1 = cmulf(sc[0][j], dm1[mi]), u2 = cmulf(sc[1][j], dm2[mi]), u3 = cmulf(sc[2][j], mm);
+            a = cmulf(e, make_float2(u1.x + u2.x + u3.x, u1.y + u2.y + u3.y));
+            a2 = cmulf(e, cmulf(sc[3][j], mm));
+        }
+        const float2 xi = sxi[j];
 #pragma unroll
-        for (int l = 0; l < MAX_TERMS; ++l) {
-            if (l < nterms) {
-                acc[l].x += a.x; acc[l].y += a.y;
+        for (int l = 0; l < COL_TERMS; ++l) {
+            acc[l].x += a.x; acc[l].y += a.y;
+            const float f = 1.f / (float)(l + 1);
+            a = cmulf(a, xi); a.x *= f; a.y *= f;
+            if (MODE) {
                 acc2[l].x += a2.x; acc2[l].y += a2.y;
-                const float f = 1.f / (float)(l + 1);
-                a = cmulf(a, xi); a.x *= f; a.y *= f;
                 a2 = cmulf(a2, xi); a2.x *= f; a2.y *= f;
             }
         }
     }
     float2* o = b + (long long)g * ld + r;
 #pragma unroll
-    for (int l = 0; l < MAX_TERMS; ++l) {
-        if (l < nterms) {
-            o[l * stride] = acc[l];
-            if (mode) o[(nterms + l) * stride] = acc2[l];
-        }
+    for (int l = 0; l < COL_TERMS; ++l) {
+        o[l * stride] = acc[l];
+        if (MODE) o[(COL_TERMS + l) * stride] = acc2[l];
     }
 }
 
-// The signal or J v of a group of coils from the product P (ns x halves * nterms * ncols, the
+#define COLUMN_B_ARGS const float2* __restrict__ coil, const float2* __restrict__ rho, \
+    const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ t2, const float* __restrict__ b0, \
+    const float2* __restrict__ m, const float2* __restrict__ dm1, const float2* __restrict__ dm2, \
+    const float* __restrict__ vec, const float2* __restrict__ k0, const int* __restrict__ voxel, const int* __restrict__ start, \
+    float2* __restrict__ b, long long ld, long long stride, int nreadouts, double h
+extern "C" __global__ void __launch_bounds__(256) kmm_col_b_signal(COLUMN_B_ARGS)
+{
+    column_b<0>(coil, rho, x, y, t2, b0, m, dm1, dm2, vec, k0, voxel, start, b, ld, stride, nreadouts, h);
+}
+extern "C" __global__ void __launch_bounds__(256) kmm_col_b_jv(COLUMN_B_ARGS)
+{
+    column_b<1>(coil, rho, x, y, t2, b0, m, dm1, dm2, vec, k0, voxel, start, b, ld, stride, nreadouts, h);
+}
+
+// The signal or J v of a group of coils from the product P (ns x halves * COL_TERMS * ncols, the
 // terms of A, then of A2): out[s + ns j] = sum_l tau_s^l P[s, l ncols + j]
-// (+ t_s sum_l tau_s^l P[s, (nterms + l) ncols + j] for J v).
+// (+ t_s sum_l tau_s^l P[s, (COL_TERMS + l) ncols + j] for J v).
 extern "C" __global__ void kmm_col_sum(const float2* __restrict__ p, float2* __restrict__ out,
-    int nsamples, long long ncols, int nterms, int halves, float dt)
+    int nsamples, long long ncols, int halves, float dt)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nsamples * ncols) return;
@@ -93,8 +136,9 @@ extern "C" __global__ void kmm_col_sum(const float2* __restrict__ p, float2* __r
     float2 sum[2];
     for (int half = 0; half < halves; ++half) {
         float2 acc = make_float2(0.f, 0.f);
-        for (int l = nterms - 1; l >= 0; --l) {
-            const float2 c = p[i + (half * nterms + l) * term];
+#pragma unroll
+        for (int l = COL_TERMS - 1; l >= 0; --l) {
+            const float2 c = p[i + (half * COL_TERMS + l) * term];
             acc = make_float2(acc.x * tau + c.x, acc.y * tau + c.y);
         }
         sum[half] = acc;
@@ -106,16 +150,17 @@ extern "C" __global__ void kmm_col_sum(const float2* __restrict__ p, float2* __r
     out[i] = sum[0];
 }
 
-// W' = [tau^0 W, tau^1 W, .., tau^nterms W] for the adjoint's product: w is ns x ncols (sample
-// fastest), wp ns x (nterms + 1) ncols.
+// W' = [tau^0 W, tau^1 W, .., tau^COL_TERMS W] for the adjoint's product: w is ns x ncols (sample
+// fastest), wp ns x (COL_TERMS + 1) ncols.
 extern "C" __global__ void kmm_col_tw(const float2* __restrict__ w, float2* __restrict__ wp,
-    int nsamples, long long ncols, int nterms)
+    int nsamples, long long ncols)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= nsamples * ncols) return;
     const float tau = sample_tau((int)(i % nsamples), nsamples);
     float2 u = w[i];
-    for (int l = 0; l <= nterms; ++l) {
+#pragma unroll
+    for (int l = 0; l <= COL_TERMS; ++l) {
         wp[i + l * nsamples * ncols] = u;
         u = make_float2(tau * u.x, tau * u.y);
     }
@@ -130,7 +175,7 @@ extern "C" __global__ void kmm_col_adjoint(const float2* __restrict__ q, long lo
     const float* __restrict__ x, const float* __restrict__ y, const float* __restrict__ t2, const float* __restrict__ b0,
     const float2* __restrict__ m, const float2* __restrict__ dm1, const float2* __restrict__ dm2,
     const float2* __restrict__ k0, const int* __restrict__ voxel, const int* __restrict__ start,
-    float* __restrict__ out, int nreadouts, int nterms, double h, int accumulate)
+    float* __restrict__ out, int nreadouts, double h, int accumulate)
 {
     const int g = blockIdx.x, lane = threadIdx.x % 32;
     const int i = start[g] + (int)((blockIdx.y * blockDim.x + threadIdx.x) / 32);
@@ -139,19 +184,24 @@ extern "C" __global__ void kmm_col_adjoint(const float2* __restrict__ q, long lo
     const float2 rh = rho[v], cv = coil[v], xi = half_rate(t2[v], b0[v], h);
     const double w2 = isinf(t2[v]) ? 0.0 : h * (double)(1.f / (t2[v] * t2[v]));
     const float2* qg = q + (long long)g * ld;
+    float2 alpha[COL_TERMS];
+    alpha[0] = make_float2(1.f, 0.f);
+#pragma unroll
+    for (int l = 1; l < COL_TERMS; ++l) {
+        alpha[l] = cmulf(alpha[l - 1], xi);
+        alpha[l].x /= (float)l; alpha[l].y /= (float)l;
+    }
     double sums[4] = {0, 0, 0, 0};
     for (int r = lane; r < nreadouts; r += 32) {
         // q_v and q2_v / h at readout r.
-        float2 qv = make_float2(0.f, 0.f), q2 = qv, alpha = make_float2(1.f, 0.f);
-        float2 next = qg[r];
-        for (int l = 0; l < nterms; ++l) {
+        float2 qv = make_float2(0.f, 0.f), q2 = qv, next = qg[r];
+#pragma unroll
+        for (int l = 0; l < COL_TERMS; ++l) {
             const float2 cur = next;
             next = qg[(l + 1) * stride + r];
-            const float2 a = cmulf(alpha, cur), a2 = cmulf(alpha, next);
+            const float2 a = cmulf(alpha[l], cur), a2 = cmulf(alpha[l], next);
             qv.x += a.x; qv.y += a.y;
             q2.x += a2.x; q2.y += a2.y;
-            const float f = 1.f / (float)(l + 1);
-            alpha = cmulf(alpha, xi); alpha.x *= f; alpha.y *= f;
         }
         const long long mi = (long long)v * nreadouts + r;
         const float2 ce = cmulf(cv, cis_reduced(-((double)k0[r].x * x[v] + (double)k0[r].y * y[v])));

@@ -21,8 +21,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 const MAX_TERMS: usize = 12;
 /// Bound of the series' remainder relative to the voxel's smallest decay factor.
 const REMAINDER: f64 = 1e-7;
-/// Most voxels of a segment (a longer column is cut): a block of `kmm_col_b` runs a segment's
-/// voxels in turn. `KMM_MRSTAT_SEGMENT_VOXELS` overrides it (the GPU tests cut short columns).
+/// Most voxels of a segment (a longer column is cut): a block of `kmm_col_b_*` stages a
+/// segment's voxels in shared memory and runs them in turn. `KMM_MRSTAT_SEGMENT_VOXELS` sets a
+/// smaller bound (the GPU tests cut short columns).
 const SEGMENT_VOXELS: usize = 256;
 /// Groupings kept.
 const KEPT: usize = 4;
@@ -121,8 +122,10 @@ pub(super) struct Columns<'a> {
     h: f64,
 }
 
-fn column_function(m: &Manager, name: &str) -> Result<Function> {
-    module::compile(m.device(), super::COLUMN_KERNELS, &crate::qmri::gpu::options(&[]))?.function(name)
+/// A kernel of the column path, compiled for `nterms` terms (each count compiles once).
+fn column_function(m: &Manager, name: &str, nterms: u64) -> Result<Function> {
+    let defines = [format!("-DCOL_TERMS={nterms}"), format!("-DMAX_SEGMENT={SEGMENT_VOXELS}")];
+    module::compile(m.device(), super::COLUMN_KERNELS, &crate::qmri::gpu::options(&defines))?.function(name)
 }
 
 impl DeviceModel<'_> {
@@ -143,7 +146,7 @@ impl DeviceModel<'_> {
             return Ok(None);
         };
         let nterms = nterms as u64;
-        let most = std::env::var("KMM_MRSTAT_SEGMENT_VOXELS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&g| g > 0).unwrap_or(SEGMENT_VOXELS);
+        let most = std::env::var("KMM_MRSTAT_SEGMENT_VOXELS").ok().and_then(|v| v.parse::<usize>().ok()).filter(|&g| g > 0 && g <= SEGMENT_VOXELS).unwrap_or(SEGMENT_VOXELS);
         // Products of nterms x (segments x ns) and kernels of nterms x nv, against ns x nv.
         let pays = |nseg: u64| 2 * nterms * (nseg * ns + 4 * nv) <= ns * nv;
         if !forced && !pays(nv.div_ceil(most as u64)) {
@@ -158,7 +161,7 @@ impl DeviceModel<'_> {
         let e = Scratch::new(m, ns * nseg * 8)?;
         let mut p = [proj.addr, e.addr, ns];
         // SAFETY: the arguments match kmm_col_e; e holds ns x nseg values.
-        unsafe { column_function(m, "kmm_col_e")?.launch(m.raw_stream(), [nseg as u32, 1, 1], [BLOCK, 1, 1], 0, &mut p)? };
+        unsafe { column_function(m, "kmm_col_e", nterms)?.launch(m.raw_stream(), [nseg as u32, 1, 1], [BLOCK, 1, 1], 0, &mut p)? };
         Ok(Some(Columns { voxel, start, e, nseg, longest: segs.longest as u64, nterms, h }))
     }
 
@@ -171,7 +174,8 @@ impl DeviceModel<'_> {
         let group = coils_per_product(nc, terms * nr * (c.nseg + ns) * 8);
         let b = Scratch::new(m, terms * group * nr * c.nseg * 8)?;
         let prod = Scratch::new(m, ns * terms * group * nr * 8)?;
-        let (fb, fsum) = (column_function(m, "kmm_col_b")?, column_function(m, "kmm_col_sum")?);
+        let fb = column_function(m, if v.is_some() { "kmm_col_b_jv" } else { "kmm_col_b_signal" }, c.nterms)?;
+        let fsum = column_function(m, "kmm_col_sum", c.nterms)?;
         let [gr, _, _] = grid_for(nr, BLOCK)?;
         with_fp32_blas(m, |h| {
             for c0 in (0..nc).step_by(group as usize) {
@@ -183,15 +187,15 @@ impl DeviceModel<'_> {
                     let mut p = [
                         self.coils + (c0 + i) * self.nvoxels * 8, self.rho.addr, self.x.addr, self.y.addr, self.t2.addr, self.b0.addr,
                         mag[0], mag[1], mag[2], v.unwrap_or(0), self.k.addr, c.voxel.addr, c.start.addr,
-                        b.addr + i * nr * 8, cols, stride, nr, c.nterms, v.is_some() as u64, c.h.to_bits(),
+                        b.addr + i * nr * 8, cols, stride, nr, c.h.to_bits(),
                     ];
-                    // SAFETY: the arguments match kmm_col_b; b holds cols x nseg values.
+                    // SAFETY: the arguments match kmm_col_b_*; b holds cols x nseg values.
                     unsafe { fb.launch(m.raw_stream(), [c.nseg as u32, gr, 1], [BLOCK, 1, 1], 0, &mut p)? };
                 }
                 // SAFETY: e (ns x nseg), b (cols x nseg) and prod (ns x cols) hold the product's shapes.
                 unsafe { synthesis_product(h, c.e.addr, b.addr, ns, c.nseg, cols, prod.addr)? };
                 let halves = if v.is_some() { 2 } else { 1 };
-                let mut p = [prod.addr, out + c0 * nr * ns * 8, ns, stride, c.nterms, halves, self.dt.to_bits() as u64];
+                let mut p = [prod.addr, out + c0 * nr * ns * 8, ns, stride, halves, self.dt.to_bits() as u64];
                 // SAFETY: the arguments match kmm_col_sum; `out` holds the group's ns x stride values.
                 unsafe { fsum.launch(m.raw_stream(), grid_for(ns * stride, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
             }
@@ -208,14 +212,14 @@ impl DeviceModel<'_> {
         let group = coils_per_product(nc, terms * nr * (ns + c.nseg) * 8);
         let wp = Scratch::new(m, ns * terms * group * nr * 8)?;
         let g = Scratch::new(m, terms * group * nr * c.nseg * 8)?;
-        let (ftw, fadj) = (column_function(m, "kmm_col_tw")?, column_function(m, "kmm_col_adjoint")?);
+        let (ftw, fadj) = (column_function(m, "kmm_col_tw", c.nterms)?, column_function(m, "kmm_col_adjoint", c.nterms)?);
         let [gv, _, _] = grid_for(c.longest * 32, BLOCK)?;
         with_fp32_blas(m, |h| {
             for c0 in (0..nc).step_by(group as usize) {
                 let gc = group.min(nc - c0);
                 let stride = gc * nr;
                 let cols = terms * stride;
-                let mut p = [w + c0 * nr * ns * 8, wp.addr, ns, stride, c.nterms];
+                let mut p = [w + c0 * nr * ns * 8, wp.addr, ns, stride];
                 // SAFETY: the arguments match kmm_col_tw; wp holds ns x cols values.
                 unsafe { ftw.launch(m.raw_stream(), grid_for(ns * stride, BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
                 // SAFETY: wp (ns x cols), e (ns x nseg) and g (cols x nseg) hold the product's shapes.
@@ -225,7 +229,7 @@ impl DeviceModel<'_> {
                     let mut p = [
                         g.addr + i * nr * 8, cols, stride, self.coils + (c0 + i) * self.nvoxels * 8, self.rho.addr,
                         self.x.addr, self.y.addr, self.t2.addr, self.b0.addr, mag[0], mag[1], mag[2], self.k.addr,
-                        c.voxel.addr, c.start.addr, out, nr, c.nterms, c.h.to_bits(), (c0 + i > 0) as u64,
+                        c.voxel.addr, c.start.addr, out, nr, c.h.to_bits(), (c0 + i > 0) as u64,
                     ];
                     // SAFETY: the arguments match kmm_col_adjoint.
                     unsafe { fadj.launch(m.raw_stream(), [c.nseg as u32, gv, 1], [BLOCK, 1, 1], 0, &mut p)? };
