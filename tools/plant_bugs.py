@@ -365,8 +365,28 @@ PLANTS = [
      ["gpu:backend_env"]),
     # The device's check of an MR-STAT model lets non-finite coil sensitivities through.
     ("mrstat-device-check-skips-coils", "rust/kmm/src/qmri/mrstat_model.cu",
-     "        if (!(isfinite(c.x) && isfinite(c.y))) atomicMin(&bad[1], (unsigned long long)i);\n",
+     "        if (!(isfinite(c.x) && isfinite(c.y))) atomicMin(&found[1], (unsigned long long)i);\n",
      "",
+     ["gpu:mrstat_abi"]),
+    # The column path of MR-STAT takes one term fewer of the readout's series than its bound needs.
+    ("mrstat-columns-one-term-short", "rust/kmm/src/qmri/mrstat_columns.rs",
+     "            return Some(n);\n",
+     "            return Some(n.max(2) - 1);\n",
+     ["lib"]),
+    # The column path's grouping ignores its bound on a segment's voxels.
+    ("mrstat-columns-segments-uncut", "rust/kmm/src/qmri/mrstat_columns.rs",
+     " || i - first == most {",
+     " {",
+     ["lib"]),
+    # The positions' hash leaves out the voxel's index: reordered voxels reuse a stale grouping.
+    ("mrstat-columns-hash-ignores-order", "rust/kmm/src/qmri/mrstat_model.cu",
+     "        h1 = mix64(key ^ mix64((unsigned long long)i));\n        h2 = mix64(key + mix64((unsigned long long)i ^ 0x9E3779B97F4A7C15ull));\n",
+     "        h1 = mix64(key);\n        h2 = mix64(key + 0x9E3779B97F4A7C15ull);\n",
+     ["gpu:mrstat_abi"]),
+    # The column adjoint's T2 decay term reads the series' term l instead of l + 1.
+    ("mrstat-columns-adjoint-decay-term", "rust/kmm/src/qmri/mrstat_columns.cu",
+     "a2 = cmulf(alpha[l], next);",
+     "a2 = cmulf(alpha[l], cur);",
      ["gpu:mrstat_abi"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
