@@ -1,5 +1,6 @@
 //! The CUDA path of the MR-STAT operations: kernels from `mrstat_kernels.cu` (direct sums),
-//! `mrstat_cartesian.cu` (around the products of the Cartesian fast path) and `mrstat_model.cu`
+//! `mrstat_cartesian.cu` (around the dense products of a Cartesian trajectory with one step),
+//! `mrstat_columns.cu` (the column path of such a trajectory, [`columns`]) and `mrstat_model.cu`
 //! (the model's check), compiled at run time through [`crate::backend::cuda::module`] and
 //! launched on the manager's stream. The trajectory arrives checked from the host
 //! ([`super::mrstat_run`]); the voxel records and coils are checked on the device and the

@@ -80,11 +80,13 @@ pub(super) fn segments(x: &[f32], y: &[f32], dk: [f32; 2], most: usize) -> Segme
 /// What a grouping is kept by: the positions' hash, the voxel count, the step's bits and the
 /// segment bound.
 type Key = ([u64; 2], u64, [u32; 2], usize);
+/// The groupings kept, the last used first.
+type Kept = Vec<(Key, Arc<Segments>)>;
 
 /// The grouping of the model's voxels, made from its positions (read from the device) unless
 /// kept.
 fn grouping(m: &Manager, d: &DeviceModel, dk: [f32; 2], most: usize) -> Result<Arc<Segments>> {
-    static KEEP: OnceLock<Mutex<Vec<(Key, Arc<Segments>)>>> = OnceLock::new();
+    static KEEP: OnceLock<Mutex<Kept>> = OnceLock::new();
     let key: Key = (d.positions_hash, d.nvoxels, dk.map(f32::to_bits), most);
     let keep = KEEP.get_or_init(|| Mutex::new(Vec::new()));
     {
