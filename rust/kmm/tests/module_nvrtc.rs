@@ -65,7 +65,7 @@ fn compile_errors_carry_the_log() {
 }
 
 /// The MR-STAT modules as `gpu_mrstat` compiles them (the column path with the Cartesian
-/// helpers, for 1 to 12 terms); the column kernels keep their series' terms in registers,
+/// helpers, for 1 to 12 terms and 1 to 8 pieces); the column kernels keep their series' terms in registers,
 /// without spills.
 #[test]
 fn mrstat_kernels_compile_without_spills() {
@@ -75,8 +75,9 @@ fn mrstat_kernels_compile_without_spills() {
     let cartesian = include_str!("../src/qmri/mrstat_cartesian.cu");
     let columns = format!("{cartesian}{}", include_str!("../src/qmri/mrstat_columns.cu"));
     let mut sources = vec![("cartesian".to_string(), cartesian.to_string(), vec![]), ("model".into(), include_str!("../src/qmri/mrstat_model.cu").into(), vec![])];
-    for terms in [1, 4, 12] {
-        sources.push((format!("columns, {terms} terms"), columns.clone(), vec![format!("-DCOL_TERMS={terms}"), "-DMAX_SEGMENT=256".into()]));
+    for (terms, pieces) in [(1, 1), (4, 1), (12, 1), (10, 2), (12, 8)] {
+        let defines = vec![format!("-DCOL_TERMS={terms}"), format!("-DCOL_PIECES={pieces}"), "-DMAX_SEGMENT=256".into()];
+        sources.push((format!("columns, {terms} terms, {pieces} pieces"), columns.clone(), defines));
     }
     for arch in ["sm_80", "sm_90"] {
         for (name, src, defines) in &sources {

@@ -20,18 +20,18 @@ struct Problem {
     dt: f32,
 }
 
-/// The problem of the reference tests; B0 runs over -b0_hz, 0, b0_hz.
-fn problem_with(b0_hz: f32) -> Problem {
-    // Three coils: with KMM_MRSTAT_COILS_PER_PRODUCT=2 (see `coil_groups_...`) the CUDA fast
-    // path takes a group of two and a short one.
-    let (n, nc) = (6usize, 3usize);
+/// The problem of the reference tests: an n x n grid, `nr` readouts of `ns` samples, three
+/// coils (with KMM_MRSTAT_COILS_PER_PRODUCT=2 the CUDA products take a group of two and a
+/// short one); B0 runs over -b0_hz, 0, b0_hz; every seventh voxel has T2 = +Inf in the model.
+fn problem_sized(n: usize, nr: usize, ns: usize, b0_hz: f32) -> Problem {
+    let nc = 3usize;
     let nvox = n * n;
-    let (nr, ns) = (24usize, 6usize);
     let fov = 0.2f32;
     let mut records = Vec::new();
     for i in 0..nvox {
         let (ix, iy) = ((i % n) as f32, (i / n) as f32);
-        records.push([(ix - n as f32 / 2.0) * fov / n as f32, (iy - n as f32 / 2.0) * fov / n as f32, 0.05 + 0.01 * (i % 5) as f32, ((i % 3) as f32 - 1.0) * b0_hz, 0.5 + 0.05 * (i % 4) as f32, 0.1 * ((i % 2) as f32 - 0.5)]);
+        let t2 = if i % 7 == 3 { f32::INFINITY } else { 0.05 + 0.01 * (i % 5) as f32 };
+        records.push([(ix - n as f32 / 2.0) * fov / n as f32, (iy - n as f32 / 2.0) * fov / n as f32, t2, ((i % 3) as f32 - 1.0) * b0_hz, 0.5 + 0.05 * (i % 4) as f32, 0.1 * ((i % 2) as f32 - 0.5)]);
     }
     let coils: Vec<Cf> = (0..nvox * nc).map(|i| [1.0 + 0.3 * ((i * 7 % 11) as f32 / 11.0), 0.2 * ((i * 3 % 5) as f32 / 5.0 - 0.5)]).collect();
     let dk = 2.0 * std::f32::consts::PI / fov;
@@ -42,6 +42,10 @@ fn problem_with(b0_hz: f32) -> Problem {
         kspace.push([dk, 0.0]);
     }
     Problem { nvox, nr, ns, nc, records, coils, kspace, dt: 4e-6 }
+}
+
+fn problem_with(b0_hz: f32) -> Problem {
+    problem_sized(6, 24, 6, b0_hz)
 }
 
 fn problem() -> Problem {
@@ -63,8 +67,9 @@ fn upload_model(m: &Mgr, p: &Problem) -> KmmMrstatModel {
     }
 }
 
+/// The voxels' atoms (a T2 of +Inf in the model is 0.08 s in the magnetization's atom).
 fn atoms(p: &Problem) -> Vec<[f32; 4]> {
-    (0..p.nvox).map(|i| [0.4 + 0.1 * (i % 7) as f32, p.records[i][2], 1.0, p.records[i][3]]).collect()
+    (0..p.nvox).map(|i| [0.4 + 0.1 * (i % 7) as f32, p.records[i][2].min(0.08), 1.0, p.records[i][3]]).collect()
 }
 
 fn reference_model(p: &Problem) -> (Voxels, Vec<[f64; 2]>, Trajectory) {
@@ -90,10 +95,17 @@ fn mrstat_operations_through_the_abi_equal_the_reference() {
     operations_equal_the_reference(&problem());
 }
 
-/// Off-resonance of 8 kHz: the column path's series takes 9 terms over the readout.
+/// Off-resonance of 8 kHz: the column path's series takes 10 terms over the readout.
 #[test]
-fn strong_off_resonance_equals_the_reference() {
+fn strong_off_resonance_equal_the_reference() {
     operations_equal_the_reference(&problem_with(8000.0));
+}
+
+/// A larger grid: columns of 12 voxels (two blocks of the column adjoint's warps), 300
+/// readouts (two blocks of the column kernels' threads), an odd number of samples.
+#[test]
+fn larger_problem_equal_the_reference() {
+    operations_equal_the_reference(&problem_sized(12, 300, 9, 200.0));
 }
 
 /// The voxels in reverse order: the same positions in other records, so a column path that kept
@@ -204,7 +216,7 @@ fn operations_equal_the_reference(p: &Problem) {
 /// Runs the reference tests again in a child process with `env` set (the variables are read
 /// per call; setting them here would race the other tests' threads).
 fn rerun_reference_tests(env: &[(&str, &str)]) {
-    rerun("equal_the_reference", 3, env);
+    rerun("equal_the_reference", 4, env);
 }
 
 /// Runs the tests whose names hold `filter` (`count` of them) in a child process with `env`.
@@ -226,23 +238,28 @@ fn rerun(filter: &str, count: usize, env: &[(&str, &str)]) {
 /// The CUDA products in several groups of coils, the last one short (two, then one), each
 /// group's adjoint adding to the earlier ones'.
 #[test]
-fn coil_groups_and_a_short_last_group_equal_the_reference() {
+fn products_in_coil_groups_match_the_reference() {
     rerun_reference_tests(&[("KMM_MRSTAT_COILS_PER_PRODUCT", "2"), ("KMM_MRSTAT_PATH", "products")]);
 }
 
-/// The column path on CUDA (the problem is too small for it to pay, so it is forced): columns
-/// of six voxels, then cut into segments of four and two with coils in groups of two.
+/// The column path on CUDA (the problems are too small for it to pay, so it is forced): whole
+/// columns; columns cut into segments of at most four voxels with coils in groups of two;
+/// readouts cut into three pieces. The direct sums on a Cartesian trajectory too.
 #[test]
 fn column_path_equals_the_reference() {
     rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns")]);
     rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_SEGMENT_VOXELS", "4"), ("KMM_MRSTAT_COILS_PER_PRODUCT", "2")]);
+    rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_PIECES", "3")]);
+    rerun_reference_tests(&[("KMM_MRSTAT_PATH", "direct")]);
     rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "columns")]);
     rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "sideways")]);
+    rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_PIECES", "9")]);
 }
 
 /// On CUDA, in the child processes of `column_path_equals_the_reference`: a path asked for that
-/// cannot run is an error that names it (columns: off-resonance of 1 MHz, past the series'
-/// bound; an unknown path), and the output is left as it was.
+/// cannot run is an error that names it (columns: off-resonance of 1 MHz, past what the pieces
+/// of the series hold; an unknown path; a test setting out of its range), and the output is
+/// left as it was.
 #[test]
 fn path_that_cannot_run_is_an_error() {
     let Ok(path) = std::env::var("KMM_MRSTAT_PATH") else { return };
@@ -259,9 +276,10 @@ fn path_that_cannot_run_is_an_error() {
     let st = kmm_qmri_mrstat_signal(m.0, &kmodel, mag, out);
     assert_eq!(st, KmmStatus::KMM_ERROR_INVALID_ARGUMENT);
     let msg = last_error();
-    assert!(msg.contains("KMM_MRSTAT_PATH"), "{msg}");
-    if path == "columns" {
-        assert!(msg.contains("12 terms"), "{msg}");
+    match std::env::var("KMM_MRSTAT_PIECES") {
+        Ok(_) => assert!(msg.contains("KMM_MRSTAT_PIECES = \"9\" must be a whole number in 1..=8"), "{msg}"),
+        Err(_) if path == "columns" => assert!(msg.contains("KMM_MRSTAT_PATH = \"columns\" cannot run") && msg.contains("more than 6 pieces of 12 terms"), "{msg}"),
+        Err(_) => assert!(msg.contains("KMM_MRSTAT_PATH = \"sideways\" must be"), "{msg}"),
     }
     assert!(download::<Cf>(&m, out, ns).iter().all(|c| *c == [7.0, 7.0]));
 }

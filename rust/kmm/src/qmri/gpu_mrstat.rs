@@ -92,7 +92,8 @@ fn coils_per_product(ncoils: u64, per_coil: u64) -> u64 {
 /// How a Cartesian trajectory with one step is computed (`KMM_MRSTAT_PATH`): by the column
 /// path where it applies and pays (`auto`, the default), by dense products of all voxels
 /// (`products`), by the column path wherever it applies (`columns`, for the tests), or by the
-/// direct sums of other trajectories (`direct`, for comparison).
+/// direct sums of other trajectories (`direct`, for comparison; `KMM_MRSTAT_DIRECT=1`, its
+/// older name, still asks for it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     Auto,
@@ -103,6 +104,7 @@ enum Path {
 
 fn path() -> Result<Path> {
     Ok(match std::env::var("KMM_MRSTAT_PATH").ok().as_deref() {
+        None | Some("") if std::env::var("KMM_MRSTAT_DIRECT").is_ok_and(|v| v == "1") => Path::Direct,
         None | Some("") | Some("auto") => Path::Auto,
         Some("products") => Path::Products,
         Some("columns") => Path::Columns,
@@ -139,6 +141,8 @@ pub struct DeviceModel<'a> {
     positions_hash: [u64; 2],
     /// The largest |-1/T2 + i 2 pi B0| of the voxels (1/s).
     max_rate: f32,
+    /// The largest 1/T2 of the voxels (1/s).
+    max_decay: f32,
 }
 
 impl<'a> DeviceModel<'a> {
@@ -157,8 +161,9 @@ impl<'a> DeviceModel<'a> {
         let uniform_dk = (cartesian && blas && dk.iter().all(|d| *d == dk[0]) && path != Path::Direct).then(|| dk[0]);
         let field = |each: u64| Scratch::new(m, nvoxels * each);
         let (x, y, t2, b0, rho) = (field(4)?, field(4)?, field(4)?, field(4)?, field(8)?);
-        // What kmm_mrstat_unpack finds: bad record, bad coil entry, positions' hash, largest rate.
-        let found = Scratch::upload(m, &[u64::MAX, u64::MAX, 0, 0, 0])?;
+        // What kmm_mrstat_unpack finds: bad record, bad coil entry, positions' hash, largest
+        // rate and decay rate.
+        let found = Scratch::upload(m, &[u64::MAX, u64::MAX, 0, 0, 0, 0])?;
         let entries = nvoxels * ncoils;
         let f = module::compile(m.device(), MODEL_KERNELS, &options(&[]))?.function("kmm_mrstat_unpack")?;
         let mut p = [records, coils, nvoxels, entries, x.addr, y.addr, t2.addr, b0.addr, rho.addr, found.addr];
@@ -166,9 +171,9 @@ impl<'a> DeviceModel<'a> {
         // their sizes, the fields hold nvoxels values each.
         unsafe { f.launch(m.raw_stream(), grid_for(nvoxels.max(entries), BLOCK)?, [BLOCK, 1, 1], 0, &mut p)? };
         let found = {
-            let mut f = [0u64; 5];
-            // SAFETY: `f` has room for the 40 bytes; the copy completes before return.
-            unsafe { m.copy_to_host(f.as_mut_ptr() as *mut u8, found.handle, 0, 40, Completion::Wait)? };
+            let mut f = [0u64; 6];
+            // SAFETY: `f` has room for the 48 bytes; the copy completes before return.
+            unsafe { m.copy_to_host(f.as_mut_ptr() as *mut u8, found.handle, 0, 48, Completion::Wait)? };
             f
         };
         if found[0] != u64::MAX {
@@ -196,6 +201,7 @@ impl<'a> DeviceModel<'a> {
             path,
             positions_hash: [found[2], found[3]],
             max_rate: f32::from_bits(found[4] as u32),
+            max_decay: f32::from_bits(found[5] as u32),
         }))
     }
 
