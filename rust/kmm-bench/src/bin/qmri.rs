@@ -147,7 +147,7 @@ fn mrstat_ops(m: &Mgr, n: usize, nr: usize) {
         let tj = m.time(3, || ok(kmm_qmri_jacobian_mul(m.0, &model_b0, mb, d1, d2, v, out)));
         let ta = m.time(3, || ok(kmm_qmri_jacobian_adjoint_mul(m.0, &model_b0, mb, d1, d2, out, g)));
         for (what, t) in [("signal", ts), ("J v", tj), ("J^H w", ta)] {
-            row(&format!("{what}, B0 +-440 Hz"), &shape, t, "", "column path, the readout in pieces");
+            row(&format!("{what}, B0 +-440 Hz"), &shape, t, "", "auto: the column path with the readout in pieces (the adjoint: dense products)");
         }
         mrstat_errors(m, &model_b0, &recs_b0, &kspace, [mb, d1, d2], v, n, nr, ", B0 +-440 Hz");
         m.free(model_b0.voxels);

@@ -222,7 +222,7 @@ impl<'a> DeviceModel<'a> {
     /// The signal of the magnetization at `mag` into `out`.
     pub fn signal(&self, m: &Manager, mag: u64, out: u64) -> Result<()> {
         if let Some(dk) = self.uniform_dk {
-            if let Some(c) = self.columns_if_chosen(m, dk)? {
+            if let Some(c) = self.columns_if_chosen(m, dk, false)? {
                 return self.column_synthesis(m, &c, [mag, 0, 0], None, out);
             }
             return self.cartesian_synthesis(m, dk, [mag, 0, 0], None, out);
@@ -238,7 +238,7 @@ impl<'a> DeviceModel<'a> {
     /// J·v into `out`; `mag` = [m, dm/dT1, dm/dT2].
     pub fn jacobian(&self, m: &Manager, mag: [u64; 3], v: u64, out: u64) -> Result<()> {
         if let Some(dk) = self.uniform_dk {
-            if let Some(c) = self.columns_if_chosen(m, dk)? {
+            if let Some(c) = self.columns_if_chosen(m, dk, false)? {
                 return self.column_synthesis(m, &c, mag, Some(v), out);
             }
             return self.cartesian_synthesis(m, dk, mag, Some(v), out);
@@ -255,7 +255,7 @@ impl<'a> DeviceModel<'a> {
     /// Re(Jᴴw) into `out` (`4 x nvoxels` floats): blocks over voxels.
     pub fn jacobian_adjoint(&self, m: &Manager, mag: [u64; 3], w: u64, out: u64) -> Result<()> {
         if let Some(dk) = self.uniform_dk {
-            if let Some(c) = self.columns_if_chosen(m, dk)? {
+            if let Some(c) = self.columns_if_chosen(m, dk, true)? {
                 return self.column_adjoint(m, &c, mag, w, out);
             }
             return self.cartesian_adjoint(m, dk, mag, w, out);
@@ -273,9 +273,9 @@ impl<'a> DeviceModel<'a> {
 
 impl DeviceModel<'_> {
     /// The column path's data where the path asks for it and it applies.
-    fn columns_if_chosen<'m>(&self, m: &'m Manager, dk: [f32; 2]) -> Result<Option<columns::Columns<'m>>> {
+    fn columns_if_chosen<'m>(&self, m: &'m Manager, dk: [f32; 2], adjoint: bool) -> Result<Option<columns::Columns<'m>>> {
         match self.path {
-            Path::Auto | Path::Columns => self.columns(m, dk, self.path == Path::Columns),
+            Path::Auto | Path::Columns => self.columns(m, dk, self.path == Path::Columns, adjoint),
             Path::Products | Path::Direct => Ok(None),
         }
     }

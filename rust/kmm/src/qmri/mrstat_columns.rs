@@ -32,6 +32,8 @@ const REMAINDER: f64 = 1e-7;
 const SEGMENT_VOXELS: usize = 256;
 /// Voxels of the groupings kept, all together (16 bytes each).
 const KEPT_VOXELS: usize = 1 << 24;
+/// Pieces x (terms + 1) of the column adjoint at most where the path is not forced.
+const ADJOINT_TERMS: u64 = 16;
 /// Readout blocks of `kmm_col_b_*` at most (grid y).
 const GRID_Y: u64 = 65535;
 
@@ -203,7 +205,7 @@ impl DeviceModel<'_> {
     /// The column path's data where it applies and pays, else None; `forced`: wherever it
     /// applies, and an error where it cannot (the series would need more than [`MAX_PIECES`]
     /// pieces, or the readouts more than the kernels' grid holds).
-    pub(super) fn columns<'m>(&self, m: &'m Manager, dk: [f32; 2], forced: bool) -> Result<Option<Columns<'m>>> {
+    pub(super) fn columns<'m>(&self, m: &'m Manager, dk: [f32; 2], forced: bool, adjoint: bool) -> Result<Option<Columns<'m>>> {
         let (nv, ns, nr) = (self.nvoxels, self.nsamples, self.nreadouts);
         let fewest_pieces = setting("KMM_MRSTAT_PIECES", MAX_PIECES, 1)?;
         let most = setting("KMM_MRSTAT_SEGMENT_VOXELS", SEGMENT_VOXELS, SEGMENT_VOXELS)?;
@@ -225,6 +227,12 @@ impl DeviceModel<'_> {
             ));
         };
         let (npieces, nterms) = (pieces.len() as u64, nterms as u64);
+        // The adjoint's reduction reads every piece's terms for every voxel and readout: past
+        // ADJOINT_TERMS of them it ran slower than the dense path (H200: 4.95 against 4.49 ms at
+        // 2 pieces of 10 terms, 1.14 ms at 1 of 4; bench/results/qmri.md).
+        if adjoint && !forced && npieces * (nterms + 1) > ADJOINT_TERMS {
+            return Ok(None);
+        }
         // Products of nterms x (segments x ns) and kernels of pieces x nterms x nv, against ns x nv.
         let pays = |nseg: u64| 2 * nterms * (nseg * ns + 4 * npieces * nv) <= ns * nv;
         if !forced && !pays(nv.div_ceil(most as u64)) {
