@@ -388,6 +388,11 @@ PLANTS = [
      "a2 = cmulf(alpha[l], next);",
      "a2 = cmulf(alpha[l], cur);",
      ["gpu:mrstat_abi"]),
+    # The column path's synthesis leaves out the factor exp(c z) of a piece's centre.
+    ("mrstat-columns-piece-centre-dropped", "rust/kmm/src/qmri/mrstat_columns.cu",
+     "        const float2 ce = cmulf(coil[v], centre_factor(z, c)), cr = cmulf(ce, rho[v]);",
+     "        const float2 ce = coil[v], cr = cmulf(ce, rho[v]);",
+     ["gpu:mrstat_abi"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
      "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
