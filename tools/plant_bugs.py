@@ -385,8 +385,8 @@ PLANTS = [
      ["gpu:mrstat_abi"]),
     # The column adjoint's T2 decay term reads the series' term l instead of l + 1.
     ("mrstat-columns-adjoint-decay-term", "rust/kmm/src/qmri/mrstat_columns.cu",
-     "a2 = cmulf(alpha[l], next);",
-     "a2 = cmulf(alpha[l], cur);",
+     "make_float2(c * cur.x + h * next.x, c * cur.y + h * next.y)",
+     "make_float2(c * cur.x + h * cur.x, c * cur.y + h * cur.y)",
      ["gpu:mrstat_abi"]),
     # The column path's synthesis leaves out the factor exp(c z) of a piece's centre.
     ("mrstat-columns-piece-centre-dropped", "rust/kmm/src/qmri/mrstat_columns.cu",
