@@ -393,6 +393,11 @@ PLANTS = [
      "        const float2 ce = cmulf(coil[v], centre_factor(z, c)), cr = cmulf(ce, rho[v]);",
      "        const float2 ce = coil[v], cr = cmulf(ce, rho[v]);",
      ["gpu:mrstat_abi"]),
+    # A piece's centre factor exp(c z) decays the wrong way.
+    ("mrstat-columns-centre-decay-sign", "rust/kmm/src/qmri/mrstat_columns.cu",
+     "    const float mag = expf((float)(c * z.x));",
+     "    const float mag = expf((float)(-c * z.x));",
+     ["gpu:mrstat_abi"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
      "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",

@@ -108,6 +108,18 @@ fn larger_problem_equal_the_reference() {
     operations_equal_the_reference(&problem_sized(12, 300, 9, 200.0));
 }
 
+/// Decay during the readout that the series must follow: T2 of 2 to 6 ms over a readout of
+/// 0.35 ms (7 samples, so the column path's pieces differ in length).
+#[test]
+fn fast_decay_equal_the_reference() {
+    let mut p = problem_sized(6, 24, 7, 1.0);
+    p.dt = 5e-5;
+    for r in p.records.iter_mut().filter(|r| r[2].is_finite()) {
+        r[2] = 0.002 + 0.1 * (r[2] - 0.05);
+    }
+    operations_equal_the_reference(&p);
+}
+
 /// The voxels in reverse order: the same positions in other records, so a column path that kept
 /// the grouping of the problem before (the tests run in one process in the child runs) would
 /// sum the wrong voxels.
@@ -216,7 +228,7 @@ fn operations_equal_the_reference(p: &Problem) {
 /// Runs the reference tests again in a child process with `env` set (the variables are read
 /// per call; setting them here would race the other tests' threads).
 fn rerun_reference_tests(env: &[(&str, &str)]) {
-    rerun("equal_the_reference", 4, env);
+    rerun("equal_the_reference", 5, env);
 }
 
 /// Runs the tests whose names hold `filter` (`count` of them) in a child process with `env`.
@@ -244,12 +256,14 @@ fn products_in_coil_groups_match_the_reference() {
 
 /// The column path on CUDA (the problems are too small for it to pay, so it is forced): whole
 /// columns; columns cut into segments of at most four voxels with coils in groups of two;
-/// readouts cut into three pieces. The direct sums on a Cartesian trajectory too.
+/// readouts cut into three pieces, and into four (of unequal lengths) with coils in groups of
+/// two. The direct sums on a Cartesian trajectory too.
 #[test]
 fn column_path_equals_the_reference() {
     rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns")]);
     rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_SEGMENT_VOXELS", "4"), ("KMM_MRSTAT_COILS_PER_PRODUCT", "2")]);
     rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_PIECES", "3")]);
+    rerun_reference_tests(&[("KMM_MRSTAT_PATH", "columns"), ("KMM_MRSTAT_PIECES", "4"), ("KMM_MRSTAT_COILS_PER_PRODUCT", "2")]);
     rerun_reference_tests(&[("KMM_MRSTAT_PATH", "direct")]);
     rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "columns")]);
     rerun("path_that_cannot_run", 1, &[("KMM_MRSTAT_PATH", "sideways")]);

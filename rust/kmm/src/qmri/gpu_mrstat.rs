@@ -89,6 +89,11 @@ fn coils_per_product(ncoils: u64, per_coil: u64) -> u64 {
     asked.unwrap_or(GROUP_BYTES / per_coil.max(1)).clamp(1, ncoils)
 }
 
+/// The groups of `group` coils of `ncoils` (the last one may be short): (first coil, coils).
+fn coil_groups(ncoils: u64, group: u64) -> impl Iterator<Item = (u64, u64)> {
+    (0..ncoils).step_by(group as usize).map(move |c0| (c0, group.min(ncoils - c0)))
+}
+
 /// How a Cartesian trajectory with one step is computed (`KMM_MRSTAT_PATH`): by the column
 /// path where it applies and pays (`auto`, the default), by dense products of all voxels
 /// (`products`), by the column path wherever it applies (`columns`, for the tests), or by the
@@ -303,8 +308,7 @@ impl DeviceModel<'_> {
         let both = if v.is_some() { Some(Scratch::new(m, ns * 2 * group * nr * 8)?) } else { None };
         let (fa, fsum) = (cartesian_function(m, "kmm_cart_a")?, cartesian_function(m, "kmm_cart_sum")?);
         with_fp32_blas(m, |h| {
-            for c0 in (0..nc).step_by(group as usize) {
-                let gc = group.min(nc - c0);
+            for (c0, gc) in coil_groups(nc, group) {
                 let cols = halves * gc * nr;
                 for c in 0..gc {
                     let mut p = [
@@ -356,8 +360,7 @@ impl DeviceModel<'_> {
         let q = Scratch::new(m, 2 * group * nr * nv * 8)?;
         let (ftw, fadj) = (cartesian_function(m, "kmm_cart_tw")?, cartesian_function(m, "kmm_cart_adjoint")?);
         with_fp32_blas(m, |h| {
-            for c0 in (0..nc).step_by(group as usize) {
-                let gc = group.min(nc - c0);
+            for (c0, gc) in coil_groups(nc, group) {
                 let cols = 2 * gc * nr;
                 let mut p = [w + c0 * nr * ns * 8, wp.addr, ns, gc * nr, self.dt.to_bits() as u64];
                 // SAFETY: the arguments match kmm_cart_tw; wp holds ns x cols values.

@@ -4,8 +4,8 @@
 // z_v = -1/T2_v + i 2 pi B0_v, is expanded on each piece of the readout (samples s0 .. s0 + n,
 // centre time c, half width h) in COL_TERMS powers of tau_s = (t_s - c) / h, |tau_s| <= 1:
 //   exp(t_s z_v) = sum_l alpha_l(v) tau_s^l,  alpha_l(v) = exp(c z_v) (h z_v)^l / l!
-// (the host cuts the readout into as few pieces as keep the rest under 1e-7 relative with at
-// most 12 terms). With A_c[r, v] of mrstat_cartesian.cu the signal on a piece is then
+// (the host picks the pieces and terms, at most 12, that keep the rest under 1e-7 relative for
+// the fewest pieces x terms). With A_c[r, v] of mrstat_cartesian.cu the signal on a piece is then
 //   S_c[s, r] = sum_l tau_s^l sum_g E[s, g] B_l[r, g],
 //   E[s, g]   = exp(-i s p_g),     B_l[r, g] = sum_{v in g} alpha_l(v) A_c[r, v]
 // over segments g (a column, or a part of one of at most MAX_SEGMENT voxels): B by

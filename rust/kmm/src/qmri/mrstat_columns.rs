@@ -10,7 +10,7 @@
 //! 128-bit hash of the positions computed on the device with the model's check), so that a
 //! Gauss-Newton loop, whose positions never change, groups once.
 
-use super::{coils_per_product, with_fp32_blas, DeviceModel, BLOCK};
+use super::{coil_groups, coils_per_product, with_fp32_blas, DeviceModel, BLOCK};
 use crate::backend::cuda::module::{self, Function};
 use crate::error::Result;
 use crate::manager::copy::Completion;
@@ -194,6 +194,7 @@ fn column_function(m: &Manager, name: &str, c: (u64, usize)) -> Result<Function>
 fn setting(name: &str, most: usize, unset: usize) -> Result<usize> {
     match std::env::var(name) {
         Err(_) => Ok(unset),
+        Ok(v) if v.is_empty() => Ok(unset),
         Ok(v) => match v.parse::<usize>() {
             Ok(n) if (1..=most).contains(&n) => Ok(n),
             _ => crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {v:?} must be a whole number in 1..={most}"),
@@ -268,8 +269,7 @@ impl DeviceModel<'_> {
         let [gr, _, _] = grid_for(nr, BLOCK)?;
         let dt = self.dt.to_bits() as u64;
         with_fp32_blas(m, |h| {
-            for c0 in (0..nc).step_by(group as usize) {
-                let gc = group.min(nc - c0);
+            for (c0, gc) in coil_groups(nc, group) {
                 let stride = gc * nr;
                 let cols = terms * stride;
                 for piece in &c.pieces {
@@ -312,8 +312,7 @@ impl DeviceModel<'_> {
         let [gv, _, _] = grid_for(c.longest * 32, BLOCK)?;
         let dt = self.dt.to_bits() as u64;
         with_fp32_blas(m, |h| {
-            for c0 in (0..nc).step_by(group as usize) {
-                let gc = group.min(nc - c0);
+            for (c0, gc) in coil_groups(nc, group) {
                 let stride = gc * nr;
                 let cols = terms * stride;
                 let pstride = cols * c.nseg;
