@@ -398,6 +398,11 @@ PLANTS = [
      "    const float mag = expf((float)(c * z.x));",
      "    const float mag = expf((float)(-c * z.x));",
      ["gpu:mrstat_abi"]),
+    # The column path's adjoint runs however many piece-terms its reduction must read.
+    ("mrstat-columns-adjoint-rule-dropped", "rust/kmm/src/qmri/mrstat_columns.rs",
+     "    if adjoint && npieces * (nterms + 1) > ADJOINT_TERMS {\n",
+     "    if false && adjoint && npieces * (nterms + 1) > ADJOINT_TERMS {\n",
+     ["lib"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
      "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
