@@ -108,23 +108,23 @@ fn mrstat_ops(m: &Mgr, n: usize, nr: usize) {
     let shape = format!("{nv} vox, {nr} x {n} samples");
     let v = m.upload(&(0..4 * nv).map(|i| 0.01 * (1.0 + (i % 7) as f32 / 7.0)).collect::<Vec<f32>>());
     let g = m.alloc(16 * nv as u64);
-    let time_ops = |label: &str, targets: bool| {
-        let ts = m.time(3, || ok(kmm_qmri_mrstat_signal(m.0, &model, mb, out)));
-        let tj = m.time(3, || ok(kmm_qmri_jacobian_mul(m.0, &model, mb, d1, d2, v, out)));
-        let ta = m.time(3, || ok(kmm_qmri_jacobian_adjoint_mul(m.0, &model, mb, d1, d2, out, g)));
-        for (what, t, target) in [("signal", ts, "2.0"), ("J v", tj, "4.0"), ("J^H w", ta, "4.5")] {
-            let note = if targets { format!("{label}; target <= {target} ms on an H200") } else { label.to_string() };
-            row(what, &shape, t, "", &note);
+    // The three operations on `model`, each timed (best of 3); `what` follows each row's name.
+    let time_ops = |model: &KmmMrstatModel, what: &str, note: &str, targets: bool| {
+        let ts = m.time(3, || ok(kmm_qmri_mrstat_signal(m.0, model, mb, out)));
+        let tj = m.time(3, || ok(kmm_qmri_jacobian_mul(m.0, model, mb, d1, d2, v, out)));
+        let ta = m.time(3, || ok(kmm_qmri_jacobian_adjoint_mul(m.0, model, mb, d1, d2, out, g)));
+        for (op, t, target) in [("signal", ts, "2.0"), ("J v", tj, "4.0"), ("J^H w", ta, "4.5")] {
+            let note = if targets { format!("{note}; target <= {target} ms on an H200") } else { note.to_string() };
+            row(&format!("{op}{what}"), &shape, t, "", &note);
         }
-        [ts, tj, ta]
     };
     let cuda = with_manager(m.0, |mm| Ok(mm.backend_kind() == kmm::backend::BackendKind::Cuda)).unwrap();
-    time_ops(if cuda { "column path (auto)" } else { "host backend" }, true);
+    time_ops(&model, "", if cuda { "column path (auto)" } else { "host backend" }, true);
     if cuda {
         // The dense products' path and new positions (grouped again) in the same run. One
         // thread runs here, so setting the variable races nothing.
         std::env::set_var("KMM_MRSTAT_PATH", "products");
-        time_ops("dense products (KMM_MRSTAT_PATH=products)", false);
+        time_ops(&model, "", "dense products (KMM_MRSTAT_PATH=products)", false);
         std::env::remove_var("KMM_MRSTAT_PATH");
         let moved: Vec<KmmBuffer> = (1..=3)
             .map(|k| m.upload(&recs.iter().map(|r| [r[0] + 1e-5 * k as f32, r[1], r[2], r[3], r[4], r[5]]).collect::<Vec<_>>()))
@@ -143,12 +143,7 @@ fn mrstat_ops(m: &Mgr, n: usize, nr: usize) {
         // pieces where one series would need too many terms.
         let recs_b0: Vec<[f32; 6]> = recs.iter().enumerate().map(|(i, r)| [r[0], r[1], r[2], ((i % 9) as f32 - 4.0) * 110.0, r[4], r[5]]).collect();
         let model_b0 = KmmMrstatModel { voxels: m.upload(&recs_b0), ..model };
-        let ts = m.time(3, || ok(kmm_qmri_mrstat_signal(m.0, &model_b0, mb, out)));
-        let tj = m.time(3, || ok(kmm_qmri_jacobian_mul(m.0, &model_b0, mb, d1, d2, v, out)));
-        let ta = m.time(3, || ok(kmm_qmri_jacobian_adjoint_mul(m.0, &model_b0, mb, d1, d2, out, g)));
-        for (what, t) in [("signal", ts), ("J v", tj), ("J^H w", ta)] {
-            row(&format!("{what}, B0 +-440 Hz"), &shape, t, "", "auto: the column path with the readout in pieces (the adjoint: dense products)");
-        }
+        time_ops(&model_b0, ", B0 +-440 Hz", "auto: the column path with the readout in pieces (the adjoint: dense products)", false);
         mrstat_errors(m, &model_b0, &recs_b0, &kspace, [mb, d1, d2], v, n, nr, ", B0 +-440 Hz");
         m.free(model_b0.voxels);
     }

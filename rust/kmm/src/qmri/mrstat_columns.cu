@@ -201,6 +201,16 @@ extern "C" __global__ void kmm_col_adjoint(const float2* __restrict__ q, long lo
     const float2 rh = rho[v], cv = coil[v];
     const double2 z = voxel_rate(t2[v], b0[v]);
     const double w2 = isinf(t2[v]) ? 0.0 : (double)(1.f / (t2[v] * t2[v]));
+    // A piece's exp(c z) is the voxel's, not the readout's: made once where the pieces are few
+    // enough to hold in registers, per readout otherwise.
+#if COL_PIECES <= 2
+    float2 centre[COL_PIECES];
+#pragma unroll
+    for (int k = 0; k < COL_PIECES; ++k) centre[k] = centre_factor(z, piece[k].x);
+#define CENTRE(k) centre[k]
+#else
+#define CENTRE(k) centre_factor(z, piece[k].x)
+#endif
     double sums[4] = {0, 0, 0, 0};
     for (int r = lane; r < nreadouts; r += 32) {
         float2 qv = make_float2(0.f, 0.f), q2 = qv;
@@ -215,7 +225,7 @@ extern "C" __global__ void kmm_col_adjoint(const float2* __restrict__ q, long lo
             const float2* qk = q + k * pstride + (long long)g * ld + r;
             const float2 xi = make_float2((float)(ch.y * z.x), (float)(ch.y * z.y));
             const float c = (float)ch.x, h = (float)ch.y;
-            float2 alpha = centre_factor(z, ch.x), next = qk[0];
+            float2 alpha = CENTRE(k), next = qk[0];
 #pragma unroll
             for (int l = 0; l < COL_TERMS; ++l) {
                 const float2 cur = next;
@@ -232,4 +242,5 @@ extern "C" __global__ void kmm_col_adjoint(const float2* __restrict__ q, long lo
         adjoint_terms(sums, ce, qv, q2, w2, rh, m[mi], dm1[mi], dm2[mi]);
     }
     adjoint_store(sums, out + 4LL * v, lane, accumulate);
+#undef CENTRE
 }
