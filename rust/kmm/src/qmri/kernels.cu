@@ -14,20 +14,20 @@
 __device__ __forceinline__ float2 cmul(float2 a, float2 b) {
     return make_float2(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x);
 }
-// a*b + c
-__device__ __forceinline__ float2 cfma(float2 a, float2 b, float2 c) {
-    return make_float2(fmaf(a.x, b.x, fmaf(-a.y, b.y, c.x)), fmaf(a.x, b.y, fmaf(a.y, b.x, c.y)));
-}
-// conj(a)*b + c
-__device__ __forceinline__ float2 cfma_conj(float2 a, float2 b, float2 c) {
-    return make_float2(fmaf(a.x, b.x, fmaf(a.y, b.y, c.x)), fmaf(a.x, b.y, fmaf(-a.y, b.x, c.y)));
-}
-__device__ __forceinline__ float2 cscale(float2 a, float s) { return make_float2(a.x * s, a.y * s); }
 __device__ __forceinline__ float2 cconj(float2 a) { return make_float2(a.x, -a.y); }
 __device__ __forceinline__ float relaxf(float dt, float t) { return expf(-dt / t); }
 
 // atoms: natoms x (T1, T2, B1, B0); out: ntr x natoms complex; table: nprof x ntr of
 // (flip angle x profile scale, cos phase, sin phase, 0).
+//
+// The states are kept in the frame of the next pulse's phase psi (F = F' e^{i psi},
+// conj(F-) = G' e^{-i psi}) with V = -2i Z. In that frame a pulse of flip a is a real rotation:
+// with P = F + G and Q = F - G, P stays and (Q, V) turn by a (Q' = cos a Q + sin a V,
+// V' = -sin a Q + cos a V). Relaxation, off-resonance and the change of frame to the next pulse
+// act on every F state alike (and conjugate on G), so they are one complex factor u per TR and
+// commute with the dephasing shift; Z's relaxation is real. This takes 24 flops a state per TR
+// where the 3x3 complex matrix of Weigel's form takes 34. The signal at TE is F(0) brought back
+// from the frame: e^{i psi} E2(TE) e^{i 2 pi B0 TE} F'(0).
 // Up to 8 states per thread, two blocks of 256 threads fit per multiprocessor (<= 128 registers).
 #if K <= 8
 #define FISP_BOUNDS __launch_bounds__(256, 2)
@@ -43,69 +43,65 @@ extern "C" __global__ void FISP_BOUNDS kmm_fisp(
     const int lane = threadIdx.x % LANES;
     const bool live = atom < natoms;
     const float4 p = live ? atoms[atom] : make_float4(1.f, 1.f, 1.f, 0.f);
-    const float e1te = relaxf(te, p.x), e2te = relaxf(te, p.y);
-    const float e1r = relaxf(tr - te, p.x), e2r = relaxf(tr - te, p.y);
+    const float e2te = relaxf(te, p.y);
+    const float e1tr = relaxf(tr, p.x), e2tr = relaxf(tr, p.y);
     const float e1ti = relaxf(ti, p.x);
     float s, c;
     sincosf(TWO_PI * p.w * te, &s, &c);
+    // The readout's factor, and the half of (relaxation and precession over a TR) that turns
+    // P + Q back into F.
     const float2 a = make_float2(e2te * c, e2te * s);
-    sincosf(TWO_PI * p.w * (tr - te), &s, &c);
-    const float2 b = make_float2(e2r * c, e2r * s);
+    sincosf(TWO_PI * p.w * tr, &s, &c);
+    const float2 half_tr = make_float2(0.5f * e2tr * c, 0.5f * e2tr * s);
+    const float regrow = -2.f * (1.f - e1tr);  // V(0)'s imaginary part gains this each TR
     float2* o = out + atom * (long long)ntr;
 
-    float2 F[K], G[K], Z[K];
+    float2 F[K], G[K], V[K];
     for (int pr = 0; pr < nprof; ++pr) {
 #pragma unroll
         for (int j = 0; j < K; ++j) {
             F[j] = make_float2(0.f, 0.f);
             G[j] = make_float2(0.f, 0.f);
-            Z[j] = make_float2(0.f, 0.f);
+            V[j] = make_float2(0.f, 0.f);
         }
-        // Adiabatic inversion, relaxation over TI.
-        if (lane == 0) Z[0].x = -e1ti + (1.f - e1ti);
-        // Relaxation since the previous sample, folded into the next excitation's columns.
-        float2 cb = make_float2(1.f, 0.f);
-        float ce1 = 1.f, reg = 0.f;
+        // Adiabatic inversion, relaxation over TI: Z(0) = 1 - 2 E1(TI), V = -2i Z.
+        if (lane == 0) V[0].y = -2.f * (1.f - 2.f * e1ti);
         const float4* t = table + (long long)pr * ntr;
+        float4 next = t[0];
         for (int n = 0; n < ntr; ++n) {
-            const float4 rf = t[n];
-            float sx, cx;
-            __sincosf(0.5f * rf.x * p.z, &sx, &cx);  // |error| < 4e-7 for these small angles
-            const float c2 = cx * cx, s2 = sx * sx, sa = 2.f * sx * cx, ca = c2 - s2;
+            const float4 rf = next;
+            next = t[n + 1 < ntr ? n + 1 : n];
+            float sa, ca;
+            __sincosf(rf.x * p.z, &sa, &ca);  // |error| < 5e-7 for flips within +-pi
             const float2 e = make_float2(rf.y, rf.z);
-            const float2 e2 = cmul(e, e);
-            // R00 = c2, R01 = s2 e^{2i phi}, R02 = -i sin(a) e^{i phi}, R20 = -i/2 sin(a) e^{-i phi}, R22 = cos(a)
-            const float2 r02 = make_float2(sa * e.y, -sa * e.x);
-            const float2 r20 = make_float2(-0.5f * sa * e.y, -0.5f * sa * e.x);
-            // M = diag(a, conj a, E1te) R diag(cb, conj cb, ce1)
-            const float2 m00 = cscale(cmul(a, cb), c2);
-            const float2 m01 = cscale(cmul(a, cmul(e2, cconj(cb))), s2);
-            const float2 ar02 = cmul(a, r02);
-            const float2 m02 = cscale(ar02, ce1);
-            const float2 m20 = cscale(cmul(r20, cb), e1te);
-            const float m22 = e1te * ca * ce1;
-            // Regrowth of Z(0) over the previous TR - TE, pushed through the same matrix.
-            const float2 q0 = cscale(ar02, reg);
-            const float q2 = e1te * ca * reg + (1.f - e1te);
+            // From this pulse's frame to the next one's, with a TR's relaxation and precession.
+            const float2 u = cmul(half_tr, cmul(e, make_float2(next.y, -next.z)));
+            const float vq = -e1tr * sa, vv = e1tr * ca;
+            float2 s0 = make_float2(0.f, 0.f);
 #pragma unroll
             for (int j = 0; j < K; ++j) {
-                const float2 f = F[j], g = G[j], z = Z[j];
-                F[j] = cfma(m02, z, cfma(m01, g, cmul(m00, f)));
-                G[j] = cfma_conj(m02, z, cfma_conj(m00, g, cmul(cconj(m01), f)));
-                Z[j] = cscale(z, m22);
-                Z[j] = cfma_conj(m20, g, cfma(m20, f, Z[j]));
+                const float2 f = F[j], g = G[j], v = V[j];
+                const float2 pp = make_float2(f.x + g.x, f.y + g.y);
+                const float2 q = make_float2(f.x - g.x, f.y - g.y);
+                const float2 q2 = make_float2(fmaf(ca, q.x, sa * v.x), fmaf(ca, q.y, sa * v.y));
+                V[j] = make_float2(fmaf(vq, q.x, vv * v.x), fmaf(vq, q.y, vv * v.y));
+                const float2 sum = make_float2(pp.x + q2.x, pp.y + q2.y);
+                const float2 dif = make_float2(pp.x - q2.x, pp.y - q2.y);
+                if (j == 0) s0 = sum;
+                F[j] = cmul(u, sum);
+                G[j] = cmul(cconj(u), dif);
             }
             if (lane == 0) {
-                F[0].x += q0.x; F[0].y += q0.y;
-                G[0].x += q0.x; G[0].y -= q0.y;
-                Z[0].x += q2;
+                V[0].y += regrow;
                 if (live) {
-                    float2 v = F[0];
+                    // F(0) after the pulse is sum / 2, in the pulse's frame.
+                    float2 v = cmul(cmul(a, e), make_float2(0.5f * s0.x, 0.5f * s0.y));
                     if (pr > 0) { float2 w = o[n]; v.x += w.x; v.y += w.y; }
                     o[n] = v;
                 }
             }
-            // Dephasing: conj(F-) down one state, F+ up one, F+(0) = conj(conj(F-)(0)).
+            // Dephasing: conj(F-) down one state, F+ up one, F+(0) = conj(conj(F-)(0)); a
+            // frame turns F and conj(F-) by conjugate phases, so the rule holds in any frame.
 #if LANES > 1
             const float upx = __shfl_down_sync(0xffffffffu, G[0].x, 1, LANES);
             const float upy = __shfl_down_sync(0xffffffffu, G[0].y, 1, LANES);
@@ -125,9 +121,6 @@ extern "C" __global__ void FISP_BOUNDS kmm_fisp(
                 for (int j = 0; j < K; ++j)
                     if (lane * K + j >= NS) F[j] = make_float2(0.f, 0.f);
             }
-            cb = b;
-            ce1 = e1r;
-            reg = 1.f - e1r;
         }
     }
 }
