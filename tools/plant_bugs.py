@@ -438,6 +438,17 @@ PLANTS = [
      "    float bv = 0.f;\n    int bi = -1;\n",
      "    float bv = -1.f;\n    int bi = 0;\n",
      ["qmri_kernels_on_cpu"]),
+    # FISP in the next pulse's frame: the frame change between pulses dropped (phase-cycled RF
+    # then runs as if every pulse had the first one's phase).
+    ("fisp-frame-change-dropped", "rust/kmm/src/qmri/kernels.cu",
+     "            const float2 u = cmul(half_tr, cmul(e, make_float2(next.y, -next.z)));\n",
+     "            const float2 u = half_tr;\n",
+     ["qmri_kernels_on_cpu"]),
+    # The same kernel: Z(0)'s regrowth over a TR dropped.
+    ("fisp-regrowth-dropped", "rust/kmm/src/qmri/kernels.cu",
+     "                V[0].y += regrow;\n",
+     "",
+     ["qmri_kernels_on_cpu"]),
     # Accumulating, a batch that matches nothing overwrites the earlier result.
     ("match-unmatched-batch-overwrites", "rust/kmm/src/qmri/run.rs",
      "            if if f.index >= 0 { earlier >= f.score } else { earlier >= 0.0 } {\n",

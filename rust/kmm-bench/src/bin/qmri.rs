@@ -312,6 +312,11 @@ fn main() {
         (true, true) => (50_000, 20_000, 8_192, 20_000),
         (false, _) => (2_000, 1_000, 256, 500),
     };
+    // `--fisp-atoms N`: FISP at N atoms, and only FISP (the lanes' sweep).
+    let fisp_only: Option<usize> = args.iter().position(|a| a == "--fisp-atoms").map(|i| {
+        args.get(i + 1).and_then(|v| v.parse().ok()).expect("--fisp-atoms needs a number")
+    });
+    let fisp_atoms = fisp_only.unwrap_or(fisp_atoms);
     let (fisp_ntr, ns, m_ntr) = (1120, 32, 1000);
     println!("# Kmm qMRI benchmark on {name} ({}), {}", if cuda { "CUDA" } else { "host backend" }, if small { "reduced sizes" } else { "full sizes" });
     println!();
@@ -330,13 +335,19 @@ fn main() {
     let work = (fisp_atoms * fisp_ntr) as f64;
     row(if cuda { "FISP GPU" } else { "FISP host backend" }, &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), t, &format!("{:.3e} atom-TR/s", work / t), "best of runs, parameter check skipped");
     if cuda {
+        let sms = kmm::backend::cuda::module::device_info(0).map_or(132, |d| d.multiprocessors as u32);
+        let default_lanes = gpu::fisp_lanes(ns, fisp_atoms, sms);
         for lanes in [1u32, 2, 4, 8, 32] {
             std::env::set_var("KMM_FISP_LANES", lanes.to_string());
             m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
             let tl = m.time(3, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, KMM_QMRI_SKIP_CHECKS)));
             std::env::remove_var("KMM_FISP_LANES");
-            row(&format!("  FISP GPU, {lanes} lanes/atom"), &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tl, &format!("{:.3e} atom-TR/s", work / tl), &format!("default is {}", gpu::fisp_lanes(ns)));
+            row(&format!("  FISP GPU, {lanes} lanes/atom"), &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tl, &format!("{:.3e} atom-TR/s", work / tl), &format!("default here is {}", default_lanes));
         }
+    }
+    if fisp_only.is_some() {
+        ok(kmm_manager_destroy(m.0, 0));
+        return;
     }
     let tc = m.time(1, || ok(kmm_qmri_simulate_fisp(m.0, &raw, p, 0, fisp_atoms as u64, out, 0)));
     row("FISP, checked parameters", &format!("{fisp_atoms} x {fisp_ntr}, Ns {ns}"), tc, &format!("{:.3e} atom-TR/s", work / tc), "copies parameters to the host and waits");

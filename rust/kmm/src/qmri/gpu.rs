@@ -21,15 +21,36 @@ pub const KERNELS: &str = include_str!("kernels.cu");
 const FISP_BLOCK: u32 = 256;
 const PSSFP_BLOCK: u32 = 128;
 
-/// Threads per atom for `ns` EPG states: about 8 states per thread, up to a warp per atom.
-/// `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides it, for tuning on a new GPU.
-pub fn fisp_lanes(ns: u32) -> u32 {
+/// Threads per atom for `ns` EPG states and `natoms` atoms on a device of `multiprocessors`.
+/// Fewer lanes hold more states per thread (up to 32 in registers, about 254 of them): less
+/// exchange between lanes and more atoms per multiprocessor (about 256 at 32 states a thread), so
+/// the most throughput once the atoms fill the device several times over; more lanes finish each
+/// atom sooner, which wins while they do not. Measured on an H100 (132 multiprocessors, Ns 32;
+/// bench/results/qmri.md): 1 lane is fastest from 100k atoms (2.5 waves and more), 2 lanes at 50k
+/// (from 1.25 waves), 4 lanes (8 states a thread) at 20k and below. `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides the choice, for
+/// tuning on a new GPU.
+pub fn fisp_lanes(ns: u32, natoms: usize, multiprocessors: u32) -> u32 {
     if let Some(l) = std::env::var("KMM_FISP_LANES").ok().and_then(|v| v.parse::<u32>().ok()) {
         if l.is_power_of_two() && l <= 32 {
             return l;
         }
     }
-    ns.div_ceil(8).next_power_of_two().min(32)
+    let lanes_for = |states_per_thread: u32| ns.div_ceil(states_per_thread).next_power_of_two().min(32);
+    // Atoms that one wave of 32-state threads holds.
+    let wave = multiprocessors as usize * 256;
+    if natoms * 2 >= 5 * wave {
+        // 32 states a thread and the exchange of more than 2 lanes pass 255 registers.
+        lanes_for(if ns <= 64 { 32 } else { 16 })
+    } else if natoms * 4 >= 5 * wave {
+        lanes_for(16)
+    } else {
+        lanes_for(8)
+    }
+}
+
+/// The defines that specialise `kmm_fisp` for `ns` states on `lanes` threads per atom.
+pub fn fisp_defines(ns: u32, lanes: u32) -> Vec<String> {
+    vec![format!("-DNS={ns}"), format!("-DLANES={lanes}")]
 }
 
 /// NVRTC options of the qMRI kernels, plus `extra`.
@@ -37,11 +58,6 @@ pub fn options(extra: &[String]) -> Vec<String> {
     let mut opts = vec!["--std=c++14".to_string(), "--fmad=true".to_string()];
     opts.extend_from_slice(extra);
     opts
-}
-
-/// The defines that specialise `kmm_fisp` for `ns` states.
-pub fn fisp_defines(ns: u32) -> Vec<String> {
-    vec![format!("-DNS={ns}"), format!("-DLANES={}", fisp_lanes(ns))]
 }
 
 fn function(m: &Manager, extra: &[String], name: &str) -> Result<Function> {
@@ -104,8 +120,9 @@ pub(super) fn grid_for(threads: u64, block: u32) -> Result<[u32; 3]> {
 }
 
 pub fn simulate_fisp(m: &Manager, seq: &Fisp, atoms: u64, natoms: usize, out: u64) -> Result<()> {
-    let lanes = fisp_lanes(seq.max_state);
-    let f = function(m, &fisp_defines(seq.max_state), "kmm_fisp")?;
+    let multiprocessors = module::device_info(m.device())?.multiprocessors.max(1) as u32;
+    let lanes = fisp_lanes(seq.max_state, natoms, multiprocessors);
+    let f = function(m, &fisp_defines(seq.max_state, lanes), "kmm_fisp")?;
     let ntr = seq.ntr();
     let mut table = Vec::with_capacity(ntr * seq.positions());
     for p in 0..seq.positions() {
@@ -505,4 +522,25 @@ fn chunked_gemm(m: &Manager, h: cb::cublasHandle_t, dict: u64, k: usize, natoms:
         v0 += nv;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fisp_lanes;
+
+    /// The choice at the sizes measured on an H100 (132 multiprocessors), and for other state
+    /// counts: never more than 32 states a thread, never more than a warp per atom.
+    #[test]
+    fn fisp_lanes_follow_the_atoms_per_wave() {
+        if std::env::var_os("KMM_FISP_LANES").is_some() {
+            return;
+        }
+        let at = |ns, natoms| fisp_lanes(ns, natoms, 132);
+        assert_eq!([at(32, 8_000), at(32, 20_000), at(32, 50_000), at(32, 100_000), at(32, 350_000)], [4, 4, 2, 1, 1]);
+        assert_eq!([at(64, 1_000), at(64, 50_000), at(64, 1_000_000)], [8, 4, 2]);
+        assert_eq!([at(17, 1_000), at(17, 1_000_000)], [4, 1]);
+        assert_eq!([at(100, 1_000), at(100, 1_000_000)], [16, 8]);
+        assert_eq!([at(512, 1), at(512, 10_000_000)], [32, 32]);
+        assert_eq!(at(1, 10), 1);
+    }
 }
