@@ -39,7 +39,8 @@ fn fisp_on_the_gpu_equals_the_cpu_reference() {
     let params = wide_grid();
     for (ntr, ns, nprof) in [(500usize, 32u32, 0u32), (300, 5, 0), (200, 64, 3), (100, 1, 0), (150, 17, 2)] {
         let mut seq = FispSpec::mrf(ntr, ns);
-        seq.phase = (0..ntr).map(|n| 0.05 * n as f32).collect();
+        // Quadratic (RF spoiling): a linear ramp alone is an off-resonance the signal does not see.
+        seq.phase = (0..ntr).map(|n| 0.05 * n as f32 + 0.011 * (n * n) as f32).collect();
         if nprof > 0 {
             seq.nprofile = nprof;
             seq.profile = (0..ntr * nprof as usize).map(|i| 0.6 + 0.4 * ((i % ntr) as f32 / ntr as f32) + 0.1 * (i / ntr) as f32).collect();

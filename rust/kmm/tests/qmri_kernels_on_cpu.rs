@@ -56,7 +56,9 @@ fn kernels_run_on_the_cpu_equal_the_reference() {
     }
     atoms.push(Atom { t1: f32::INFINITY, t2: f32::INFINITY, b1: 1.0, b0: 3.0 });
     let flip: Vec<f32> = (0..ntr).map(|n| (n as f32 / 40.0).sin().abs() * 1.2 + 0.05).collect();
-    let phase: Vec<f32> = (0..ntr).map(|n| 0.07 * n as f32).collect();
+    // A linear phase ramp alone is an off-resonance, which a spoiled sequence's signal does not
+    // see; the quadratic part (RF spoiling) makes each pulse's phase matter.
+    let phase: Vec<f32> = (0..ntr).map(|n| 0.07 * n as f32 + 0.013 * (n * n) as f32).collect();
     let pssfp = Pssfp {
         flip: flip.clone(),
         phase: phase.clone(),
