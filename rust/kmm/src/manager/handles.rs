@@ -81,6 +81,7 @@ impl<T> HandleTable<T> {
         self.fixed | (((generation & GEN_MASK) as u64) << GEN_SHIFT) | index as u64
     }
 
+    #[inline]
     pub fn insert(&mut self, value: T) -> Result<u64> {
         let index = match self.free.pop() {
             Some(i) => i,
@@ -149,6 +150,7 @@ impl<T> HandleTable<T> {
     }
 
     /// Removes the value of `handle` once `check` accepts it (one lookup for both).
+    #[inline]
     pub fn remove_if(&mut self, handle: u64, check: impl FnOnce(&T) -> Result<()>) -> Result<T> {
         let i = self.index_of(handle)?;
         check(self.slots[i].value.as_ref().expect("checked live"))?;

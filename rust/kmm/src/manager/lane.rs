@@ -290,6 +290,10 @@ impl State {
     #[inline]
     pub(super) fn allocate_block(&mut self, bytes: u64, kind: MemoryKind, owner: u32, growth: Growth) -> Result<Option<Block>> {
         let k = kind as usize;
+        // A free block that fits: no caller to build, nothing to move or grow.
+        if let Some(block) = self.resources[k].allocate_free(bytes, owner) {
+            return Ok(Some(block));
+        }
         let device = kind == MemoryKind::Device;
         let mut caller = LaneCaller {
             buffers: &mut self.buffers,
@@ -325,6 +329,7 @@ impl State {
     }
 
     /// `insert_buffer`, and its record in the trace (`action`: an allocation or a wrap).
+    #[inline]
     pub(super) fn insert_traced(&mut self, action: Action, record: BufferRecord, stream: u64) -> Result<u64> {
         let (kind, addr, bytes) = (record.kind, record.addr, record.bytes);
         let handle = self.insert_buffer(record)?;
@@ -377,6 +382,7 @@ impl State {
         self.fence_query_in = Some(FENCE_QUERY_INTERVAL);
     }
 
+    #[inline]
     pub(super) fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
         let (kind, bytes, origin) = (record.kind, record.bytes, record.origin);
         match self.buffers.insert(record) {

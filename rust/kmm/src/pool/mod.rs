@@ -163,6 +163,13 @@ pub trait MemoryResource: Send {
     /// A block of at least `bytes`, held by `owner`. A pool that compacts may relocate other
     /// owners' blocks through `relocator` to make room.
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block>;
+    /// A block of at least `bytes` from what the resource holds free now, or `None`: the common
+    /// case of `allocate`, for its caller to try before it builds a `Relocator`. `None` says
+    /// nothing about `allocate`, which counts the miss.
+    fn allocate_free(&mut self, bytes: u64, owner: Owner) -> Option<Block> {
+        let _ = (bytes, owner);
+        None
+    }
     /// Takes a block back; the manager has ordered its reuse already.
     fn deallocate(&mut self, block: Block) -> Result<()>;
     /// Takes entirely free chunks out, largest first, until at most `keep_bytes` stay reserved,

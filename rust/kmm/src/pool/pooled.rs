@@ -126,6 +126,17 @@ impl Relocator for Counted<'_> {
 }
 
 impl MemoryResource for PoolResource {
+    #[inline]
+    fn allocate_free(&mut self, bytes: u64, owner: Owner) -> Option<Block> {
+        let size = round_up(bytes.max(1), self.alignment);
+        if size > self.max_request {
+            return None;
+        }
+        let block = self.sub.alloc_movable(size, owner)?;
+        self.counters.pool_hits += 1;
+        Some(block)
+    }
+
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
         let size = round_up(bytes.max(1), self.alignment);
         if size > self.max_request {
