@@ -158,7 +158,7 @@ impl Ring {
         Ring { capacity, ..Ring::default() }
     }
 
-    #[inline]
+    #[inline(always)]
     fn push(&mut self, record: Entry) {
         self.counts.recorded += 1;
         if self.records.len() < self.capacity {
@@ -240,7 +240,7 @@ impl LaneTrace {
 
     /// Adds a record of an event of this lane (its lock is held).
     #[allow(clippy::too_many_arguments)]
-    #[inline]
+    #[inline(always)]
     pub(super) fn record(&mut self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
         match &mut self.ring {
             Some(ring) => ring.push(self.tracer.make(action, kind, address, bytes, stream, buffer, extra)),
