@@ -1465,8 +1465,10 @@ KmmStatus kmm_plugin_free_address(KmmManager manager, uint64_t address, uint64_t
  * `KMM_QMRI_SKIP_CHECKS`. Large dictionaries go in batches: all parameters in one buffer, one
  * output buffer per batch, each batch matched with `KMM_MATCH_ACCUMULATE`. Queued on the
  * manager's stream; returns once queued (after a wait for the parameter check). On CUDA the
- * kernel is compiled once per state count (NVRTC, cached); `KMM_FISP_LANES` (1 to 32) sets the
- * threads per atom for tuning. Thread-safe.
+ * kernel is compiled once per state count and threads per atom (NVRTC, cached): 1 to 4 threads
+ * per atom of 32 states as `natoms` fills the GPU more or less (a smaller last batch may compile
+ * a second layout); `KMM_FISP_LANES` (1 to 32) sets the threads per atom for tuning.
+ * Thread-safe.
  */
 KmmStatus kmm_qmri_simulate_fisp(KmmManager manager,
                                  const KmmFispSequence *seq,

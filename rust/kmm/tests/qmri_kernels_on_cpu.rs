@@ -55,6 +55,9 @@ fn kernels_run_on_the_cpu_equal_the_reference() {
         }
     }
     atoms.push(Atom { t1: f32::INFINITY, t2: f32::INFINITY, b1: 1.0, b0: 3.0 });
+    atoms.push(Atom { t1: 1.0, t2: f32::INFINITY, b1: 1.0, b0: -7.0 });
+    // Flips past pi (up to 3.75 rad).
+    atoms.push(Atom { t1: 1.2, t2: 0.08, b1: 3.0, b0: 5.0 });
     let flip: Vec<f32> = (0..ntr).map(|n| (n as f32 / 40.0).sin().abs() * 1.2 + 0.05).collect();
     // A linear phase ramp alone is an off-resonance, which a spoiled sequence's signal does not
     // see; the quadratic part (RF spoiling) makes each pulse's phase matter.
@@ -70,8 +73,9 @@ fn kernels_run_on_the_cpu_equal_the_reference() {
         gz_ex: 2.0,
         gz_pr: -10.0,
     };
-    // (Ns, lanes, profile positions): the default layouts, padded states, more lanes than states.
-    for (ns, lanes, nprof) in [(32u32, 4u32, 0usize), (32, 2, 2), (32, 32, 0), (17, 4, 2), (5, 1, 0), (3, 4, 0)] {
+    // (Ns, lanes, profile positions): the default layouts (8 and 32 states a thread), padded
+    // states, more lanes than states.
+    for (ns, lanes, nprof) in [(32u32, 4u32, 0usize), (32, 1, 0), (64, 2, 2), (32, 2, 2), (32, 32, 0), (17, 4, 2), (5, 1, 0), (3, 4, 0)] {
         let Some(exe) = build(ns, lanes, &dir) else {
             eprintln!("skipped: c++ did not run");
             return;

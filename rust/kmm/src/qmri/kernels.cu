@@ -71,8 +71,11 @@ extern "C" __global__ void FISP_BOUNDS kmm_fisp(
         for (int n = 0; n < ntr; ++n) {
             const float4 rf = next;
             next = t[n + 1 < ntr ? n + 1 : n];
-            float sa, ca;
-            __sincosf(rf.x * p.z, &sa, &ca);  // |error| < 5e-7 for flips within +-pi
+            // The intrinsic holds its error (< 5e-7) within +-pi: flips (times B1 and the
+            // profile) are brought there first.
+            float sa, ca, flip = rf.x * p.z;
+            flip = fmaf(-TWO_PI, rintf(flip * (1.f / TWO_PI)), flip);
+            __sincosf(flip, &sa, &ca);
             const float2 e = make_float2(rf.y, rf.z);
             // From this pulse's frame to the next one's, with a TR's relaxation and precession.
             const float2 u = cmul(half_tr, cmul(e, make_float2(next.y, -next.z)));
