@@ -37,12 +37,12 @@ fn qmri_kernels_compile_for_every_state_count_and_arch() {
         return;
     }
     for arch in ["sm_80", "sm_90"] {
-        // Each state count with 8, 16 and the most states a thread `fisp_lanes` gives (its
-        // layouts from few to many atoms), each layout once: CUDA 13's NVRTC gives an empty log
-        // for a program it compiled before in the process.
+        // Each state count with 8 states a thread and with the most `fisp_lanes` gives a thread
+        // (its layouts for few and for many atoms), each layout once: CUDA 13's NVRTC gives an
+        // empty log for a program it compiled before in the process.
         let mut layouts: Vec<(u32, u32)> = [1u32, 5, 8, 17, 32, 64, 100, 512]
             .into_iter()
-            .flat_map(|ns| [8u32, 16, if ns <= 64 { 32 } else { 16 }].map(|states| (ns, ns.div_ceil(states).next_power_of_two().min(32))))
+            .flat_map(|ns| [8u32, if ns <= 64 { 32 } else { 16 }].map(|states| (ns, ns.div_ceil(states).next_power_of_two().min(32))))
             .collect();
         layouts.dedup();
         for (ns, lanes) in layouts {

@@ -24,11 +24,13 @@ const PSSFP_BLOCK: u32 = 128;
 /// Threads per atom for `ns` EPG states and `natoms` atoms on a device of `multiprocessors`.
 /// Fewer lanes hold more states per thread (up to 32 in registers, about 254 of them): less
 /// exchange between lanes and more atoms per multiprocessor (about 256 at 32 states a thread), so
-/// the most throughput once the atoms fill the device several times over; more lanes finish each
-/// atom sooner, which wins while they do not. Measured on an H100 (132 multiprocessors, Ns 32;
-/// bench/results/qmri.md): 1 lane is fastest from 100k atoms (2.5 waves and more), 2 lanes at 50k
-/// (from 1.25 waves), 4 lanes (8 states a thread) at 20k and below. `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides the choice, for
-/// tuning on a new GPU.
+/// the most throughput once the atoms fill the device several times over; more lanes (8 states a
+/// thread, 128 atoms per multiprocessor) finish each atom sooner, which wins while they do not.
+/// Measured on an H100 (132 multiprocessors, Ns 32; bench/results/qmri.md): 1 lane is fastest
+/// from 100k atoms (2.5 waves of 256 atoms per multiprocessor and more), 4 lanes at 50k and below.
+/// 16 states a thread (2 lanes) need 133-141 registers, one block per multiprocessor, and lost to
+/// both at every size measured. `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides the choice,
+/// for tuning on a new GPU.
 pub fn fisp_lanes(ns: u32, natoms: usize, multiprocessors: u32) -> u32 {
     if let Some(l) = std::env::var("KMM_FISP_LANES").ok().and_then(|v| v.parse::<u32>().ok()) {
         if l.is_power_of_two() && l <= 32 {
@@ -41,8 +43,6 @@ pub fn fisp_lanes(ns: u32, natoms: usize, multiprocessors: u32) -> u32 {
     if natoms * 2 >= 5 * wave {
         // 32 states a thread and the exchange of more than 2 lanes pass 255 registers.
         lanes_for(if ns <= 64 { 32 } else { 16 })
-    } else if natoms * 4 >= 5 * wave {
-        lanes_for(16)
     } else {
         lanes_for(8)
     }
@@ -536,8 +536,8 @@ mod tests {
             return;
         }
         let at = |ns, natoms| fisp_lanes(ns, natoms, 132);
-        assert_eq!([at(32, 8_000), at(32, 20_000), at(32, 50_000), at(32, 100_000), at(32, 350_000)], [4, 4, 2, 1, 1]);
-        assert_eq!([at(64, 1_000), at(64, 50_000), at(64, 1_000_000)], [8, 4, 2]);
+        assert_eq!([at(32, 8_000), at(32, 20_000), at(32, 50_000), at(32, 100_000), at(32, 350_000)], [4, 4, 4, 1, 1]);
+        assert_eq!([at(64, 1_000), at(64, 50_000), at(64, 1_000_000)], [8, 8, 2]);
         assert_eq!([at(17, 1_000), at(17, 1_000_000)], [4, 1]);
         assert_eq!([at(100, 1_000), at(100, 1_000_000)], [16, 8]);
         assert_eq!([at(512, 1), at(512, 10_000_000)], [32, 32]);
