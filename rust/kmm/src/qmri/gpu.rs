@@ -28,8 +28,8 @@ const PSSFP_BLOCK: u32 = 128;
 /// thread, 128 atoms per multiprocessor) finish each atom sooner, which wins while they do not.
 /// Measured on an H100 (132 multiprocessors, Ns 32; bench/results/qmri.md): 1 lane is fastest
 /// from 100k atoms (2.5 waves of 256 atoms per multiprocessor and more), 4 lanes at 50k and below.
-/// 16 states a thread (2 lanes) need 133-141 registers, one block per multiprocessor, and lost to
-/// both at every size measured. `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides the choice,
+/// 16 states a thread (2 lanes) need 133-141 registers, one block per multiprocessor: they lost
+/// to 1 or 4 lanes at 20k, 50k and 100k atoms. `KMM_FISP_LANES` (1, 2, 4, 8, 16 or 32) overrides the choice,
 /// for tuning on a new GPU.
 pub fn fisp_lanes(ns: u32, natoms: usize, multiprocessors: u32) -> u32 {
     if let Some(l) = std::env::var("KMM_FISP_LANES").ok().and_then(|v| v.parse::<u32>().ok()) {
