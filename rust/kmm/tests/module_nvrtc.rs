@@ -3,7 +3,7 @@
 //! LD_LIBRARY_PATH to its lib folder with a libnvrtc.so link), and is skipped elsewhere.
 
 use kmm::backend::cuda::module::compile_image;
-use kmm::qmri::gpu::{fisp_defines, options, KERNELS};
+use kmm::qmri::gpu::{fisp_defines, fisp_layouts, options, KERNELS};
 use kmm::KmmStatus;
 
 fn nvrtc() -> bool {
@@ -37,13 +37,11 @@ fn qmri_kernels_compile_for_every_state_count_and_arch() {
         return;
     }
     for arch in ["sm_80", "sm_90"] {
-        // Each state count with 8 states a thread and with the most `fisp_lanes` gives a thread
-        // (its layouts for few and for many atoms), each layout once: CUDA 13's NVRTC gives an
-        // empty log for a program it compiled before in the process.
-        let mut layouts: Vec<(u32, u32)> = [1u32, 5, 8, 17, 32, 64, 100, 512]
-            .into_iter()
-            .flat_map(|ns| [8u32, if ns <= 64 { 32 } else { 16 }].map(|states| (ns, ns.div_ceil(states).next_power_of_two().min(32))))
-            .collect();
+        // Each state count in the layouts `fisp_lanes` chooses between (for few and for many
+        // atoms), each layout once: CUDA 13's NVRTC gives an empty log for a program it compiled
+        // before in the process.
+        let mut layouts: Vec<(u32, u32)> =
+            [1u32, 5, 8, 17, 32, 64, 100, 512].into_iter().flat_map(|ns| fisp_layouts(ns).map(|lanes| (ns, lanes))).collect();
         layouts.dedup();
         for (ns, lanes) in layouts {
             let mut opts = options(&fisp_defines(ns, lanes));

@@ -77,6 +77,14 @@ impl PoolResource {
         (reserved + chunk) as u128 * 100 > held as u128 * self.compaction_ratio_pct as u128
     }
 
+    /// A free block of `size` (rounded, within `max_request`), counted as a hit, or `None`.
+    #[inline]
+    fn hit(&mut self, size: u64, owner: Owner) -> Option<Block> {
+        let block = self.sub.alloc_movable(size, owner)?;
+        self.counters.pool_hits += 1;
+        Some(block)
+    }
+
     /// Serves `size` bytes by relocating movable blocks, or `None`.
     fn compact(&mut self, size: u64, owner: Owner, relocator: &mut dyn Relocator) -> Option<Block> {
         if self.compaction_ratio_pct == 0 || self.sub.free_bytes() < size {
@@ -129,12 +137,7 @@ impl MemoryResource for PoolResource {
     #[inline]
     fn allocate_free(&mut self, bytes: u64, owner: Owner) -> Option<Block> {
         let size = round_up(bytes.max(1), self.alignment);
-        if size > self.max_request {
-            return None;
-        }
-        let block = self.sub.alloc_movable(size, owner)?;
-        self.counters.pool_hits += 1;
-        Some(block)
+        (size <= self.max_request).then(|| self.hit(size, owner)).flatten()
     }
 
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
@@ -142,8 +145,7 @@ impl MemoryResource for PoolResource {
         if size > self.max_request {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = {bytes} exceeds the fixed suballocator's block size {}", self.max_request);
         }
-        if let Some(block) = self.sub.alloc_movable(size, owner) {
-            self.counters.pool_hits += 1;
+        if let Some(block) = self.hit(size, owner) {
             return Ok(block);
         }
         self.counters.pool_misses += 1;

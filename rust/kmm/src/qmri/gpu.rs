@@ -37,15 +37,22 @@ pub fn fisp_lanes(ns: u32, natoms: usize, multiprocessors: u32) -> u32 {
             return l;
         }
     }
-    let lanes_for = |states_per_thread: u32| ns.div_ceil(states_per_thread).next_power_of_two().min(32);
+    let [few, many] = fisp_layouts(ns);
     // Atoms that one wave of 32-state threads holds.
     let wave = multiprocessors as usize * 256;
     if natoms * 2 >= 5 * wave {
-        // 32 states a thread and the exchange of more than 2 lanes pass 255 registers.
-        lanes_for(if ns <= 64 { 32 } else { 16 })
+        many
     } else {
-        lanes_for(8)
+        few
     }
+}
+
+/// The threads per atom `fisp_lanes` chooses between for `ns` states: [for few atoms (8 states
+/// a thread), for many (32 states a thread; 16 past Ns 64, where 32 states and the exchange of
+/// more than 2 lanes pass 255 registers)].
+pub fn fisp_layouts(ns: u32) -> [u32; 2] {
+    let lanes_for = |states_per_thread: u32| ns.div_ceil(states_per_thread).next_power_of_two().min(32);
+    [lanes_for(8), lanes_for(if ns <= 64 { 32 } else { 16 })]
 }
 
 /// The defines that specialise `kmm_fisp` for `ns` states on `lanes` threads per atom.
