@@ -1,14 +1,16 @@
 //! Allocation, copy and pinned-memory benchmarks of Kmm's C ABI against the CUDA driver's own
 //! allocators, all in one run so figures are compared as ratios on one machine.
 //!
-//! `kmm-bench [--quick] [--traces] [--threads N] [--host]`: on a machine without CUDA, or with
-//! `--host`, only Kmm's host backend is measured; `--traces` stops after the single-thread
-//! traces; `--threads` sets the thread count of the multi-thread rows (16).
+//! `kmm-bench [--quick] [--traces] [--pairs] [--threads N] [--host]`: on a machine without CUDA,
+//! or with `--host`, only Kmm's host backend is measured; `--traces` stops after the
+//! single-thread traces; `--pairs` measures only the 1 MiB alloc+free pairs; `--threads` sets the thread count of the multi-thread rows (16).
 
 use cudarc::driver::sys;
 use kmm::ffi::buffer::*;
 use kmm::ffi::copy::*;
+use kmm::ffi::cupy::{kmm_cupy_free, kmm_cupy_malloc, kmm_cupy_set_manager};
 use kmm::ffi::manager::*;
+use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
 use kmm::ffi::types::*;
 use kmm::KmmStatus;
 use std::time::Instant;
@@ -176,6 +178,7 @@ fn arg_value(name: &str) -> Option<usize> {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let traces_only = std::env::args().any(|a| a == "--traces");
+    let pairs_only = std::env::args().any(|a| a == "--pairs");
     let cuda = !std::env::args().any(|a| a == "--host")
         && unsafe { sys::is_culib_present() }
         && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
@@ -210,6 +213,10 @@ fn main() {
     println!("# kmm-bench: {device_line}");
     let mut r = Report { lines: Vec::new() };
     println!("| measure | figure | target |\n|---|---|---|");
+    if pairs_only {
+        pair_1mib(backend, &mut r);
+        return;
+    }
 
     let n = if quick { 20_000 } else { 100_000 };
     for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 8x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
@@ -476,15 +483,39 @@ fn pair_1mib(backend: u32, r: &mut Report) {
     let ns = alloc_free_ns(m, 1 << 20, DEVICE, 1000, 200_000);
     ok(kmm_manager_destroy(m, 0));
     r.row("1 MiB device alloc+free pair, C ABI from Rust", format!("{ns:.0} ns"), "peer of bench/julia_alloc.jl");
+    // What the Python plugins add under Python: Numba's and PyTorch's calls (by handle, on the
+    // stream the memory is for) and CuPy's (by address, the device's manager looked up).
+    let m = manager(backend, |_| {});
+    let plugin = timed_pairs(1000, 200_000, || {
+        let (mut b, mut p) = (0, 0);
+        ok(kmm_plugin_alloc(m, 1 << 20, DEVICE, 0, &mut b, &mut p));
+        ok(kmm_plugin_free(m, b, 0));
+    });
+    ok(kmm_cupy_set_manager(0, m));
+    let cupy = timed_pairs(1000, 200_000, || {
+        let p = kmm_cupy_malloc(std::ptr::null_mut(), 1 << 20, 0);
+        assert!(!p.is_null(), "kmm_cupy_malloc failed");
+        kmm_cupy_free(std::ptr::null_mut(), p, 0);
+    });
+    ok(kmm_manager_destroy(m, 0));
+    r.row(
+        "1 MiB device alloc+free pair, plugin calls from Rust",
+        format!("{plugin:.0} ns (kmm_plugin_alloc/free), {cupy:.0} ns (kmm_cupy_malloc/free)"),
+        "peer of bench/python_alloc.py",
+    );
 }
 
 /// Nanoseconds per allocate+free pair of one `bytes` buffer of `kind`, after `warmup` pairs.
 fn alloc_free_ns(m: KmmManager, bytes: u64, kind: u32, warmup: usize, n: usize) -> f64 {
-    let pair = || {
+    timed_pairs(warmup, n, || {
         let mut b = 0;
         ok(kmm_buffer_alloc(m, bytes, kind, &mut b));
         ok(kmm_buffer_free(m, b, 0));
-    };
+    })
+}
+
+/// Nanoseconds per call of `pair`, over `n` calls after `warmup`.
+fn timed_pairs(warmup: usize, n: usize, mut pair: impl FnMut()) -> f64 {
     (0..warmup).for_each(|_| pair());
     let t = Instant::now();
     (0..n).for_each(|_| pair());
