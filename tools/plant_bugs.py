@@ -193,10 +193,16 @@ PLANTS = [
     # stream it is freed on. MISSED so far: stream_model frees a plugin buffer on the stream it
     # was allocated for, which the allocation already recorded; it takes a free on another stream
     # than the allocation's (with work queued there) to see it.
-    ("plugin-free-ignores-its-stream", "rust/kmm/src/ffi/plugin.rs",
-     "    m.record_stream(buffer, stream)?;\n    m.free(buffer, FreeMode::Force)\n",
-     "    let _ = stream;\n    m.free(buffer, FreeMode::Force)\n",
+    ("plugin-free-ignores-its-stream", "rust/kmm/src/manager/lane.rs",
+     "        self.record_stream(handle, stream)?;\n        self.free(handle, force)\n",
+     "        let _ = stream;\n        self.free(handle, force)\n",
      ["abi_stream_order"]),
+    # A plugin allocation served by the caller's lane comes back unpinned: a compaction may move
+    # it while the library that holds its address uses it.
+    ("plugin-alloc-unpinned", "rust/kmm/src/manager/mod.rs",
+     "            Ok(Some(handle)) => lane.map(handle, false).ok().flatten().map(|(addr, settle)| (handle, addr, settle)),\n",
+     "            Ok(Some(handle)) => lane.buffer_info(handle).ok().map(|(addr, ..)| (handle, addr, None)),\n",
+     ["stream_model", "abi_stream_order"]),
     # A compaction move forgets the streams recorded on the buffer: work they queue at the new
     # place after a map is not waited for at the free (found by review).
     ("move-forgets-recorded-streams", "rust/kmm/src/manager/lane.rs",

@@ -20,20 +20,12 @@ pub(super) fn plugin_alloc(m: &Manager, bytes: u64, kind: MemoryKind, stream: u6
         // Whatever the memory's kind: its free will be ordered after this stream.
         m.backend().check_stream(stream)?;
     }
-    let buffer = m.alloc_for(bytes, kind, stream)?;
-    match m.map(buffer) {
-        Ok(p) => Ok((buffer, p)),
-        Err(e) => {
-            let _ = m.free(buffer, FreeMode::Force);
-            Err(e)
-        }
-    }
+    m.alloc_mapped(bytes, kind, stream)
 }
 
 /// Frees a plugin buffer after the work queued so far on the raw `stream`.
 pub(super) fn plugin_free(m: &Manager, buffer: u64, stream: u64) -> Result<()> {
-    m.record_stream(buffer, stream)?;
-    m.free(buffer, FreeMode::Force)
+    m.free_used_on(buffer, stream, FreeMode::Force)
 }
 
 /// For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's

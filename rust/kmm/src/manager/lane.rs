@@ -507,6 +507,14 @@ impl State {
         Ok(Some(()))
     }
 
+    /// Frees a buffer that work on the raw `stream` may still use: its reuse waits for that
+    /// stream too. A spilled buffer's streams were waited for before its copy out, and no
+    /// stream can have used it since, so it is freed as it is.
+    pub fn free_used_on(&mut self, handle: u64, stream: u64, force: bool) -> Result<()> {
+        self.record_stream(handle, stream)?;
+        self.free(handle, force)
+    }
+
     /// Whether the buffer is spilled now, and whether it is marked never to spill.
     pub fn spill_flags(&self, handle: u64) -> Result<(bool, bool)> {
         let r = self.buffers.get(handle)?;

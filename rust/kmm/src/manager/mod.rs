@@ -511,6 +511,12 @@ impl Manager {
 
     fn map_pinned(&self, handle: u64, own_work: bool) -> Result<u64> {
         let (addr, settle) = self.resident(handle, |st| st.map(handle, own_work))?;
+        self.settle_mapped(handle, addr, settle)
+    }
+
+    /// After a buffer was pinned: when a compaction's copies may still be queued where it lies,
+    /// waits for them (no lock held) before its address is handed out; unpins it if that fails.
+    fn settle_mapped(&self, handle: u64, addr: u64, settle: Option<lane::MovesFence>) -> Result<u64> {
         if let Some(fence) = settle {
             if let Err(e) = fence.wait() {
                 let _ = self.unmap(handle);
@@ -519,6 +525,49 @@ impl Manager {
             self.state_of(handle).settled(handle);
         }
         Ok(addr)
+    }
+
+    /// `alloc_for` and `map` in one, for allocator plugins (their libraries keep the address):
+    /// a buffer for work on the raw `stream`, pinned; (handle, address). Where the calling
+    /// thread's lane serves it, both happen under one lock. Nothing stays allocated on failure.
+    pub fn alloc_mapped(&self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
+        let own = cells::alloc_lane(kind, self.lane_mask());
+        let mut lane = self.lane(own);
+        let first = lane.try_alloc_in(bytes, kind, stream, Growth::Defer);
+        let pinned = match first {
+            // A new buffer is resident, so `map` pins it (or fails, and the long way retries).
+            Ok(Some(handle)) => lane.map(handle, false).ok().flatten().map(|(addr, settle)| (handle, addr, settle)),
+            _ => None,
+        };
+        drop(lane);
+        let handle = match (pinned, first) {
+            (Some((handle, addr, settle)), _) => {
+                self.flush_frees();
+                return match self.settle_mapped(handle, addr, settle) {
+                    Ok(addr) => Ok((handle, addr)),
+                    Err(e) => Err(self.free_failed_alloc(handle, e)),
+                };
+            }
+            (None, Ok(Some(handle))) => handle,
+            (None, first) => self.alloc_rest(first, bytes, kind, stream)?,
+        };
+        match self.map(handle) {
+            Ok(addr) => Ok((handle, addr)),
+            Err(e) => Err(self.free_failed_alloc(handle, e)),
+        }
+    }
+
+    /// Frees a buffer allocated for a caller that then failed with `e`; returns `e`.
+    fn free_failed_alloc(&self, handle: u64, e: crate::error::Error) -> crate::error::Error {
+        let _ = self.free(handle, FreeMode::Force);
+        e
+    }
+
+    /// `record_stream` and `free` in one (under one lock), for allocator plugins: frees the
+    /// buffer, its reuse ordered after the work queued so far on the raw `stream` as well.
+    pub fn free_used_on(&self, handle: u64, stream: u64, mode: FreeMode) -> Result<()> {
+        let stream = self.stream_arg(stream);
+        self.state_of(handle).free_used_on(handle, stream, mode == FreeMode::Force)
     }
 
     pub fn unmap(&self, handle: u64) -> Result<()> {
