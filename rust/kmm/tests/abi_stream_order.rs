@@ -500,6 +500,38 @@ fn plugin_free_waits_for_its_own_stream() {
     }
 }
 
+/// A plugin buffer is pinned from its allocation to its free (its library keeps the address, so
+/// no compaction may move it), on every allocation path; `kmm_plugin_free` frees it pinned.
+#[test]
+fn plugin_buffers_are_pinned_until_freed() {
+    use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
+    let m = Mgr::new();
+    // The first allocations grow the pool; the later ones are served by its free blocks.
+    for round in 0..3 {
+        let plugin: Vec<(KmmBuffer, u64)> = (0..4)
+            .map(|_| {
+                let (mut buf, mut ptr) = (0, 0);
+                ok(kmm_plugin_alloc(m.0, 1 << 20, DEVICE, 0, &mut buf, &mut ptr));
+                (buf, ptr)
+            })
+            .collect();
+        for &(buf, _) in &plugin {
+            let mut info = KmmBufferInfo::default();
+            ok(kmm_buffer_info(m.0, buf, &mut info));
+            assert_eq!(info.pins, 1, "round {round}: a plugin buffer must be pinned");
+            let st = kmm_buffer_free(m.0, buf, 0);
+            assert_eq!(st, KmmStatus::KMM_ERROR_BUFFER_MAPPED, "round {round}: a pinned buffer's plain free is refused");
+        }
+        for (buf, _) in plugin {
+            ok(kmm_plugin_free(m.0, buf, 0));
+        }
+    }
+    m.sync();
+    let mut stats = KmmMemoryStats::default();
+    ok(kmm_manager_stats(m.0, DEVICE, &mut stats));
+    assert_eq!(stats.live_buffers, 0);
+}
+
 /// PyTorch's `record_stream` for memory from `kmm_torch_malloc`: freed on the stream it was
 /// allocated for, its memory still waits for a side stream recorded with
 /// `kmm_torch_record_stream`; unknown addresses are refused by name.
