@@ -1,4 +1,4 @@
-/* The per-allocation calls of kmm.numba (and kmm.cupy's allocator), compiled.
+/* The per-allocation calls of kmm.numba, compiled.
  *
  * Numba allocates through its memory-manager plugin at every numba.cuda.device_array, so the
  * plugin's cost is paid per array. Written in Python, that cost was several times what libkmm
@@ -539,58 +539,6 @@ static PyType_Spec allocator_spec = {
 };
 
 /* ------------------------------------------------------------------------------------------ */
-/* cupy_allocator(c_malloc, fallback): kmm.cupy.allocator. CuPy calls it at every cupy.empty; as
- * a Python function it cost a frame per allocation (0.16 us of CuPy's 2.4 on an H200 host).
- * c_malloc is CuPy's CFunctionAllocator.malloc over libkmm, which returns a MemoryPointer at
- * address 0 when libkmm failed (CuPy does not check); then fallback (Python: creates the
- * device's manager, or raises CuPy's OutOfMemoryError) serves the request instead. */
-
-static PyObject *cupy_allocator_call(PyObject *pair, PyObject *nbytes)
-{
-    PyObject *c_malloc = PyTuple_GetItem(pair, 0), *fallback = PyTuple_GetItem(pair, 1);
-    if (!c_malloc || !fallback)
-        return NULL;
-    PyObject *mp = PyObject_CallFunctionObjArgs(c_malloc, nbytes, NULL);
-    if (!mp)
-        return NULL;
-    PyObject *ptr = PyObject_GetAttrString(mp, "ptr");
-    if (!ptr) {
-        Py_DECREF(mp);
-        return NULL;
-    }
-    int served = PyObject_IsTrue(ptr), empty = served == 0 ? PyObject_Not(nbytes) : 0;
-    Py_DECREF(ptr);
-    if (served < 0 || empty < 0) {
-        Py_DECREF(mp);
-        return NULL;
-    }
-    if (served || empty)
-        return mp;
-    Py_DECREF(mp);
-    return PyObject_CallFunctionObjArgs(fallback, nbytes, NULL);
-}
-
-static PyMethodDef cupy_allocator_def = {
-    "allocator", cupy_allocator_call, METH_O,
-    "allocator(nbytes) -> a cupy.cuda.MemoryPointer to nbytes of device memory on CuPy's current "
-    "device and stream, from that device's Kmm manager (for cupy.cuda.set_allocator).",
-};
-
-static PyObject *cupy_allocator(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
-{
-    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "cupy_allocator(c_malloc, fallback) takes 2 callables");
-        return NULL;
-    }
-    PyObject *pair = PyTuple_Pack(2, args[0], args[1]);
-    if (!pair)
-        return NULL;
-    PyObject *f = PyCFunction_NewEx(&cupy_allocator_def, pair, NULL);
-    Py_DECREF(pair);
-    return f;
-}
-
-/* ------------------------------------------------------------------------------------------ */
 /* Module */
 
 static int as_u64(PyObject *o, const char *name, uint64_t *out)
@@ -626,9 +574,6 @@ static PyMethodDef module_methods[] = {
     {"bind", (PyCFunction)(void (*)(void))bind, METH_FASTCALL,
      "bind(alloc_address, free_address): the addresses of libkmm's kmm_plugin_alloc and "
      "kmm_plugin_free (before any Allocator allocates)."},
-    {"cupy_allocator", (PyCFunction)(void (*)(void))cupy_allocator, METH_FASTCALL,
-     "cupy_allocator(c_malloc, fallback) -> allocator(nbytes): c_malloc(nbytes), or "
-     "fallback(nbytes) when its MemoryPointer is at address 0 for a non-empty request."},
     {"pointer_type", (PyCFunction)(void (*)(void))pointer_type, METH_FASTCALL,
      "pointer_type(base, device_pointer_factory) -> KmmPointer, a subclass of base (Numba's "
      "MemoryPointer) whose device_pointer is device_pointer_factory(address), made on first use."},

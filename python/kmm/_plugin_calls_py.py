@@ -1,4 +1,4 @@
-"""The per-allocation calls of kmm.numba (and kmm.cupy's allocator) in Python (ctypes): the interface of the compiled
+"""The per-allocation calls of kmm.numba in Python (ctypes): the interface of the compiled
 `kmm._plugin_calls` (see _plugin_calls.c, which says why it exists), used when that module was
 not built. tests/test_plugin_calls.py runs the same checks on both."""
 
@@ -21,23 +21,6 @@ def bind(alloc_address, free_address):
     u32, u64, out = ctypes.c_uint32, ctypes.c_uint64, ctypes.POINTER(ctypes.c_uint64)
     _alloc = ctypes.CFUNCTYPE(u32, u64, u64, u32, u64, out, out)(alloc_address)
     _free = ctypes.CFUNCTYPE(u32, u64, u64, u64)(free_address)
-
-
-def cupy_allocator(c_malloc, fallback):
-    """allocator(nbytes): c_malloc(nbytes), or fallback(nbytes) when its MemoryPointer is at
-    address 0 for a non-empty request."""
-    if not callable(c_malloc) or not callable(fallback):
-        raise TypeError("cupy_allocator(c_malloc, fallback) takes 2 callables")
-
-    def allocator(nbytes):
-        """A cupy.cuda.MemoryPointer to nbytes of device memory on CuPy's current device and
-        stream, from that device's Kmm manager (for cupy.cuda.set_allocator)."""
-        mp = c_malloc(nbytes)
-        if mp.ptr or not nbytes:
-            return mp
-        return fallback(nbytes)
-
-    return allocator
 
 
 class Deferral:

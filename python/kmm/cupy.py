@@ -11,8 +11,7 @@ that stream when CuPy drops it. Out of memory raises `cupy.cuda.memory.OutOfMemo
 
 Speed: `allocator` hands CuPy a `CFunctionAllocator` over libkmm's `kmm_cupy_malloc` and
 `kmm_cupy_free`, which read CuPy's current stream through CuPy's own C function
-(`get_current_stream_ptr`), so no Python runs between CuPy and Kmm (`allocator` itself is a C
-function of `kmm._plugin_calls` where that module was built). Only a failed allocation
+(`get_current_stream_ptr`), so no Python runs between CuPy and Kmm. Only a failed allocation
 (the first on a device, out of memory) takes the Python path, which creates the device's manager
 or raises. CuPy builds without that C function use the Python path throughout.
 """
@@ -23,11 +22,6 @@ import threading
 import cupy
 
 from . import _args, _lib
-
-try:  # compiled when the wheel was built with a C compiler and Python's headers
-    from . import _plugin_calls as _calls
-except ImportError:
-    from . import _plugin_calls_py as _calls
 from ._errors import OutOfMemoryError, check, error
 from .manager import Manager
 
@@ -153,20 +147,17 @@ def _c_function_allocator():
     return c_allocator(0, malloc, free, _lib.lib).malloc
 
 
-def _allocator(c_malloc):
-    """The allocator CuPy calls: `c_malloc`, and the Python path where it failed (built in C
-    by `_plugin_calls`, so no Python frame runs per allocation); the Python path alone where
-    there is no `c_malloc`."""
-    if c_malloc is None:
-        return _allocate_in_python
-    return _calls.cupy_allocator(c_malloc, _allocate_in_python)
-
-
 _c_malloc = _c_function_allocator()
 
-#: For `cupy.cuda.set_allocator`: `allocator(nbytes)` gives `nbytes` of device memory on CuPy's
-#: current device and stream, as a `cupy.cuda.MemoryPointer`.
-allocator = _allocator(_c_malloc)
+
+def allocator(nbytes):
+    """For `cupy.cuda.set_allocator`: `nbytes` of device memory on CuPy's current device and
+    stream, as a `cupy.cuda.MemoryPointer`."""
+    if _c_malloc is not None:
+        mp = _c_malloc(nbytes)
+        if mp.ptr or not nbytes:
+            return mp
+    return _allocate_in_python(nbytes)
 
 
 def live_allocations():

@@ -22,9 +22,7 @@ class _Stream:
 def fake_cuda(monkeypatch):
     monkeypatch.setattr(kc, "_get_device_id", lambda: 0)
     monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
-    # CuPy's C allocator asks the CUDA runtime for the device: the Python path alone
-    monkeypatch.setattr(kc, "_c_malloc", None)
-    monkeypatch.setattr(kc, "allocator", kc._allocator(None))
+    monkeypatch.setattr(kc, "_c_malloc", None)  # CuPy's C allocator asks the CUDA runtime for the device
     kc.configure(backend=BACKEND, hard_limit=64 << 20)
     kc._managers.clear()
     yield kc.manager(0)
@@ -125,13 +123,14 @@ class _Pointer:
 
 def test_allocator_takes_the_c_path_and_falls_back_to_python(fake_cuda, monkeypatch):
     calls = []
-    assert kc._allocator(lambda n: calls.append(n) or _Pointer(0xA000))(256).ptr == 0xA000
-    allocate = kc._allocator(lambda n: calls.append(n) or _Pointer(0))
-    mp = allocate(1 << 20)  # the C path failed: the Python path serves it
+    monkeypatch.setattr(kc, "_c_malloc", lambda n: calls.append(n) or _Pointer(0xA000))
+    assert kc.allocator(256).ptr == 0xA000
+    monkeypatch.setattr(kc, "_c_malloc", lambda n: calls.append(n) or _Pointer(0))
+    mp = kc.allocator(1 << 20)  # the C path failed: the Python path serves it
     assert isinstance(mp, cupy.cuda.MemoryPointer) and mp.ptr
     assert fake_cuda.stats("device")["in_use"] == 1 << 20
     with pytest.raises(cupy.cuda.memory.OutOfMemoryError):
-        allocate(128 << 20)
+        kc.allocator(128 << 20)
     assert calls == [256, 1 << 20, 128 << 20]
     del mp
     gc.collect()

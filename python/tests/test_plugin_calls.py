@@ -244,38 +244,3 @@ def test_frees_after_the_manager_closed_are_harmless(calls):
     m.close()
     p.free()  # libkmm answers KMM_ERROR_INVALID_HANDLE; nothing raises, nothing crashes
     assert not p.alive
-
-
-# -- kmm.cupy's allocator: CuPy's C allocator, and the Python path where it came back at 0 ---------
-class _Pointer:
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-
-def test_cupy_allocator_serves_from_c_malloc_and_falls_back_only_where_it_failed(calls):
-    asked, fell_back = [], Fallback()
-    pointers = {256: _Pointer(0xA000), 512: _Pointer(0), 0: _Pointer(0)}
-    allocate = calls.cupy_allocator(lambda n: asked.append(n) or pointers[n], fell_back)
-    assert allocate(256) is pointers[256]
-    assert allocate(0) is pointers[0]  # an empty request has address 0 and is served
-    assert allocate(512) == "fallback"  # address 0 for a non-empty request: C malloc failed
-    assert asked == [256, 0, 512] and fell_back.sizes == [512]
-
-
-def test_cupy_allocator_passes_errors_through_and_checks_its_arguments(calls):
-    def broken(n):
-        raise MemoryError("from c_malloc")
-
-    with pytest.raises(MemoryError, match="from c_malloc"):
-        calls.cupy_allocator(broken, Fallback())(64)
-
-    def refuses(n):
-        raise OverflowError("from the fallback")
-
-    with pytest.raises(OverflowError, match="from the fallback"):
-        calls.cupy_allocator(lambda n: _Pointer(0), refuses)(64)
-    with pytest.raises(AttributeError):
-        calls.cupy_allocator(lambda n: object(), Fallback())(64)  # not a MemoryPointer
-    for bad in [(None, Fallback()), (lambda n: n, 5)]:
-        with pytest.raises(TypeError, match="2 callables"):
-            calls.cupy_allocator(*bad)
