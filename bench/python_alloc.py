@@ -18,6 +18,11 @@ The JSON is a working file (for bench/pooled_ratio.py), not kept in the reposito
 go into bench/results/python_alloc.md, replacing that page (device, date, commit, each ratio
 against its target). The JSON records the commit from KMM_COMMIT or `git rev-parse`.
 
+--numba-interleaved and --cupy-interleaved measure that library's variants in one process
+instead, taking turns (the allocator is swapped between turns): samples that share the process's
+luck, which removes the spread between fresh processes (on an H200 host, one process ran
+cupy.empty at 2.3 us and the next at 4.0, whichever allocator it used).
+
 --pin runs every sample on one CPU (sched_setaffinity): the samples then differ less from
 process to process, since each does not land on whatever core the scheduler picked.
 
@@ -225,6 +230,48 @@ def numba_interleaved(iters, rounds, pin):
     return {"numba/" + name: v for name, v in samples.items()}
 
 
+CUPY_ALLOCATORS = ("default", "kmm", "rmm")
+
+
+def cupy_interleaved(iters, rounds, pin):
+    """The CuPy variants in one process, taking turns (`cupy.cuda.set_allocator` swapped between
+    CuPy's pool, Kmm's allocator and RMM's, each made once), as `numba_interleaved` does for
+    Numba: samples that share the process's luck, the order turned each round."""
+    if pin is not None:
+        os.sched_setaffinity(0, {pin})
+    ensure_kmm_importable()
+    import cupy
+
+    import kmm.cupy
+
+    rmm_pool()
+    from rmm.allocators.cupy import rmm_cupy_allocator
+
+    allocators = {"default": cupy.get_default_memory_pool().malloc, "kmm": kmm.cupy.allocator,
+                  "rmm": rmm_cupy_allocator}
+    samples = {name: [] for name in CUPY_ALLOCATORS}
+    order = list(CUPY_ALLOCATORS)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:
+            cupy.cuda.set_allocator(allocators[name])
+            for _ in range(min(iters, 2000)):
+                x = cupy.empty(NBYTES // 4, cupy.float32)
+                del x
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter_ns()
+            for _ in range(iters):
+                x = cupy.empty(NBYTES // 4, cupy.float32)
+                del x
+            t1 = time.perf_counter_ns()
+            samples[name].append((t1 - t0) / iters)
+            assert cupy.cuda.get_allocator() is allocators[name]
+            cupy.cuda.Device().synchronize()
+    return {"cupy/" + name: v for name, v in samples.items()}
+
+
+INTERLEAVED = {"numba": numba_interleaved, "cupy": cupy_interleaved}
+
+
 def run_variant(lib, variant, args, repeats=1):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, variant,
            "--iters", str(args.iters), "--repeats", str(repeats)] + ([] if args.pin is None else ["--pin", str(args.pin)])
@@ -321,11 +368,13 @@ def main():
     p.add_argument("--only", default="", help="comma-separated libraries (numba,cupy,torch,kmm)")
     p.add_argument("--numba-interleaved", action="store_true",
                    help="the Numba variants take turns in one process instead of a process per sample")
+    p.add_argument("--cupy-interleaved", action="store_true",
+                   help="the CuPy variants take turns in one process instead of a process per sample")
     p.add_argument("--worker", nargs=2, metavar=("LIB", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
-        if args.worker == ["numba", "interleaved"]:
-            print(json.dumps(numba_interleaved(args.iters, args.repeats, args.pin)))
+        if args.worker[1] == "interleaved":
+            print(json.dumps(INTERLEAVED[args.worker[0]](args.iters, args.repeats, args.pin)))
         else:
             print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats, args.pin)))
         return
@@ -340,17 +389,18 @@ def main():
     # (other tenants, clocks) spreads over all variants instead of favouring the ones run early.
     samples = {"%s/%s" % v: [] for v in chosen}
     errors, details = {}, {}
-    if args.numba_interleaved and any(lib == "numba" for lib, _ in chosen):
-        chosen = [v for v in chosen if v[0] != "numba"]
-        r = run_variant("numba", "interleaved", args, repeats=args.repeats)
+    interleaved = {"numba": args.numba_interleaved, "cupy": args.cupy_interleaved}
+    for lib in [lib for lib, on in interleaved.items() if on and any(v[0] == lib for v in chosen)]:
+        chosen = [v for v in chosen if v[0] != lib]
+        r = run_variant(lib, "interleaved", args, repeats=args.repeats)
         for key in samples:
-            if key.startswith("numba/"):
+            if key.startswith(lib + "/"):
                 if "error" in r:
                     errors[key] = r["error"]
                 else:
                     samples[key], details[key] = r[key], "interleaved in one process"
         for i in range(args.repeats if "error" not in r else 0):
-            print("  numba turn %d: %s" % (i + 1, ", ".join("%s %.0f" % (k, r[k][i]) for k in sorted(r))), flush=True)
+            print("  %s turn %d: %s" % (lib, i + 1, ", ".join("%s %.0f" % (k, r[k][i]) for k in sorted(r))), flush=True)
     for round_ in range(args.repeats):
         for lib, variant in chosen:
             key = "%s/%s" % (lib, variant)
@@ -385,6 +435,7 @@ def main():
         "repeats": args.repeats,
         "pinned_to_cpu": args.pin,
         "numba_interleaved": args.numba_interleaved,
+        "cupy_interleaved": args.cupy_interleaved,
         "numba_plugin_calls": plugin_calls_module(),
         "results": results,
         "ratios": ratios(results),

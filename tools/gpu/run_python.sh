@@ -15,3 +15,5 @@ timeout 300 python3 tools/run_doc_blocks.py --gpu README.md docs/*.md 2>&1 | tai
 timeout 290 python3 bench/python_alloc.py "$out/python_alloc.json" 2>&1 | tail -30 | tee "$out/python_alloc.txt"
 timeout 120 python3 bench/python_alloc.py "$out/numba_interleaved.json" --only numba --numba-interleaved --repeats 11 2>&1 |
   tail -24 | tee "$out/numba_interleaved.txt"
+timeout 120 python3 bench/python_alloc.py "$out/cupy_interleaved.json" --only cupy --cupy-interleaved --repeats 11 2>&1 |
+  tail -16 | tee "$out/cupy_interleaved.txt"
