@@ -209,25 +209,39 @@ def numba_interleaved(iters, rounds, pin):
     for name, cls in classes.items():
         plugins[name] = cls(context=ctx)
         plugins[name].initialize()
-    samples = {name: [] for name in NUMBA_PLUGINS}
-    order = list(NUMBA_PLUGINS)
+    samples = take_turns(
+        NUMBA_PLUGINS, rounds,
+        iters_of=lambda name: iters // 10 if name == "default" else iters,  # Numba's own is 10x slower
+        select=lambda name: setattr(ctx, "memory_manager", plugins[name]),
+        selected=lambda name: ctx.memory_manager is plugins[name],
+        alloc=lambda: cuda.device_array(NBYTES // 4, np.float32),
+        synchronize=cuda.synchronize)
+    return {"numba/" + name: v for name, v in samples.items()}
+
+
+def take_turns(names, rounds, iters_of, select, selected, alloc, synchronize):
+    """Rounds in which each variant of `names` takes a turn: `select(name)`, a warm-up, then
+    `iters_of(name)` timed allocations; the order turns each round. ns/op per variant, a sample
+    per round; `selected(name)` must still hold after its turn (nothing swapped it meanwhile)."""
+    samples = {name: [] for name in names}
+    order = list(names)
     for r in range(rounds):
         for name in order[r % len(order):] + order[:r % len(order)]:
-            ctx.memory_manager = plugins[name]
-            n = iters // 10 if name == "default" else iters  # Numba's own allocator is 10x slower
+            select(name)
+            n = iters_of(name)
             for _ in range(min(n, 2000)):
-                x = cuda.device_array(NBYTES // 4, np.float32)
+                x = alloc()
                 del x
-            cuda.synchronize()
+            synchronize()
             t0 = time.perf_counter_ns()
             for _ in range(n):
-                x = cuda.device_array(NBYTES // 4, np.float32)
+                x = alloc()
                 del x
             t1 = time.perf_counter_ns()
             samples[name].append((t1 - t0) / n)
-            assert ctx.memory_manager is plugins[name]
-            cuda.synchronize()
-    return {"numba/" + name: v for name, v in samples.items()}
+            assert selected(name), name
+            synchronize()
+    return samples
 
 
 CUPY_ALLOCATORS = ("default", "kmm", "rmm")
@@ -249,23 +263,13 @@ def cupy_interleaved(iters, rounds, pin):
 
     allocators = {"default": cupy.get_default_memory_pool().malloc, "kmm": kmm.cupy.allocator,
                   "rmm": rmm_cupy_allocator}
-    samples = {name: [] for name in CUPY_ALLOCATORS}
-    order = list(CUPY_ALLOCATORS)
-    for r in range(rounds):
-        for name in order[r % len(order):] + order[:r % len(order)]:
-            cupy.cuda.set_allocator(allocators[name])
-            for _ in range(min(iters, 2000)):
-                x = cupy.empty(NBYTES // 4, cupy.float32)
-                del x
-            cupy.cuda.Device().synchronize()
-            t0 = time.perf_counter_ns()
-            for _ in range(iters):
-                x = cupy.empty(NBYTES // 4, cupy.float32)
-                del x
-            t1 = time.perf_counter_ns()
-            samples[name].append((t1 - t0) / iters)
-            assert cupy.cuda.get_allocator() is allocators[name]
-            cupy.cuda.Device().synchronize()
+    samples = take_turns(
+        CUPY_ALLOCATORS, rounds,
+        iters_of=lambda name: iters,
+        select=lambda name: cupy.cuda.set_allocator(allocators[name]),
+        selected=lambda name: cupy.cuda.get_allocator() is allocators[name],
+        alloc=lambda: cupy.empty(NBYTES // 4, cupy.float32),
+        synchronize=lambda: cupy.cuda.Device().synchronize())
     return {"cupy/" + name: v for name, v in samples.items()}
 
 
