@@ -203,6 +203,22 @@ PLANTS = [
      "            Ok(Some(handle)) => lane.map(handle, false).ok().flatten().map(|(addr, settle)| (handle, addr, settle)),\n",
      "            Ok(Some(handle)) => lane.buffer_info(handle).ok().map(|(addr, ..)| (handle, addr, None)),\n",
      ["stream_model", "abi_stream_order"]),
+    # The same, for an allocation the lane did not serve at once (borrowed, after a spill).
+    ("plugin-alloc-unpinned-slow-path", "rust/kmm/src/manager/mod.rs",
+     "        match self.map(handle) {\n            Ok(addr) => Ok((handle, addr)),\n",
+     "        match self.buffer_info(handle).map(|info| info.0) {\n            Ok(addr) => Ok((handle, addr)),\n",
+     ["abi_stream_order"]),
+    # A plugin allocation pinned under the lane's lock is handed out without waiting for the
+    # copies (a spill's copy out) that may still read where it lies (found by review).
+    ("plugin-alloc-skips-the-moves-fence", "rust/kmm/src/manager/mod.rs",
+     "                return match self.settle_mapped(handle, addr, settle) {\n",
+     "                let _ = settle;\n                return match Ok::<u64, crate::error::Error>(addr) {\n",
+     ["abi_stream_order"]),
+    # A plugin free of a spilled buffer accepts a stream the backend refuses (found by review).
+    ("plugin-free-skips-the-stream-check", "rust/kmm/src/manager/lane.rs",
+     "        if stream != self.home {\n            self.backend.check_stream(stream)?;\n        }\n        self.record_stream(handle, stream)?;\n",
+     "        self.record_stream(handle, stream)?;\n",
+     ["abi_stream_order"]),
     # A compaction move forgets the streams recorded on the buffer: work they queue at the new
     # place after a map is not waited for at the free (found by review).
     ("move-forgets-recorded-streams", "rust/kmm/src/manager/lane.rs",

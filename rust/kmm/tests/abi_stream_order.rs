@@ -5,12 +5,14 @@
 mod common;
 use common::*;
 use kmm::ffi::cupy::{kmm_cupy_live_allocations, kmm_cupy_malloc, kmm_cupy_set_manager};
+use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
 use kmm::manager::cells::thread_lane;
 use std::collections::{BTreeSet, VecDeque};
 use std::ffi::c_void;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -467,7 +469,6 @@ fn plugin_free_waits_for_its_own_stream() {
         return; // the foreign work is a host closure: host backend only
     }
     use kmm::backend::host::HostBackend;
-    use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
     const LEN: usize = 1 << 16;
     let m = Mgr::new();
     let host = HostBackend::get(0).expect("host device");
@@ -504,7 +505,6 @@ fn plugin_free_waits_for_its_own_stream() {
 /// no compaction may move it), on every allocation path; `kmm_plugin_free` frees it pinned.
 #[test]
 fn plugin_buffers_are_pinned_until_freed() {
-    use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
     let m = Mgr::new();
     // The first allocations grow the pool; the later ones are served by its free blocks.
     for round in 0..3 {
@@ -530,6 +530,114 @@ fn plugin_buffers_are_pinned_until_freed() {
     let mut stats = KmmMemoryStats::default();
     ok(kmm_manager_stats(m.0, DEVICE, &mut stats));
     assert_eq!(stats.live_buffers, 0);
+}
+
+fn plugin_alloc(m: &Mgr, bytes: u64) -> (KmmBuffer, u64) {
+    let (mut buffer, mut ptr) = (0, 0);
+    ok(kmm_plugin_alloc(m.0, bytes, DEVICE, 0, &mut buffer, &mut ptr));
+    (buffer, ptr)
+}
+
+fn buffer_info(m: &Mgr, b: KmmBuffer) -> KmmBufferInfo {
+    let mut info = KmmBufferInfo::default();
+    ok(kmm_buffer_info(m.0, b, &mut info));
+    info
+}
+
+/// A manager on the host backend with 4 MiB of device memory in 2 MiB chunks that spills.
+fn spilling_manager() -> Mgr {
+    Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 4 << 20;
+        c.spill_limit = 64 << 20;
+    })
+}
+
+/// The plugin allocations that the calling thread's lane does not serve at once are pinned too:
+/// one borrowed from another lane's free blocks, one served after a spill made room.
+#[test]
+fn plugin_buffers_from_other_lanes_and_after_a_spill_are_pinned() {
+    let m = Mgr::with(|c| c.backend = KmmBackend::KMM_BACKEND_HOST as u32);
+    let m = &m;
+    std::thread::scope(|s| {
+        // Lane A keeps 1 MiB of its chunk and leaves the rest free.
+        let (lane_a, kept) = s
+            .spawn(|| {
+                let kept = m.alloc(1 << 20, DEVICE);
+                m.free(m.alloc(4 << 20, DEVICE));
+                m.sync();
+                (thread_lane(), kept)
+            })
+            .join()
+            .expect("lane A");
+        s.spawn(move || {
+            assert_ne!(thread_lane(), lane_a);
+            let (b, ptr) = plugin_alloc(m, 1 << 20);
+            assert_eq!(kmm::manager::handles::lane_of(b), lane_a, "a borrow from lane A was expected");
+            assert!(ptr != 0 && buffer_info(m, b).pins == 1, "a borrowed plugin buffer must be pinned");
+            ok(kmm_plugin_free(m.0, b, 0));
+        })
+        .join()
+        .expect("borrowing thread");
+        m.free(kept);
+    });
+    let m = spilling_manager();
+    let x = m.alloc(4 << 20, DEVICE);
+    let (b, _) = plugin_alloc(&m, 4 << 20);
+    assert_eq!(buffer_info(&m, x).spilled, 1, "the allocation needed a spill");
+    assert_eq!(buffer_info(&m, b).pins, 1, "a plugin buffer served after a spill must be pinned");
+    ok(kmm_plugin_free(m.0, b, 0));
+    m.free(x);
+}
+
+/// A plugin buffer placed where a spilled buffer's copy out is still queued is handed out only
+/// after that copy ran (the library writes to it at once, outside any stream).
+#[test]
+fn plugin_buffer_waits_for_the_copy_out_where_it_lies() {
+    let m = spilling_manager();
+    let x = m.alloc(4 << 20, DEVICE);
+    let data = pattern(4 << 20, 9);
+    m.upload(x, 0, &data);
+    m.sync();
+    let gate = Arc::new(Gate::shut(&m));
+    let opener = {
+        let gate = gate.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(150));
+            gate.open();
+        })
+    };
+    // y spills x (its copy out queued behind the gate) and takes its place, then goes.
+    let y = m.alloc(4 << 20, DEVICE);
+    assert_eq!(buffer_info(&m, x).spilled, 1);
+    m.free(y);
+    // Served by the lane's free block, where x's copy out may still be queued.
+    let (b, ptr) = plugin_alloc(&m, 4 << 20);
+    // SAFETY: a mapped plugin buffer of 4 MiB.
+    unsafe { std::ptr::write_bytes(ptr as *mut u8, 0x5A, 4 << 20) };
+    ok(kmm_plugin_free(m.0, b, 0));
+    opener.join().expect("opener");
+    assert!(m.download(x, 0, data.len()) == data, "the plugin buffer was handed out before the copy out ran");
+}
+
+/// A free through `kmm_plugin_free` on a stream the backend refuses is refused, the buffer kept,
+/// whether the buffer is resident or spilled.
+#[test]
+fn plugin_free_refuses_an_unknown_stream_resident_or_spilled() {
+    let m = spilling_manager();
+    let bogus = 0xdead_beef_u64;
+    let (b, _) = plugin_alloc(&m, 4 << 20);
+    ok(kmm_buffer_unmap(m.0, b));
+    let y = m.alloc(4 << 20, DEVICE);
+    assert_eq!(buffer_info(&m, b).spilled, 1);
+    assert_eq!(kmm_plugin_free(m.0, b, bogus), KmmStatus::KMM_ERROR_INVALID_ARGUMENT, "spilled");
+    assert_eq!(buffer_info(&m, b).bytes, 4 << 20, "the refused free kept the spilled buffer");
+    m.free(y);
+    let (r, _) = plugin_alloc(&m, 1 << 20);
+    assert_eq!(kmm_plugin_free(m.0, r, bogus), KmmStatus::KMM_ERROR_INVALID_ARGUMENT, "resident");
+    ok(kmm_plugin_free(m.0, r, 0));
+    ok(kmm_plugin_free(m.0, b, 0));
 }
 
 /// PyTorch's `record_stream` for memory from `kmm_torch_malloc`: freed on the stream it was

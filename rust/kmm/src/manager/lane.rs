@@ -511,6 +511,11 @@ impl State {
     /// stream too. A spilled buffer's streams were waited for before its copy out, and no
     /// stream can have used it since, so it is freed as it is.
     pub fn free_used_on(&mut self, handle: u64, stream: u64, force: bool) -> Result<()> {
+        // Checked here too: `record_stream` does not look at the stream of a spilled buffer, and
+        // a stream refused for a resident buffer is refused for a spilled one.
+        if stream != self.home {
+            self.backend.check_stream(stream)?;
+        }
         self.record_stream(handle, stream)?;
         self.free(handle, force)
     }
