@@ -514,8 +514,9 @@ impl Manager {
         self.settle_mapped(handle, addr, settle)
     }
 
-    /// After a buffer was pinned: when a compaction's copies may still be queued where it lies,
-    /// waits for them (no lock held) before its address is handed out; unpins it if that fails.
+    /// After a buffer was pinned: when copies that moved data away from where it lies (a
+    /// compaction's, a spill's copy out) may still be queued, waits for them (no lock held)
+    /// before its address is handed out; unpins it if that fails.
     fn settle_mapped(&self, handle: u64, addr: u64, settle: Option<lane::MovesFence>) -> Result<u64> {
         if let Some(fence) = settle {
             if let Err(e) = fence.wait() {
