@@ -214,10 +214,11 @@ PLANTS = [
      "                return match self.settle_mapped(handle, addr, settle) {\n",
      "                let _ = settle;\n                return match Ok::<u64, crate::error::Error>(addr) {\n",
      ["abi_stream_order"]),
-    # A plugin free of a spilled buffer accepts a stream the backend refuses (found by review).
+    # Recording (and so a plugin free) on a spilled buffer accepts a stream the backend refuses
+    # (found by review).
     ("plugin-free-skips-the-stream-check", "rust/kmm/src/manager/lane.rs",
-     "        if stream != self.home {\n            self.backend.check_stream(stream)?;\n        }\n        self.record_stream(handle, stream)?;\n",
-     "        self.record_stream(handle, stream)?;\n",
+     "        if stream != self.home {\n            self.backend.check_stream(stream)?;\n        }\n        if record.is_spilled() {\n            return Ok(None);\n        }\n",
+     "        if record.is_spilled() {\n            return Ok(None);\n        }\n        if stream != self.home {\n            self.backend.check_stream(stream)?;\n        }\n",
      ["abi_stream_order"]),
     # A compaction move forgets the streams recorded on the buffer: work they queue at the new
     # place after a map is not waited for at the free (found by review).

@@ -494,14 +494,15 @@ impl State {
     }
 
     /// Records that work on the raw `stream` may use the buffer's memory; `None` when the
-    /// buffer is spilled (the manager restores it first).
+    /// buffer is spilled (the manager restores it first). A stream the backend refuses is
+    /// refused whether or not the buffer is spilled.
     pub fn record_stream(&mut self, handle: u64, stream: u64) -> Result<Option<()>> {
         let record = self.buffers.get_mut(handle)?;
-        if record.is_spilled() {
-            return Ok(None);
-        }
         if stream != self.home {
             self.backend.check_stream(stream)?;
+        }
+        if record.is_spilled() {
+            return Ok(None);
         }
         record.users.insert(stream);
         Ok(Some(()))
@@ -511,11 +512,6 @@ impl State {
     /// stream too. A spilled buffer's streams were waited for before its copy out, and no
     /// stream can have used it since, so it is freed as it is.
     pub fn free_used_on(&mut self, handle: u64, stream: u64, force: bool) -> Result<()> {
-        // Checked here too: `record_stream` does not look at the stream of a spilled buffer, and
-        // a stream refused for a resident buffer is refused for a spilled one.
-        if stream != self.home {
-            self.backend.check_stream(stream)?;
-        }
         self.record_stream(handle, stream)?;
         self.free(handle, force)
     }
