@@ -142,9 +142,11 @@ impl Manager {
         let _ = self.trace_stop();
         let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;
         let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool, self.raw_stream())?);
+        // Every lane's ring first: a ring that cannot be had starts no part of the trace.
+        let traces = self.lanes().map(|_| LaneTrace::new(&tracer)).collect::<Result<Vec<_>>>()?;
         let mut slot = lock(&self.trace);
-        for lane in self.lanes() {
-            self.lane(lane).trace = Some(LaneTrace::new(&tracer));
+        for (lane, trace) in self.lanes().zip(traces) {
+            self.lane(lane).trace = Some(trace);
         }
         *slot = TraceSlot { tracer: Some(tracer), recording: true };
         Ok(())

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::{BufWriter, Write};
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -145,49 +146,91 @@ pub enum Sink {
 }
 
 /// The last records of one lane (or of the manager's own events).
-#[derive(Default)]
 pub(super) struct Ring {
-    records: Vec<Entry>,
+    /// Room for every record the ring keeps, allocated once when the trace starts: a record
+    /// is one store, with no test of a length and no reallocation midway through a run (the
+    /// pages are touched as records arrive).
+    slots: Box<[MaybeUninit<Entry>]>,
+    /// Where the next record goes; once the ring is full, also its oldest record.
     next: usize,
-    capacity: usize,
-    counts: TraceCounts,
+    recorded: u64,
 }
 
+/// How many slots ahead of the next record `Ring::push` prefetches for writing. A record
+/// writes a cache line that no recent operation touched, and a lane's lock, released right
+/// after, waits for that store: fetched a few operations early, the line is in the cache by
+/// then (about 4 ns of a traced operation on an H200 host).
+const PREFETCH_AHEAD: usize = 4;
+
 impl Ring {
-    fn new(capacity: usize) -> Ring {
-        Ring { capacity, ..Ring::default() }
+    /// A ring for `capacity` records; out of memory where the process cannot reserve them.
+    fn new(capacity: usize) -> Result<Ring> {
+        let mut slots = Vec::new();
+        if slots.try_reserve_exact(capacity).is_err() {
+            let bytes = capacity as u64 * std::mem::size_of::<Entry>() as u64;
+            fail!(KMM_ERROR_OUT_OF_MEMORY, "capacity = {capacity} records: cannot reserve {bytes} bytes of host memory for a ring");
+        }
+        // SAFETY: the room is reserved, and uninitialised slots are valid `MaybeUninit`s (no
+        // slot is written here: the pages stay untouched until records arrive).
+        unsafe { slots.set_len(capacity) };
+        Ok(Ring { slots: slots.into_boxed_slice(), next: 0, recorded: 0 })
     }
 
     #[inline(always)]
     fn push(&mut self, record: Entry) {
-        self.counts.recorded += 1;
-        if self.records.len() < self.capacity {
-            self.records.push(record);
-        } else {
-            self.records[self.next] = record;
-            self.counts.dropped += 1;
-        }
+        let capacity = self.slots.len();
+        self.slots[self.next].write(record);
+        self.recorded += 1;
         // A compare, not a division: this runs on every traced operation.
         self.next += 1;
-        if self.next == self.capacity {
+        if self.next == capacity {
             self.next = 0;
+        }
+        #[cfg(target_arch = "x86_64")]
+        {
+            let mut ahead = self.next + PREFETCH_AHEAD;
+            if ahead >= capacity {
+                ahead -= capacity;
+            }
+            if ahead < capacity {
+                // SAFETY: a slot of the ring; a prefetch changes no memory and cannot fault.
+                unsafe {
+                    use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+                    _mm_prefetch::<_MM_HINT_ET0>(self.slots.as_ptr().add(ahead).cast());
+                }
+            }
         }
     }
 
+    /// The records the ring holds, in slot order.
+    fn filled(&self) -> &[Entry] {
+        let len = self.recorded.min(self.slots.len() as u64) as usize;
+        // SAFETY: slots 0..len have been written (records fill the ring from slot 0 before it
+        // wraps), and MaybeUninit<Entry> has Entry's layout.
+        unsafe { std::slice::from_raw_parts(self.slots.as_ptr().cast::<Entry>(), len) }
+    }
+
+    fn counts(&self) -> TraceCounts {
+        TraceCounts { recorded: self.recorded, dropped: self.recorded - self.filled().len() as u64 }
+    }
+
     fn tally(&self, tally: &mut (usize, TraceCounts)) {
-        tally.0 += self.records.len();
-        tally.1.recorded += self.counts.recorded;
-        tally.1.dropped += self.counts.dropped;
+        let counts = self.counts();
+        tally.0 += self.filled().len();
+        tally.1.recorded += counts.recorded;
+        tally.1.dropped += counts.dropped;
     }
 
     /// Adds its records, oldest first, to `out` (as one more ring) and its counts to `counts`.
     fn collect(&self, tracer: &Tracer, out: &mut Vec<Vec<Record>>, counts: &mut TraceCounts) {
+        let records = self.filled();
         // A full ring's oldest record is where the next one goes.
-        let start = if self.records.len() == self.capacity { self.next } else { 0 };
-        let (newer, older) = self.records.split_at(start);
+        let start = if records.len() == self.slots.len() { self.next } else { 0 };
+        let (newer, older) = records.split_at(start);
         out.push(older.iter().chain(newer).map(|e| tracer.record_of(e)).collect());
-        counts.recorded += self.counts.recorded;
-        counts.dropped += self.counts.dropped;
+        let own = self.counts();
+        counts.recorded += own.recorded;
+        counts.dropped += own.dropped;
     }
 }
 
@@ -233,9 +276,12 @@ pub(super) struct LaneTrace {
 }
 
 impl LaneTrace {
-    pub(super) fn new(tracer: &Arc<Tracer>) -> LaneTrace {
-        let ring = tracer.file.is_none().then(|| Ring::new(tracer.capacity));
-        LaneTrace { tracer: tracer.clone(), ring }
+    pub(super) fn new(tracer: &Arc<Tracer>) -> Result<LaneTrace> {
+        let ring = match tracer.file {
+            None => Some(Ring::new(tracer.capacity)?),
+            Some(_) => None,
+        };
+        Ok(LaneTrace { tracer: tracer.clone(), ring })
     }
 
     /// Adds a record of an event of this lane (its lock is held).
@@ -300,7 +346,7 @@ impl Tracer {
             clock: Clock::start(),
             capacity,
             file,
-            kept: Mutex::new((Ring::new(capacity.max(1)), Vec::new())),
+            kept: Mutex::new((Ring::new(capacity.max(1))?, Vec::new())),
             in_use,
             limits,
             device_reserve_uncounted,
@@ -505,10 +551,19 @@ pub(crate) const MAX_RING_RECORDS: usize = 1 << 24;
 /// The calling thread's id as the operating system knows it (what profilers and RMM's logs show;
 /// Linux's fit in 32 bits).
 fn thread_id() -> u32 {
+    // A constant initializer: no lazy-initialisation state to test on each record (Linux gives
+    // no thread the id 0).
     thread_local! {
-        static ID: u32 = os_thread_id() as u32;
+        static ID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
-    ID.with(|id| *id)
+    ID.with(|id| match id.get() {
+        0 => {
+            let new = os_thread_id() as u32;
+            id.set(new);
+            new
+        }
+        known => known,
+    })
 }
 
 #[cfg(target_os = "linux")]
