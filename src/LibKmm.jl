@@ -2136,7 +2136,9 @@ Starts recording every allocation, free, map, unmap, move, spill, restore, trim 
 manager (a trace already recording is stopped first; the last trace's records are dropped).
 With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
 `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
-parallel (up to `capacity` x 64 bytes per lane in use), and one for the manager's own events;
+parallel, and one for the manager's own events (each reserves `capacity` x 64 bytes of
+address space at the start, `KMM_ERROR_OUT_OF_MEMORY` where it cannot; pages are used as
+records arrive);
 read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
 written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
 `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
@@ -2153,7 +2155,9 @@ Starts recording every allocation, free, map, unmap, move, spill, restore, trim 
 manager (a trace already recording is stopped first; the last trace's records are dropped).
 With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
 `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
-parallel (up to `capacity` x 64 bytes per lane in use), and one for the manager's own events;
+parallel, and one for the manager's own events (each reserves `capacity` x 64 bytes of
+address space at the start, `KMM_ERROR_OUT_OF_MEMORY` where it cannot; pages are used as
+records arrive);
 read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
 written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
 `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
