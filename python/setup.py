@@ -1,5 +1,6 @@
 """Builds libkmm with cargo and bundles it in the wheel as kmm/libkmm.so, and compiles
-kmm/_plugin_calls.c (the Numba plugin's per-allocation calls; CPython's stable ABI, 3.10 on).
+kmm/_plugin_calls.c and kmm/_cupy_calls.c (the Numba and CuPy allocators' per-allocation calls;
+CPython's stable ABI, 3.10 on).
 
 The Rust workspace is found at $KMM_RUST_DIR or ../rust (the repository layout). With
 KMM_LIBRARY set to an existing libkmm.so, that file is bundled and cargo is not run. Without
@@ -50,7 +51,8 @@ class BuildPyWithLibkmm(build_py):
 
 PLUGIN_CALLS = Extension(
     "kmm._plugin_calls",
-    ["kmm/_plugin_calls.c"],
+    ["kmm/_plugin_calls.c", "kmm/_cupy_calls.c"],
+    depends=["kmm/_plugin_calls.h"],
     py_limited_api=True,  # the source defines Py_LIMITED_API
     optional=True,
 )

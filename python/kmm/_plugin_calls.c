@@ -1,4 +1,4 @@
-/* The per-allocation calls of kmm.numba, compiled.
+/* The per-allocation calls of kmm.numba, compiled (kmm.cupy's are in _cupy_calls.c).
  *
  * Numba allocates through its memory-manager plugin at every numba.cuda.device_array, so the
  * plugin's cost is paid per array. Written in Python, that cost was several times what libkmm
@@ -15,27 +15,16 @@
  *
  * Everything here runs with the GIL held, which is what serializes a Deferral's list.
  */
-#define Py_LIMITED_API 0x030A0000
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "_plugin_calls.h"
 #include <structmember.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
 
-/* kmm_plugin_alloc and kmm_plugin_free of gen/kmm.h (KmmManager and KmmBuffer are uint64_t,
- * KmmStatus is uint32_t): by buffer handle, so libkmm keeps no table by address for them. */
-typedef uint32_t (*plugin_alloc_fn)(uint64_t manager, uint64_t bytes, uint32_t kind, uint64_t stream,
-                                    uint64_t *buffer, uint64_t *address);
-typedef uint32_t (*plugin_free_fn)(uint64_t manager, uint64_t buffer, uint64_t stream);
-
-#define KMM_OK 0
-#define KMM_MEMORY_DEVICE 0
 /* Numba allocates without a stream: its memory is for the legacy default stream. */
 #define NUMBA_STREAM 0
 
-static plugin_alloc_fn plugin_alloc;
-static plugin_free_fn plugin_free;
+plugin_alloc_fn plugin_alloc;
+plugin_free_fn plugin_free;
 static PyObject *DeferralType;
 static PyObject *AllocatorType;
 
@@ -581,7 +570,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "kmm._plugin_calls", "The per-allocation calls of kmm.numba, compiled.", -1,
+    PyModuleDef_HEAD_INIT, "kmm._plugin_calls", "The per-allocation calls of kmm.numba and kmm.cupy, compiled.", -1,
     module_methods,
 };
 
@@ -594,7 +583,7 @@ PyMODINIT_FUNC PyInit__plugin_calls(void)
     AllocatorType = PyType_FromSpec(&allocator_spec);
     pointer_types = PyList_New(0);
     if (!DeferralType || !AllocatorType || !pointer_types || PyModule_AddObjectRef(m, "Deferral", DeferralType) < 0 ||
-        PyModule_AddObjectRef(m, "Allocator", AllocatorType) < 0) {
+        PyModule_AddObjectRef(m, "Allocator", AllocatorType) < 0 || cupy_calls_init(m) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -9,11 +9,15 @@ use with the options of `configure(**config)`), stream-ordered on CuPy's current
 allocation is ready for work on that stream, and its free is ordered after the work queued on
 that stream when CuPy drops it. Out of memory raises `cupy.cuda.memory.OutOfMemoryError`.
 
-Speed: `allocator` hands CuPy a `CFunctionAllocator` over libkmm's `kmm_cupy_malloc` and
-`kmm_cupy_free`, which read CuPy's current stream through CuPy's own C function
-(`get_current_stream_ptr`), so no Python runs between CuPy and Kmm. Only a failed allocation
-(the first on a device, out of memory) takes the Python path, which creates the device's manager
-or raises. CuPy builds without that C function use the Python path throughout.
+Speed: `allocator` is a C function of `kmm._plugin_calls` (see _cupy_calls.c): it reads CuPy's
+current device and stream through CuPy's own C functions, allocates with one libkmm call by
+buffer handle, and returns the `MemoryPointer(UnownedMemory(...))` CuPy's own pool returns too;
+the memory's owner frees the buffer when CuPy drops it. No Python runs between CuPy and Kmm.
+Where that module was not built, `allocator` hands CuPy a `CFunctionAllocator` over libkmm's
+`kmm_cupy_malloc` and `kmm_cupy_free` (freed by address) instead. Either way only what the fast
+path does not serve (the first allocation on a device, out of memory) takes the Python path,
+which creates the device's manager or raises. CuPy builds without those C functions use the
+Python path throughout.
 """
 
 import ctypes
@@ -24,6 +28,11 @@ import cupy
 from . import _args, _lib
 from ._errors import OutOfMemoryError, check, error
 from .manager import Manager
+
+try:  # compiled when the wheel was built with a C compiler and Python's headers
+    from . import _plugin_calls as _compiled
+except ImportError:
+    _compiled = None
 
 __all__ = ["allocator", "pinned_allocator", "manager", "configure", "live_allocations"]
 
@@ -63,6 +72,8 @@ def manager(device=None):
                 config["device"] = device
                 m = Manager(**config)
                 check(_lib.lib.kmm_cupy_set_manager(device, m._handle))
+                if _compiled is not None:
+                    _compiled.cupy_set_manager(device, m._handle, m)
                 _managers[device] = m
     return m
 
@@ -96,6 +107,7 @@ def _raise(status, m, nbytes, kind):
 
 
 def _alloc(nbytes, kind, device):
+    nbytes = _args.nbytes(nbytes)
     m = _managers.get(device) or manager(device)
     stream = _get_current_stream().ptr
     try:
@@ -123,26 +135,53 @@ def _allocate_in_python(nbytes):
     return _MemoryPointer(_UnownedMemory(a.ptr, nbytes, a, device), 0)
 
 
-def _c_function_allocator():
-    """`CFunctionAllocator.malloc` over kmm_cupy_malloc/kmm_cupy_free, or None when this CuPy
-    does not export `get_current_stream_ptr` with the expected signature."""
-    capi = getattr(cupy.cuda.stream, "__pyx_capi__", {})
-    capsule = capi.get("get_current_stream_ptr")
-    c_allocator = getattr(cupy.cuda.memory, "CFunctionAllocator", None)
-    if capsule is None or c_allocator is None:
+def _clear_managers():
+    """Forgets every device's manager (tests)."""
+    with _lock:
+        _managers.clear()
+        if _compiled is not None:
+            _compiled.cupy_clear_managers()
+
+
+def _capsule_function(module, name, signature):
+    """The address of the C function `module` exports as `name` (Cython's `__pyx_capi__`), or
+    None when it is missing or its signature is not `signature`."""
+    capsule = getattr(module, "__pyx_capi__", {}).get(name)
+    if capsule is None:
         return None
     # Own prototypes, so ctypes.pythonapi's shared function objects keep their settings.
     api = ctypes.pythonapi
     capsule_name = ctypes.PYFUNCTYPE(ctypes.c_char_p, ctypes.py_object)(("PyCapsule_GetName", api))
     capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
         ("PyCapsule_GetPointer", api))
-    name = capsule_name(capsule)
-    if name != b"intptr_t (void)":
-        return None
+    found = capsule_name(capsule)
+    return capsule_pointer(capsule, found) if found == signature else None
 
+
+def _compiled_allocator(stream_source=None, device_source=None):
+    """`kmm._plugin_calls.cupy_allocate` bound to CuPy's current stream and device (or the C
+    functions at the addresses given, for tests), or None where that module was not built or
+    this CuPy does not export those functions with the expected signatures."""
+    if _compiled is None:
+        return None
+    stream_source = stream_source or _capsule_function(cupy.cuda.stream, "get_current_stream_ptr", b"intptr_t (void)")
+    device_source = device_source or _capsule_function(cupy.cuda.device, "get_device_id", b"int (int __pyx_skip_dispatch)")
+    if not stream_source or not device_source:
+        return None
+    _compiled.bind(_lib.address_of(_plugin_alloc), _lib.address_of(_plugin_free))
+    _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer, _allocate_in_python)
+    return _compiled.cupy_allocate
+
+
+def _c_function_allocator():
+    """`CFunctionAllocator.malloc` over kmm_cupy_malloc/kmm_cupy_free, or None when this CuPy
+    does not export `get_current_stream_ptr` with the expected signature."""
+    source = _capsule_function(cupy.cuda.stream, "get_current_stream_ptr", b"intptr_t (void)")
+    c_allocator = getattr(cupy.cuda.memory, "CFunctionAllocator", None)
+    if source is None or c_allocator is None:
+        return None
     address = _lib.address_of
-    source = capsule_pointer(capsule, name)
-    check(_lib.lib.kmm_cupy_set_stream_source(source, address(api.PyErr_Clear)))
+    check(_lib.lib.kmm_cupy_set_stream_source(source, address(ctypes.pythonapi.PyErr_Clear)))
     malloc, free = address(_lib.lib.kmm_cupy_malloc), address(_lib.lib.kmm_cupy_free)
     return c_allocator(0, malloc, free, _lib.lib).malloc
 
@@ -150,9 +189,9 @@ def _c_function_allocator():
 _c_malloc = _c_function_allocator()
 
 
-def allocator(nbytes):
-    """For `cupy.cuda.set_allocator`: `nbytes` of device memory on CuPy's current device and
-    stream, as a `cupy.cuda.MemoryPointer`."""
+def _allocator_in_python(nbytes):
+    """`allocator` where `kmm._plugin_calls` was not built: CuPy's `CFunctionAllocator` over
+    `kmm_cupy_malloc`, or the Python path."""
     if _c_malloc is not None:
         mp = _c_malloc(nbytes)
         if mp.ptr or not nbytes:
@@ -160,11 +199,17 @@ def allocator(nbytes):
     return _allocate_in_python(nbytes)
 
 
+#: For `cupy.cuda.set_allocator`: `allocator(nbytes)` is `nbytes` of device memory on CuPy's
+#: current device and stream, as a `cupy.cuda.MemoryPointer`.
+allocator = _compiled_allocator() or _allocator_in_python
+
+
 def live_allocations():
-    """How many allocations of the C path (`kmm_cupy_malloc`) are live."""
+    """How many allocations of the fast paths (`allocator`'s C function, `kmm_cupy_malloc`) are
+    live."""
     out = ctypes.c_uint64()
     check(_lib.lib.kmm_cupy_live_allocations(ctypes.byref(out)))
-    return out.value
+    return out.value + (_compiled.cupy_live() if _compiled is not None else 0)
 
 
 def pinned_allocator(nbytes):

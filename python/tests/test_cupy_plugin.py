@@ -23,10 +23,11 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(kc, "_get_device_id", lambda: 0)
     monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
     monkeypatch.setattr(kc, "_c_malloc", None)  # CuPy's C allocator asks the CUDA runtime for the device
+    monkeypatch.setattr(kc, "allocator", kc._allocator_in_python)  # so does the compiled one
     kc.configure(backend=BACKEND, hard_limit=64 << 20)
-    kc._managers.clear()
+    kc._clear_managers()
     yield kc.manager(0)
-    kc._managers.clear()
+    kc._clear_managers()
     kc.configure()
 
 
@@ -141,3 +142,92 @@ def test_cupy_exports_the_stream_function_the_c_path_reads():
     capsule = cupy.cuda.stream.__pyx_capi__["get_current_stream_ptr"]
     assert "intptr_t (void)" in repr(capsule)
     assert kc._c_malloc is not None
+
+
+# -- the compiled allocator: kmm._plugin_calls.cupy_allocate ---------------------------------------
+_DEVICE_SOURCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+
+
+@pytest.fixture
+def compiled(fake_cuda, monkeypatch):
+    """cupy_allocate with device and stream sources standing in for CuPy's (which need a GPU)."""
+    if kc._compiled is None:
+        pytest.skip("kmm._plugin_calls was not built")
+    state = {"device": 0, "stream": 0}
+    monkeypatch.setattr(kc, "_get_device_id", lambda: state["device"])  # the Python path's
+    stream = _SOURCE(lambda: state["stream"])
+    device = _DEVICE_SOURCE(lambda skip_dispatch: state["device"])
+    address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
+    allocate = kc._compiled_allocator(address(stream), address(device))
+    yield fake_cuda, state, allocate
+    kc._compiled_allocator()  # CuPy's own sources again
+
+
+def test_compiled_allocator_is_the_default_where_built():
+    if kc._compiled is None:
+        pytest.skip("kmm._plugin_calls was not built")
+    assert kc.allocator is kc._compiled.cupy_allocate
+
+
+def test_compiled_allocator_serves_from_the_devices_manager_and_frees_when_cupy_lets_go(compiled):
+    m, state, allocate = compiled
+    before = kc.live_allocations()
+    mp = allocate(3 << 20)
+    assert isinstance(mp, cupy.cuda.MemoryPointer) and isinstance(mp.mem, cupy.cuda.memory.UnownedMemory)
+    owner = mp.mem._owner
+    assert isinstance(owner, kc._compiled.CupyAllocation)
+    assert (owner.manager, owner.address, owner.size, owner.stream) == (m, mp.ptr, 3 << 20, 0)
+    assert mp.ptr != 0 and mp.mem.size == 3 << 20 and mp.device_id == 0
+    assert m.stats("device")["in_use"] == 3 << 20
+    assert kc.live_allocations() == before + 1
+    with pytest.raises(TypeError):
+        type(owner)()  # only the allocator makes them
+    del mp, owner
+    gc.collect()
+    assert m.stats("device")["in_use"] == 0
+    assert kc.live_allocations() == before
+
+
+def test_compiled_allocator_makes_the_first_manager_through_python(compiled):
+    _, state, allocate = compiled
+    kc._clear_managers()
+    first = allocate(4096)  # no manager on device 0 yet: the Python path makes it
+    assert not isinstance(first.mem._owner, kc._compiled.CupyAllocation)
+    made = kc._managers[0]
+    second = allocate(4096)  # then the compiled path serves the device
+    assert isinstance(second.mem._owner, kc._compiled.CupyAllocation)
+    assert second.mem._owner.manager is made
+    assert first.ptr != second.ptr
+    state["device"] = 64  # past the compiled path's table: Python serves it (here: no such device)
+    with pytest.raises(kmm.KmmError, match="device"):
+        allocate(4096)
+    del first, second
+    gc.collect()
+    assert made.stats("device")["in_use"] == 0
+
+
+def test_compiled_allocator_raises_cupys_oom_and_keeps_what_is_stored(compiled):
+    m, _, allocate = compiled
+    kept = allocate(8 << 20)
+    before = kc.live_allocations()
+    with pytest.raises(cupy.cuda.memory.OutOfMemoryError) as e:
+        allocate(128 << 20)  # hard limit 64 MiB
+    assert isinstance(e.value.__cause__, kmm.OutOfMemoryError)
+    assert kc.live_allocations() == before
+    assert m.stats("device")["in_use"] == 8 << 20 and kept.mem._owner.size == 8 << 20
+
+
+@pytest.mark.parametrize("bad", [-1, 2**64, 1.5, "10"])
+def test_compiled_allocator_hands_bad_sizes_to_python_which_refuses_them(compiled, bad):
+    m, _, allocate = compiled
+    with pytest.raises((TypeError, kmm.KmmError), match="nbytes = "):
+        allocate(bad)
+    assert m.stats("device")["in_use"] == 0
+
+
+def test_compiled_allocator_after_the_manager_is_closed(compiled):
+    m, _, allocate = compiled
+    mp = allocate(4096)
+    m.close()
+    del mp  # its free meets a dead handle: nothing to free, no error escapes
+    gc.collect()

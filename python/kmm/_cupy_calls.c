@@ -1,0 +1,279 @@
+/* kmm.cupy's allocator, compiled: cupy_allocate(nbytes) is what cupy.cuda.set_allocator gets, so
+ * CuPy calls it at every cupy.empty.
+ *
+ * It reads CuPy's current device and stream through CuPy's own C functions, allocates with one
+ * kmm_plugin_alloc on the device's manager, and returns MemoryPointer(UnownedMemory(address,
+ * nbytes, owner, device), 0), the objects CuPy's own pool builds too. The owner, a CupyAllocation,
+ * frees the buffer (kmm_plugin_free, after the work queued on the allocation's stream) when CuPy
+ * lets go of the memory. By buffer handle: libkmm keeps no table by address, which CuPy's
+ * CFunctionAllocator (kmm_cupy_malloc, freed by address) needs. On an H200 host that path cost
+ * about 0.6 us per cupy.empty more than a C allocator that does nothing; this one skips the table
+ * and CFunctionAllocator's Python-level constructor.
+ *
+ * What it does not serve it hands to `fallback`, Python: the first allocation on a device (which
+ * makes the device's manager and registers it here with cupy_set_manager), out of memory (raised
+ * as CuPy's OutOfMemoryError), a size that is not a positive int, a device past the table.
+ *
+ * Everything here runs with the GIL held, which is what guards the tables. */
+#include "_plugin_calls.h"
+#include <structmember.h>
+
+/* CuPy's get_current_stream_ptr (`intptr_t (void)`) and get_device_id (a cpdef function: `int
+ * (int skip_dispatch)`); each returns -1 with an exception set when it fails. */
+typedef intptr_t (*stream_source_fn)(void);
+typedef int (*device_source_fn)(int skip_dispatch);
+
+static stream_source_fn current_stream;
+static device_source_fn current_device;
+static PyObject *unowned_memory_type; /* cupy.cuda.memory.UnownedMemory */
+static PyObject *memory_pointer_type; /* cupy.cuda.memory.MemoryPointer */
+static PyObject *fallback;            /* fallback(nbytes) -> MemoryPointer, or raises */
+static PyObject *AllocationType;
+
+/* Each device's manager: its handle, and the kmm.Manager that owns it (every allocation holds a
+ * reference, so the handle outlives the memory). A device past the table takes the fallback. */
+#define MAX_DEVICES 64
+static struct {
+    uint64_t handle;
+    PyObject *manager;
+} managers[MAX_DEVICES];
+
+/* Allocations made here and not yet freed (kmm.cupy.live_allocations). */
+static Py_ssize_t live;
+
+/* ------------------------------------------------------------------------------------------ */
+/* CupyAllocation: the owner CuPy keeps alive with the memory. */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *manager;
+    uint64_t handle, buffer, stream, address, size;
+} Allocation;
+
+static void allocation_dealloc(PyObject *self)
+{
+    Allocation *a = (Allocation *)self;
+    PyTypeObject *type = Py_TYPE(self);
+    /* A manager closed meanwhile answers KMM_ERROR_INVALID_HANDLE: its memory went with it. */
+    plugin_free(a->handle, a->buffer, a->stream);
+    live--;
+    Py_XDECREF(a->manager);
+    ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
+    Py_DECREF(type);
+}
+
+static PyMemberDef allocation_members[] = {
+    {"manager", T_OBJECT, offsetof(Allocation, manager), READONLY, "The kmm.Manager allocated from."},
+    {"buffer", T_ULONGLONG, offsetof(Allocation, buffer), READONLY, "The KmmBuffer handle."},
+    {"stream", T_ULONGLONG, offsetof(Allocation, stream), READONLY, "The stream its free is ordered after."},
+    {"address", T_ULONGLONG, offsetof(Allocation, address), READONLY, NULL},
+    {"size", T_ULONGLONG, offsetof(Allocation, size), READONLY, NULL},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyType_Slot allocation_slots[] = {
+    {Py_tp_doc, "One buffer of kmm.cupy's allocator; freed (after the work queued on its stream) "
+                "when CuPy drops the memory."},
+    {Py_tp_dealloc, allocation_dealloc},
+    {Py_tp_members, allocation_members},
+    {0, NULL},
+};
+
+static PyType_Spec allocation_spec = {
+    "kmm._plugin_calls.CupyAllocation", sizeof(Allocation), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    allocation_slots,
+};
+
+/* ------------------------------------------------------------------------------------------ */
+/* The allocator */
+
+/* MemoryPointer(UnownedMemory(address, size, owner, device), 0), owning `owner` (a new
+ * reference, given up here); NULL with an exception set. */
+static PyObject *memory_pointer(PyObject *owner, uint64_t address, uint64_t size, int device)
+{
+    PyObject *args = PyTuple_New(4), *mem = NULL, *mp = NULL;
+    if (!args) {
+        Py_DECREF(owner);
+        return NULL;
+    }
+    PyTuple_SetItem(args, 2, owner); /* steals owner, also on the failures below */
+    PyObject *a0 = PyLong_FromUnsignedLongLong(address), *a1 = PyLong_FromUnsignedLongLong(size),
+             *a3 = PyLong_FromLong(device);
+    if (a0 && a1 && a3) {
+        PyTuple_SetItem(args, 0, a0);
+        PyTuple_SetItem(args, 1, a1);
+        PyTuple_SetItem(args, 3, a3);
+        mem = PyObject_Call(unowned_memory_type, args, NULL);
+    } else {
+        Py_XDECREF(a0);
+        Py_XDECREF(a1);
+        Py_XDECREF(a3);
+    }
+    Py_DECREF(args);
+    if (!mem)
+        return NULL;
+    PyObject *zero = PyLong_FromLong(0);
+    if (zero) {
+        mp = PyObject_CallFunctionObjArgs(memory_pointer_type, mem, zero, NULL);
+        Py_DECREF(zero);
+    }
+    Py_DECREF(mem);
+    return mp;
+}
+
+/* The allocation of `size` (> 0) bytes on CuPy's current device and stream; NULL with an
+ * exception set when CuPy's queries or Python failed, without one when the fallback should
+ * serve the request (no manager for the device, libkmm refused). */
+static PyObject *allocate(uint64_t size)
+{
+    int device = current_device(1);
+    if (device == -1 && PyErr_Occurred())
+        return NULL;
+    if (device < 0 || device >= MAX_DEVICES || !managers[device].handle)
+        return NULL;
+    intptr_t stream = current_stream();
+    if (stream == -1 && PyErr_Occurred())
+        return NULL;
+    uint64_t handle = managers[device].handle, buffer = 0, address = 0;
+    if (plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address) != KMM_OK)
+        return NULL;
+    Allocation *a = (Allocation *)((allocfunc)PyType_GetSlot((PyTypeObject *)AllocationType, Py_tp_alloc))(
+        (PyTypeObject *)AllocationType, 0);
+    if (!a) {
+        plugin_free(handle, buffer, (uint64_t)stream);
+        return NULL;
+    }
+    live++;
+    a->manager = managers[device].manager;
+    Py_INCREF(a->manager);
+    a->handle = handle;
+    a->buffer = buffer;
+    a->stream = (uint64_t)stream;
+    a->address = address;
+    a->size = size;
+    return memory_pointer((PyObject *)a, address, size, device);
+}
+
+static PyObject *cupy_allocate(PyObject *module, PyObject *size_obj)
+{
+    if (!fallback) {
+        PyErr_SetString(PyExc_RuntimeError, "cupy_allocate: kmm._plugin_calls.cupy_bind() was not called");
+        return NULL;
+    }
+    if (plugin_alloc && PyLong_CheckExact(size_obj)) {
+        unsigned long long size = PyLong_AsUnsignedLongLong(size_obj);
+        if (size == (unsigned long long)-1 && PyErr_Occurred())
+            PyErr_Clear(); /* out of range: the fallback says what is wrong with it */
+        else if (size != 0) {
+            PyObject *mp = allocate(size);
+            if (mp || PyErr_Occurred())
+                return mp;
+        }
+    }
+    return PyObject_CallFunctionObjArgs(fallback, size_obj, NULL);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Setup, from kmm.cupy */
+
+/* *slot = value, a new reference; the old one released last (its release may run Python). */
+static void replace(PyObject **slot, PyObject *value)
+{
+    PyObject *old = *slot;
+    Py_INCREF(value);
+    *slot = value;
+    Py_XDECREF(old);
+}
+
+static int address_of(PyObject *o, const char *name, void **out)
+{
+    unsigned long long v = PyLong_AsUnsignedLongLong(o);
+    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v == 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "%s must be a function's address, an int in [1, 2**64)", name);
+        return 0;
+    }
+    *out = (void *)(uintptr_t)v;
+    return 1;
+}
+
+static PyObject *cupy_bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    void *stream, *device;
+    if (nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "cupy_bind(stream_source, device_source, UnownedMemory, MemoryPointer, "
+                                         "fallback) takes 5 arguments");
+        return NULL;
+    }
+    if (!address_of(args[0], "stream_source", &stream) || !address_of(args[1], "device_source", &device))
+        return NULL;
+    if (!PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "cupy_bind: UnownedMemory and MemoryPointer must be types, fallback callable");
+        return NULL;
+    }
+    current_stream = (stream_source_fn)stream;
+    current_device = (device_source_fn)device;
+    replace(&unowned_memory_type, args[2]);
+    replace(&memory_pointer_type, args[3]);
+    replace(&fallback, args[4]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *cupy_set_manager(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    long device;
+    unsigned long long handle;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "cupy_set_manager(device, handle, manager) takes 3 arguments");
+        return NULL;
+    }
+    device = PyLong_AsLong(args[0]);
+    if (device == -1 && PyErr_Occurred())
+        return NULL;
+    handle = PyLong_AsUnsignedLongLong(args[1]);
+    if (handle == (unsigned long long)-1 && PyErr_Occurred())
+        return NULL;
+    if (device < 0 || device >= MAX_DEVICES)
+        Py_RETURN_FALSE; /* served by the fallback */
+    replace(&managers[device].manager, args[2]);
+    managers[device].handle = handle;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *cupy_clear_managers(PyObject *module, PyObject *unused)
+{
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        managers[d].handle = 0;
+        Py_CLEAR(managers[d].manager);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *cupy_live(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromSsize_t(live);
+}
+
+static PyMethodDef cupy_methods[] = {
+    {"cupy_allocate", cupy_allocate, METH_O,
+     "cupy_allocate(nbytes) -> a cupy.cuda.MemoryPointer to nbytes of device memory on CuPy's current "
+     "device and stream, from that device's Kmm manager (for cupy.cuda.set_allocator)."},
+    {"cupy_bind", (PyCFunction)(void (*)(void))cupy_bind, METH_FASTCALL,
+     "cupy_bind(stream_source, device_source, UnownedMemory, MemoryPointer, fallback): the addresses of "
+     "CuPy's get_current_stream_ptr and get_device_id, CuPy's memory types, and the Python allocator "
+     "for what cupy_allocate does not serve."},
+    {"cupy_set_manager", (PyCFunction)(void (*)(void))cupy_set_manager, METH_FASTCALL,
+     "cupy_set_manager(device, handle, manager) -> whether cupy_allocate serves the device from it."},
+    {"cupy_clear_managers", cupy_clear_managers, METH_NOARGS, "Forgets every device's manager."},
+    {"cupy_live", cupy_live, METH_NOARGS, "How many allocations of cupy_allocate are live."},
+    {NULL, NULL, 0, NULL},
+};
+
+int cupy_calls_init(PyObject *module)
+{
+    AllocationType = PyType_FromSpec(&allocation_spec);
+    if (!AllocationType || PyModule_AddObjectRef(module, "CupyAllocation", AllocationType) < 0 ||
+        PyModule_AddFunctions(module, cupy_methods) < 0)
+        return -1;
+    return 0;
+}
