@@ -614,6 +614,17 @@ PLANTS = [
      "        // waits for the copy), as after a compaction move.\n        self.fence_moves();\n",
      "        // waits for the copy), as after a compaction move.\n",
      ["spill"]),
+    # kmm.cupy's compiled allocator (python/kmm/_cupy_calls.c): the owner CuPy drops never frees
+    # the buffer.
+    ("cupy-compiled-owner-never-frees", "python/kmm/_cupy_calls.c",
+     "    plugin_free(a->handle, a->buffer, a->stream);\n    live--;\n",
+     "    live--;\n",
+     ["py:test_cupy_plugin.py"]),
+    # ... or allocates for the legacy default stream instead of CuPy's current one.
+    ("cupy-compiled-ignores-cupys-stream", "python/kmm/_cupy_calls.c",
+     "plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address)",
+     "plugin_alloc(handle, size, KMM_MEMORY_DEVICE, 0, &buffer, &address)",
+     ["py:test_cupy_plugin.py"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
@@ -691,6 +702,9 @@ def main():
                     lib = os.path.join(env["CARGO_TARGET_DIR"], "release", "libkmm.so")
                     rc, out, dt = sh("cargo build -q --release -p kmm --lib", os.path.join(wt, "rust"), env)
                     if rc == 0:
+                        # The compiled plugin calls (kmm._plugin_calls) of the worktree's sources;
+                        # where they cannot be built, the tests of the Python paths still run.
+                        sh(f"{sys.executable} setup.py -q build_ext --inplace --force", os.path.join(wt, "python"), env)
                         # This interpreter (run the tool in the venv): a python3 without pytest
                         # fails too, which is not the plant being caught.
                         rc, out, dt = sh(f"{sys.executable} -m pytest -q -p no:warnings -p no:cacheprovider tests/{t[3:]}",

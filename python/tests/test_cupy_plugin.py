@@ -231,3 +231,19 @@ def test_compiled_allocator_after_the_manager_is_closed(compiled):
     m.close()
     del mp  # its free meets a dead handle: nothing to free, no error escapes
     gc.collect()
+
+
+@pytest.mark.skipif(BACKEND != "host", reason="another manager's host-backend stream stands in for CuPy's")
+def test_compiled_allocator_allocates_and_frees_on_cupys_current_stream(compiled):
+    m, state, allocate = compiled
+    with kmm.Manager(backend=BACKEND) as other:
+        state["stream"] = other.stream  # CuPy's current stream, a foreign one
+        m.trace_start()
+        mp = allocate(1 << 20)
+        assert mp.mem._owner.stream == other.stream
+        state["stream"] = 0  # CuPy's current stream changes before the memory is dropped
+        del mp
+        gc.collect()
+        records = [(r.action, r.stream) for r in m.trace() if r.bytes == 1 << 20]
+        assert records == [("allocate", other.stream), ("map", m.stream), ("free", m.stream)], records
+        assert m.stats("device")["in_use"] == 0
