@@ -10,9 +10,12 @@
  * about 0.6 us per cupy.empty more than a C allocator that does nothing; this one skips the table
  * and CFunctionAllocator's Python-level constructor.
  *
- * What it does not serve it hands to `fallback`, Python: the first allocation on a device (which
- * makes the device's manager and registers it here with cupy_set_manager), out of memory (raised
- * as CuPy's OutOfMemoryError), a size that is not a positive int, a device past the table.
+ * An empty request gets MemoryPointer(UnownedMemory(0, 0, None, device), 0), no buffer, as CuPy's
+ * own pool gives no memory to one. What it does not serve it hands to `fallback(nbytes, status)`,
+ * Python: the first allocation on a device (which makes the device's manager and registers it
+ * here with cupy_set_manager), a size that is not an int in [0, 2**64), a device past the table
+ * (status 0: not tried here), and a libkmm failure (its status: out of memory is raised as CuPy's
+ * OutOfMemoryError without a second try, a closed manager is replaced).
  *
  * Everything here runs with the GIL held, which is what guards the tables. */
 #include "_plugin_calls.h"
@@ -27,7 +30,7 @@ static stream_source_fn current_stream;
 static device_source_fn current_device;
 static PyObject *unowned_memory_type; /* cupy.cuda.memory.UnownedMemory */
 static PyObject *memory_pointer_type; /* cupy.cuda.memory.MemoryPointer */
-static PyObject *fallback;            /* fallback(nbytes) -> MemoryPointer, or raises */
+static PyObject *fallback;            /* fallback(nbytes, status) -> MemoryPointer, or raises */
 static PyObject *AllocationType;
 
 /* Each device's manager: its handle, and the kmm.Manager that owns it (every allocation holds a
@@ -121,21 +124,26 @@ static PyObject *memory_pointer(PyObject *owner, uint64_t address, uint64_t size
     return mp;
 }
 
-/* The allocation of `size` (> 0) bytes on CuPy's current device and stream; NULL with an
- * exception set when CuPy's queries or Python failed, without one when the fallback should
- * serve the request (no manager for the device, libkmm refused). */
-static PyObject *allocate(uint64_t size)
+/* The allocation of `size` bytes on CuPy's current device and stream; NULL with an exception
+ * set when CuPy's queries or Python failed, without one when the fallback should serve the
+ * request (*status: libkmm's refusal, or 0 where it was not asked). */
+static PyObject *allocate(uint64_t size, uint32_t *status)
 {
     int device = current_device(1);
     if (device == -1 && PyErr_Occurred())
         return NULL;
+    if (size == 0) {
+        Py_INCREF(Py_None);
+        return memory_pointer(Py_None, 0, 0, device);
+    }
     if (device < 0 || device >= MAX_DEVICES || !managers[device].handle)
         return NULL;
     intptr_t stream = current_stream();
     if (stream == -1 && PyErr_Occurred())
         return NULL;
     uint64_t handle = managers[device].handle, buffer = 0, address = 0;
-    if (plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address) != KMM_OK)
+    *status = plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address);
+    if (*status != KMM_OK)
         return NULL;
     Allocation *a = (Allocation *)((allocfunc)PyType_GetSlot((PyTypeObject *)AllocationType, Py_tp_alloc))(
         (PyTypeObject *)AllocationType, 0);
@@ -160,17 +168,23 @@ static PyObject *cupy_allocate(PyObject *module, PyObject *size_obj)
         PyErr_SetString(PyExc_RuntimeError, "cupy_allocate: kmm._plugin_calls.cupy_bind() was not called");
         return NULL;
     }
+    uint32_t status = KMM_OK;
     if (plugin_alloc && PyLong_CheckExact(size_obj)) {
         unsigned long long size = PyLong_AsUnsignedLongLong(size_obj);
         if (size == (unsigned long long)-1 && PyErr_Occurred())
             PyErr_Clear(); /* out of range: the fallback says what is wrong with it */
-        else if (size != 0) {
-            PyObject *mp = allocate(size);
+        else {
+            PyObject *mp = allocate(size, &status);
             if (mp || PyErr_Occurred())
                 return mp;
         }
     }
-    return PyObject_CallFunctionObjArgs(fallback, size_obj, NULL);
+    PyObject *status_obj = PyLong_FromUnsignedLong(status);
+    if (!status_obj)
+        return NULL;
+    PyObject *mp = PyObject_CallFunctionObjArgs(fallback, size_obj, status_obj, NULL);
+    Py_DECREF(status_obj);
+    return mp;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -235,15 +249,20 @@ static PyObject *cupy_set_manager(PyObject *module, PyObject *const *args, Py_ss
         return NULL;
     if (device < 0 || device >= MAX_DEVICES)
         Py_RETURN_FALSE; /* served by the fallback */
-    replace(&managers[device].manager, args[2]);
+    /* The entry changes whole before the old manager is let go (its release may run Python that
+     * allocates). */
+    PyObject *old = managers[device].manager;
+    Py_INCREF(args[2]);
+    managers[device].manager = args[2];
     managers[device].handle = handle;
+    Py_XDECREF(old);
     Py_RETURN_TRUE;
 }
 
 static PyObject *cupy_clear_managers(PyObject *module, PyObject *unused)
 {
     for (int d = 0; d < MAX_DEVICES; d++) {
-        managers[d].handle = 0;
+        managers[d].handle = 0; /* before the release, which may run Python */
         Py_CLEAR(managers[d].manager);
     }
     Py_RETURN_NONE;
@@ -260,8 +279,8 @@ static PyMethodDef cupy_methods[] = {
      "device and stream, from that device's Kmm manager (for cupy.cuda.set_allocator)."},
     {"cupy_bind", (PyCFunction)(void (*)(void))cupy_bind, METH_FASTCALL,
      "cupy_bind(stream_source, device_source, UnownedMemory, MemoryPointer, fallback): the addresses of "
-     "CuPy's get_current_stream_ptr and get_device_id, CuPy's memory types, and the Python allocator "
-     "for what cupy_allocate does not serve."},
+     "CuPy's get_current_stream_ptr and get_device_id, CuPy's memory types, and fallback(nbytes, status), "
+     "the Python allocator for what cupy_allocate does not serve (status: libkmm's refusal, or 0)."},
     {"cupy_set_manager", (PyCFunction)(void (*)(void))cupy_set_manager, METH_FASTCALL,
      "cupy_set_manager(device, handle, manager) -> whether cupy_allocate serves the device from it."},
     {"cupy_clear_managers", cupy_clear_managers, METH_NOARGS, "Forgets every device's manager."},

@@ -20,13 +20,14 @@ which creates the device's manager or raises. CuPy builds without those C functi
 Python path throughout.
 """
 
+import atexit
 import ctypes
 import threading
 
 import cupy
 
 from . import _args, _lib
-from ._errors import OutOfMemoryError, check, error
+from ._errors import InvalidHandleError, OutOfMemoryError, check, error
 from .manager import Manager
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -39,6 +40,7 @@ __all__ = ["allocator", "pinned_allocator", "manager", "configure", "live_alloca
 _plugin_alloc = _lib.lib.kmm_plugin_alloc
 _plugin_free = _lib.lib.kmm_plugin_free
 _OOM = OutOfMemoryError.status
+_INVALID_HANDLE = InvalidHandleError.status
 _DEVICE, _PINNED = _lib.KMM_MEMORY_DEVICE, _lib.KMM_MEMORY_PINNED
 
 _UnownedMemory = cupy.cuda.memory.UnownedMemory
@@ -61,13 +63,14 @@ def configure(**config):
 
 
 def manager(device=None):
-    """The Kmm manager serving CuPy on `device` (default: CuPy's current device)."""
+    """The Kmm manager serving CuPy on `device` (default: CuPy's current device): made on first
+    use, and made again after it was closed."""
     device = _get_device_id() if device is None else _args.device(device)
     m = _managers.get(device)
-    if m is None:
+    if m is None or m.closed:
         with _lock:
             m = _managers.get(device)
-            if m is None:
+            if m is None or m.closed:
                 config = dict(_config)
                 config["device"] = device
                 m = Manager(**config)
@@ -90,9 +93,12 @@ class _Allocation:
     """Owner of one Kmm buffer; frees it (ordered after `stream`) when CuPy drops it."""
 
     __slots__ = ("manager", "handle", "buffer", "stream", "ptr", "size")
+    # Held by the class: at interpreter exit the module's globals may be gone before the last
+    # allocations are dropped.
+    _free = staticmethod(_plugin_free)
 
     def __del__(self):
-        _plugin_free(self.handle, self.buffer, self.stream)
+        self._free(self.handle, self.buffer, self.stream)
 
 
 def _raise(status, m, nbytes, kind):
@@ -108,7 +114,9 @@ def _raise(status, m, nbytes, kind):
 
 def _alloc(nbytes, kind, device):
     nbytes = _args.nbytes(nbytes)
-    m = _managers.get(device) or manager(device)
+    m = _managers.get(device)
+    if m is None or m.closed:
+        m = manager(device)
     stream = _get_current_stream().ptr
     try:
         scratch, addr = _local.scratch, _local.addr
@@ -128,9 +136,14 @@ def _alloc(nbytes, kind, device):
     return a
 
 
-def _allocate_in_python(nbytes):
-    """The allocator's Python path: creates the device's manager if needed; raises on failure."""
+def _allocate_in_python(nbytes, status=0):
+    """The allocator's Python path: creates the device's manager if needed; raises on failure.
+    `status` is the compiled path's failure, if it tried: out of memory is raised at once (the
+    manager climbed its whole ladder already); a closed manager is replaced."""
     device = _get_device_id()
+    m = _managers.get(device)
+    if status and status != _INVALID_HANDLE and m is not None and not m.closed:
+        _raise(status, m, nbytes, _DEVICE)
     a = _alloc(nbytes, _DEVICE, device)
     return _MemoryPointer(_UnownedMemory(a.ptr, nbytes, a, device), 0)
 
@@ -158,10 +171,10 @@ def _capsule_function(module, name, signature):
     return capsule_pointer(capsule, found) if found == signature else None
 
 
-def _compiled_allocator(stream_source=None, device_source=None):
-    """`kmm._plugin_calls.cupy_allocate` bound to CuPy's current stream and device (or the C
-    functions at the addresses given, for tests), or None where that module was not built or
-    this CuPy does not export those functions with the expected signatures."""
+def _compiled_allocator(stream_source=None, device_source=None, fallback=None):
+    """`kmm._plugin_calls.cupy_allocate` bound to CuPy's current stream and device (or, for tests,
+    the C functions at the addresses given, and another fallback), or None where that module was
+    not built or this CuPy does not export those functions with the expected signatures."""
     if _compiled is None:
         return None
     stream_source = stream_source or _capsule_function(cupy.cuda.stream, "get_current_stream_ptr", b"intptr_t (void)")
@@ -169,7 +182,7 @@ def _compiled_allocator(stream_source=None, device_source=None):
     if not stream_source or not device_source:
         return None
     _compiled.bind(_lib.address_of(_plugin_alloc), _lib.address_of(_plugin_free))
-    _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer, _allocate_in_python)
+    _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer, fallback or _allocate_in_python)
     return _compiled.cupy_allocate
 
 
@@ -202,6 +215,10 @@ def _allocator_in_python(nbytes):
 #: For `cupy.cuda.set_allocator`: `allocator(nbytes)` is `nbytes` of device memory on CuPy's
 #: current device and stream, as a `cupy.cuda.MemoryPointer`.
 allocator = _compiled_allocator() or _allocator_in_python
+if _compiled is not None:
+    # The compiled allocator's table holds the managers too: let them go at exit, as the dict
+    # does, so that their teardown runs.
+    atexit.register(_compiled.cupy_clear_managers)
 
 
 def live_allocations():

@@ -146,19 +146,26 @@ def test_cupy_exports_the_stream_function_the_c_path_reads():
 
 # -- the compiled allocator: kmm._plugin_calls.cupy_allocate ---------------------------------------
 _DEVICE_SOURCE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int)
+_PLUGIN_FREE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64)
+_address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
 
 
 @pytest.fixture
 def compiled(fake_cuda, monkeypatch):
-    """cupy_allocate with device and stream sources standing in for CuPy's (which need a GPU)."""
+    """cupy_allocate with device and stream sources standing in for CuPy's (which need a GPU);
+    state["fallbacks"] lists what it handed to Python, as (nbytes, status)."""
     if kc._compiled is None:
         pytest.skip("kmm._plugin_calls was not built")
-    state = {"device": 0, "stream": 0}
+    state = {"device": 0, "stream": 0, "fallbacks": []}
     monkeypatch.setattr(kc, "_get_device_id", lambda: state["device"])  # the Python path's
     stream = _SOURCE(lambda: state["stream"])
     device = _DEVICE_SOURCE(lambda skip_dispatch: state["device"])
-    address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
-    allocate = kc._compiled_allocator(address(stream), address(device))
+
+    def fallback(nbytes, status):
+        state["fallbacks"].append((nbytes, status))
+        return kc._allocate_in_python(nbytes, status)
+
+    allocate = kc._compiled_allocator(_address(stream), _address(device), fallback)
     yield fake_cuda, state, allocate
     kc._compiled_allocator()  # CuPy's own sources again
 
@@ -180,6 +187,7 @@ def test_compiled_allocator_serves_from_the_devices_manager_and_frees_when_cupy_
     assert mp.ptr != 0 and mp.mem.size == 3 << 20 and mp.device_id == 0
     assert m.stats("device")["in_use"] == 3 << 20
     assert kc.live_allocations() == before + 1
+    assert state["fallbacks"] == []
     with pytest.raises(TypeError):
         type(owner)()  # only the allocator makes them
     del mp, owner
@@ -188,31 +196,47 @@ def test_compiled_allocator_serves_from_the_devices_manager_and_frees_when_cupy_
     assert kc.live_allocations() == before
 
 
+def test_compiled_allocator_gives_empty_requests_no_buffer(compiled):
+    m, state, allocate = compiled
+    mp = allocate(0)
+    assert (mp.ptr, mp.mem.size, mp.device_id) == (0, 0, 0)
+    assert m.stats("device")["live_buffers"] == 0 and state["fallbacks"] == []
+
+
 def test_compiled_allocator_makes_the_first_manager_through_python(compiled):
     _, state, allocate = compiled
     kc._clear_managers()
     first = allocate(4096)  # no manager on device 0 yet: the Python path makes it
     assert not isinstance(first.mem._owner, kc._compiled.CupyAllocation)
+    assert state["fallbacks"] == [(4096, 0)]
     made = kc._managers[0]
     second = allocate(4096)  # then the compiled path serves the device
     assert isinstance(second.mem._owner, kc._compiled.CupyAllocation)
     assert second.mem._owner.manager is made
-    assert first.ptr != second.ptr
-    state["device"] = 64  # past the compiled path's table: Python serves it (here: no such device)
-    with pytest.raises(kmm.KmmError, match="device"):
-        allocate(4096)
+    assert first.ptr != second.ptr and len(state["fallbacks"]) == 1
     del first, second
     gc.collect()
     assert made.stats("device")["in_use"] == 0
 
 
-def test_compiled_allocator_raises_cupys_oom_and_keeps_what_is_stored(compiled):
-    m, _, allocate = compiled
+@pytest.mark.parametrize("device", [-1, -5, 64, 1000])
+def test_compiled_allocator_hands_devices_past_its_table_to_python(compiled, device):
+    _, state, allocate = compiled
+    state["device"] = device
+    with pytest.raises(kmm.KmmError, match="device"):
+        allocate(4096)  # the Python path: no such device on the host backend
+    assert state["fallbacks"] == [(4096, 0)]
+
+
+def test_compiled_allocator_raises_cupys_oom_after_one_try_and_keeps_what_is_stored(compiled):
+    m, state, allocate = compiled
     kept = allocate(8 << 20)
     before = kc.live_allocations()
     with pytest.raises(cupy.cuda.memory.OutOfMemoryError) as e:
         allocate(128 << 20)  # hard limit 64 MiB
     assert isinstance(e.value.__cause__, kmm.OutOfMemoryError)
+    assert state["fallbacks"] == [(128 << 20, kmm.OutOfMemoryError.status)]
+    assert m.stats("device")["failed_allocs"] == 1, "the ladder was climbed once"
     assert kc.live_allocations() == before
     assert m.stats("device")["in_use"] == 8 << 20 and kept.mem._owner.size == 8 << 20
 
@@ -225,25 +249,43 @@ def test_compiled_allocator_hands_bad_sizes_to_python_which_refuses_them(compile
     assert m.stats("device")["in_use"] == 0
 
 
-def test_compiled_allocator_after_the_manager_is_closed(compiled):
-    m, _, allocate = compiled
+def test_compiled_allocator_replaces_a_closed_manager(compiled):
+    m, state, allocate = compiled
+    before = kc.live_allocations()
     mp = allocate(4096)
     m.close()
-    del mp  # its free meets a dead handle: nothing to free, no error escapes
+    del mp  # its free meets a closed manager: nothing left to free, no error escapes
     gc.collect()
+    assert kc.live_allocations() == before
+    again = allocate(4096)  # the closed manager is replaced, through the Python path
+    assert state["fallbacks"] == [(4096, kmm.InvalidHandleError.status)]
+    assert kc.manager(0) is not m and not kc.manager(0).closed
+    assert kc.manager(0).stats("device")["in_use"] == 4096
+    newer = allocate(4096)  # and serves the compiled path from then on
+    assert isinstance(newer.mem._owner, kc._compiled.CupyAllocation) and len(state["fallbacks"]) == 1
+    del again, newer
 
 
 @pytest.mark.skipif(BACKEND != "host", reason="another manager's host-backend stream stands in for CuPy's")
 def test_compiled_allocator_allocates_and_frees_on_cupys_current_stream(compiled):
     m, state, allocate = compiled
-    with kmm.Manager(backend=BACKEND) as other:
-        state["stream"] = other.stream  # CuPy's current stream, a foreign one
-        m.trace_start()
-        mp = allocate(1 << 20)
-        assert mp.mem._owner.stream == other.stream
-        state["stream"] = 0  # CuPy's current stream changes before the memory is dropped
-        del mp
-        gc.collect()
-        records = [(r.action, r.stream) for r in m.trace() if r.bytes == 1 << 20]
-        assert records == [("allocate", other.stream), ("map", m.stream), ("free", m.stream)], records
-        assert m.stats("device")["in_use"] == 0
+    freed = []
+    real_free = _lib.lib.kmm_plugin_free
+    recorder = _PLUGIN_FREE(lambda h, b, s: freed.append((h, b, s)) or real_free(h, b, s))
+    kc._compiled.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _address(recorder))
+    try:
+        with kmm.Manager(backend=BACKEND) as other:
+            state["stream"] = other.stream  # CuPy's current stream, a foreign one
+            m.trace_start()
+            mp = allocate(1 << 20)
+            buffer = mp.mem._owner.buffer
+            assert mp.mem._owner.stream == other.stream
+            state["stream"] = 0  # CuPy's current stream changes before the memory is dropped
+            del mp
+            gc.collect()
+            assert freed == [(m._handle, buffer, other.stream)], "freed after the allocation's stream"
+            allocated = [r.stream for r in m.trace() if r.action == "allocate" and r.bytes == 1 << 20]
+            assert allocated == [other.stream]
+            assert m.stats("device")["in_use"] == 0
+    finally:
+        kc._compiled.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(real_free))
