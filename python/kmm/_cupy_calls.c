@@ -165,7 +165,8 @@ static PyObject *allocate(uint64_t size, uint32_t *status)
 static PyObject *cupy_allocate(PyObject *module, PyObject *size_obj)
 {
     if (!fallback) {
-        PyErr_SetString(PyExc_RuntimeError, "cupy_allocate: kmm._plugin_calls.cupy_bind() was not called");
+        PyErr_SetString(PyExc_RuntimeError,
+                        "cupy_allocate: not bound (kmm._plugin_calls.cupy_bind() was not called, or the interpreter is exiting)");
         return NULL;
     }
     uint32_t status = KMM_OK;
@@ -259,12 +260,28 @@ static PyObject *cupy_set_manager(PyObject *module, PyObject *const *args, Py_ss
     Py_RETURN_TRUE;
 }
 
-static PyObject *cupy_clear_managers(PyObject *module, PyObject *unused)
+static void clear_managers(void)
 {
     for (int d = 0; d < MAX_DEVICES; d++) {
         managers[d].handle = 0; /* before the release, which may run Python */
         Py_CLEAR(managers[d].manager);
     }
+}
+
+static PyObject *cupy_clear_managers(PyObject *module, PyObject *unused)
+{
+    clear_managers();
+    Py_RETURN_NONE;
+}
+
+/* At exit: lets go of the managers and of the Python objects bound (the fallback keeps
+ * kmm.cupy's globals, and so its managers, alive), so that the managers' teardown runs. */
+static PyObject *cupy_release(PyObject *module, PyObject *unused)
+{
+    clear_managers();
+    Py_CLEAR(fallback);
+    Py_CLEAR(unowned_memory_type);
+    Py_CLEAR(memory_pointer_type);
     Py_RETURN_NONE;
 }
 
@@ -284,6 +301,8 @@ static PyMethodDef cupy_methods[] = {
     {"cupy_set_manager", (PyCFunction)(void (*)(void))cupy_set_manager, METH_FASTCALL,
      "cupy_set_manager(device, handle, manager) -> whether cupy_allocate serves the device from it."},
     {"cupy_clear_managers", cupy_clear_managers, METH_NOARGS, "Forgets every device's manager."},
+    {"cupy_release", cupy_release, METH_NOARGS,
+     "Forgets the managers and what cupy_bind bound (at exit); cupy_allocate then refuses."},
     {"cupy_live", cupy_live, METH_NOARGS, "How many allocations of cupy_allocate are live."},
     {NULL, NULL, 0, NULL},
 };

@@ -216,9 +216,9 @@ def _allocator_in_python(nbytes):
 #: current device and stream, as a `cupy.cuda.MemoryPointer`.
 allocator = _compiled_allocator() or _allocator_in_python
 if _compiled is not None:
-    # The compiled allocator's table holds the managers too: let them go at exit, as the dict
-    # does, so that their teardown runs.
-    atexit.register(_compiled.cupy_clear_managers)
+    # The compiled allocator holds the managers, and (through its Python fallback) this module's
+    # globals: it lets them go at exit, so that the managers' teardown runs.
+    atexit.register(_compiled.cupy_release)
 
 
 def live_allocations():
