@@ -15,9 +15,9 @@ buffer handle, and returns the `MemoryPointer(UnownedMemory(...))` CuPy's own po
 the memory's owner frees the buffer when CuPy drops it. No Python runs between CuPy and Kmm.
 Where that module was not built, `allocator` hands CuPy a `CFunctionAllocator` over libkmm's
 `kmm_cupy_malloc` and `kmm_cupy_free` (freed by address) instead. Either way only what the fast
-path does not serve (the first allocation on a device, out of memory) takes the Python path,
-which creates the device's manager or raises. CuPy builds without those C functions use the
-Python path throughout.
+path does not serve takes the Python path: the first allocation on a device or one after its
+manager was closed (a manager is made), out of memory and a size that is not an integer in
+[0, 2**64) (raised). CuPy builds without those C functions use the Python path throughout.
 """
 
 import atexit
@@ -202,7 +202,7 @@ def _c_function_allocator():
 _c_malloc = _c_function_allocator()
 
 
-def _allocator_in_python(nbytes):
+def _uncompiled_allocator(nbytes):
     """`allocator` where `kmm._plugin_calls` was not built: CuPy's `CFunctionAllocator` over
     `kmm_cupy_malloc`, or the Python path."""
     if _c_malloc is not None:
@@ -214,7 +214,7 @@ def _allocator_in_python(nbytes):
 
 #: For `cupy.cuda.set_allocator`: `allocator(nbytes)` is `nbytes` of device memory on CuPy's
 #: current device and stream, as a `cupy.cuda.MemoryPointer`.
-allocator = _compiled_allocator() or _allocator_in_python
+allocator = _compiled_allocator() or _uncompiled_allocator
 if _compiled is not None:
     # The compiled allocator holds the managers, and (through its Python fallback) this module's
     # globals: it lets them go at exit, so that the managers' teardown runs.

@@ -23,7 +23,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(kc, "_get_device_id", lambda: 0)
     monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
     monkeypatch.setattr(kc, "_c_malloc", None)  # CuPy's C allocator asks the CUDA runtime for the device
-    monkeypatch.setattr(kc, "allocator", kc._allocator_in_python)  # so does the compiled one
+    monkeypatch.setattr(kc, "allocator", kc._uncompiled_allocator)  # so does the compiled one
     kc.configure(backend=BACKEND, hard_limit=64 << 20)
     kc._clear_managers()
     yield kc.manager(0)

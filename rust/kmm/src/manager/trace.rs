@@ -193,6 +193,7 @@ impl Ring {
                 ahead -= capacity;
             }
             if ahead < capacity {
+                // (not so only in a ring of fewer than PREFETCH_AHEAD slots)
                 // SAFETY: a slot of the ring; a prefetch changes no memory and cannot fault.
                 unsafe {
                     use core::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
@@ -216,7 +217,7 @@ impl Ring {
 
     fn tally(&self, tally: &mut (usize, TraceCounts)) {
         let counts = self.counts();
-        tally.0 += self.filled().len();
+        tally.0 += (counts.recorded - counts.dropped) as usize;
         tally.1.recorded += counts.recorded;
         tally.1.dropped += counts.dropped;
     }
