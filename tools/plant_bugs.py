@@ -538,8 +538,8 @@ PLANTS = [
      ["observe"]),
     # A full ring stops taking records instead of dropping the oldest.
     ("trace-ring-keeps-the-oldest", "rust/kmm/src/manager/trace.rs",
-     "            self.records[self.next] = record;\n",
-     "",
+     "        self.slots[self.next].write(record);\n",
+     "        if self.recorded < capacity as u64 {\n            self.slots[self.next].write(record);\n        }\n",
      ["observe"]),
     # The memory map shows mapped buffers as merely in use (they never move; the map must say so).
     ("map-forgets-mapped-buffers", "rust/kmm/src/manager/observe.rs",
