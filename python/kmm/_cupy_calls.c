@@ -202,10 +202,11 @@ static void replace(PyObject **slot, PyObject *value)
 
 static int address_of(PyObject *o, const char *name, void **out)
 {
-    unsigned long long v = PyLong_AsUnsignedLongLong(o);
-    if ((v == (unsigned long long)-1 && PyErr_Occurred()) || v == 0) {
-        PyErr_Clear();
-        PyErr_Format(PyExc_ValueError, "%s must be a function's address, an int in [1, 2**64)", name);
+    uint64_t v;
+    if (!as_u64(o, name, &v))
+        return 0;
+    if (!v) {
+        PyErr_Format(PyExc_ValueError, "%s must be a function's address, not 0", name);
         return 0;
     }
     *out = (void *)(uintptr_t)v;

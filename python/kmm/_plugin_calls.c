@@ -530,7 +530,7 @@ static PyType_Spec allocator_spec = {
 /* ------------------------------------------------------------------------------------------ */
 /* Module */
 
-static int as_u64(PyObject *o, const char *name, uint64_t *out)
+int as_u64(PyObject *o, const char *name, uint64_t *out)
 {
     unsigned long long v = PyLong_AsUnsignedLongLong(o);
     if (v == (unsigned long long)-1 && PyErr_Occurred()) {

@@ -19,6 +19,9 @@ typedef uint32_t (*plugin_free_fn)(uint64_t manager, uint64_t buffer, uint64_t s
 extern plugin_alloc_fn plugin_alloc;
 extern plugin_free_fn plugin_free;
 
+/* `o` as a uint64_t in *out; 0 with a ValueError naming `name` when it is not an int in range. */
+int as_u64(PyObject *o, const char *name, uint64_t *out);
+
 /* _cupy_calls.c: adds its type and functions to the module; 0 on success. */
 int cupy_calls_init(PyObject *module);
 
