@@ -65,7 +65,11 @@ def configure(**config):
 def manager(device=None):
     """The Kmm manager serving CuPy on `device` (default: CuPy's current device): made on first
     use, and made again after it was closed."""
-    device = _get_device_id() if device is None else _args.device(device)
+    return _serving(_get_device_id() if device is None else _args.device(device))
+
+
+def _serving(device):
+    """`manager(device)` for a device already checked."""
     m = _managers.get(device)
     if m is None or m.closed:
         with _lock:
@@ -114,9 +118,7 @@ def _raise(status, m, nbytes, kind):
 
 def _alloc(nbytes, kind, device):
     nbytes = _args.nbytes(nbytes)
-    m = _managers.get(device)
-    if m is None or m.closed:
-        m = manager(device)
+    m = _serving(device)
     stream = _get_current_stream().ptr
     try:
         scratch, addr = _local.scratch, _local.addr
