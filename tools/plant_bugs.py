@@ -107,6 +107,23 @@ PLANTS = [
      "        memory._kmm_export = _ExportToken(self._export())\n",
      "",
      ["py:test_bindings_safety.py"]),
+    # Python: an export checks that its buffer is live before taking the lock close() takes, so
+    # a close() in between frees memory the export then shows.
+    ("py-export-checks-liveness-outside-the-lock", "python/kmm/buffer.py",
+     "        with _export_lock:\n            # Checked under the lock close() takes: checked before it, a close() in another\n            # thread could free the memory between the check and the count, and the export\n            # would then show freed memory.\n            self._live()\n",
+     "        self._live()\n        with _export_lock:\n",
+     ["py:test_adversarial_python.py"]),
+    # Python: closing a manager libkmm owns (kmm.torch.manager) zeroes its handle, so none of its
+    # buffers is freed again.
+    ("py-borrowed-manager-close-leaks", "python/kmm/manager.py",
+     "        if not self._owned:\n            return\n        with _export_lock:",
+     "        with _export_lock:",
+     ["py:test_adversarial_python.py"]),
+    # Python: copies take host arrays of Python objects (device bytes over PyObject pointers).
+    ("py-copies-take-object-arrays", "python/kmm/buffer.py",
+     "    if a.dtype.hasobject:\n",
+     "    if False:\n",
+     ["py:test_adversarial_python.py"]),
     # Python: integers are taken as they come (int()), so sizes wrap in ctypes and floats pass.
     ("py-integers-unchecked", "python/kmm/_args.py",
      "    if isinstance(value, (bool, np.bool_)):\n",

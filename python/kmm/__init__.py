@@ -49,7 +49,9 @@ ABI_VERSION = _lib.ABI_VERSION
 
 def status_name(status):
     """The name of a status code ("KMM_ERROR_OUT_OF_MEMORY")."""
-    return _lib.lib.kmm_status_name(int(status)).decode()
+    from ._args import U32_MAX, integer
+
+    return _lib.lib.kmm_status_name(integer(status, "status", 0, U32_MAX)).decode()
 
 
 def _backend_code(backend):
@@ -74,7 +76,9 @@ def can_access_peer(device, peer, backend="auto"):
     pinned host memory (False). Host stand-in devices pair up: 0 with 1, 2 with 3, ..."""
     import ctypes
     out = ctypes.c_uint32()
-    _check(_lib.lib.kmm_device_can_access_peer(_backend_code(backend), int(device), int(peer), ctypes.byref(out)))
+    from ._args import device as _device
+    _check(_lib.lib.kmm_device_can_access_peer(_backend_code(backend), _device(device, "device"), _device(peer, "peer"),
+                                               ctypes.byref(out)))
     return out.value == 1
 
 

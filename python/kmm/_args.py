@@ -10,7 +10,9 @@ import numpy as np
 from ._errors import InvalidArgumentError, SizeOverflowError
 
 U64_MAX = (1 << 64) - 1
+U32_MAX = (1 << 32) - 1
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 #: The largest buffer libkmm allocates (KMM_ERROR_SIZE_OVERFLOW beyond).
 MAX_BUFFER_BYTES = 1 << 48
 
@@ -30,10 +32,19 @@ def integer(value, name, lo=0, hi=U64_MAX, error=InvalidArgumentError):
 
 
 def _bound(n):
-    for text, value in (("2^64 - 1", U64_MAX), ("2^48", MAX_BUFFER_BYTES), ("2^31 - 1", I32_MAX), ("-2^31", I32_MIN)):
+    for text, value in (("2^64 - 1", U64_MAX), ("2^63 - 1", I64_MAX), ("-2^63", I64_MIN), ("2^48", MAX_BUFFER_BYTES),
+                        ("2^32 - 1", U32_MAX), ("2^31 - 1", I32_MAX), ("-2^31", I32_MIN)):
         if n == value:
             return text
     return str(n)
+
+
+def flag(value, name):
+    """`value` as a bool if it is one (Python or NumPy): a flag given as a string ("no") or a
+    number would otherwise be taken for its truth value."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s = %r must be True or False (got %s)" % (name, value, type(value).__name__))
+    return bool(value)
 
 
 def nbytes(value, name="nbytes"):
@@ -63,15 +74,20 @@ def plain_dtype(dtype, name="dtype"):
 
 
 def shape(value, name="shape"):
-    """A shape: an integer or a sequence of integers, each 0..2^64 - 1."""
+    """A shape: an integer or a sequence of integers, each 0..2^63 - 1 (DLPack's and NumPy's
+    int64 dimensions: a larger one would wrap to a negative size in an export)."""
     if not isinstance(value, (tuple, list)) and hasattr(type(value), "__index__"):
         value = (value,)
     dims = shape_like(value, name)
-    return tuple(integer(n, "%s[%d]" % (name, i), 0, U64_MAX) for i, n in enumerate(dims))
+    return tuple(integer(n, "%s[%d]" % (name, i), 0, I64_MAX) for i, n in enumerate(dims))
 
 
 def shape_like(value, name):
-    """A sequence of integers as a tuple (TypeError naming `name` otherwise)."""
+    """A sequence of integers as a tuple (TypeError naming `name` otherwise). Strings, bytes
+    (b"\\x02\\x03" would read as (2, 3)) and unordered collections (sets, dicts) are not
+    sequences of dimensions."""
+    if isinstance(value, (str, bytes, bytearray, memoryview, set, frozenset, dict)):
+        raise TypeError("%s = %r must be a sequence of integers (got %s)" % (name, value, type(value).__name__))
     try:
         return tuple(value)
     except TypeError:
@@ -80,7 +96,7 @@ def shape_like(value, name):
 
 def strides(value, name="strides"):
     """Byte strides: a sequence of integers, each within int64."""
-    return tuple(integer(s, "%s[%d]" % (name, i), -(1 << 63), (1 << 63) - 1)
+    return tuple(integer(s, "%s[%d]" % (name, i), I64_MIN, I64_MAX)
                  for i, s in enumerate(shape_like(value, name)))
 
 

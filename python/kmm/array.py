@@ -29,11 +29,35 @@ def extent(shape, strides, itemsize):
 
 def _foreign_stream_wait(manager, stream):
     """The manager's stream waits for a producer's stream (CAI / DLPack conventions)."""
-    if stream is None or stream == manager.stream:
+    if stream is None:
+        return
+    stream = _args.stream(stream, "stream")  # True or 1.0 would pass for the legacy stream 1 below
+    if stream == manager.stream:
         return
     if manager.backend == "host" and stream in (1, 2):
         return  # no legacy or per-thread default stream exists on the host backend
     manager.wait_stream(stream)
+
+
+def _stores_as_given(host, dtype):
+    """Whether `host`'s values are stored as `dtype` without another value in their place."""
+    if np.can_cast(host.dtype, dtype, "safe"):
+        return True
+    if dtype.kind in "fc":
+        # Integers and floats into floats: rounded to the precision, never wrapped.
+        return np.can_cast(host.dtype, dtype, "same_kind")
+    if host.dtype.kind in "biu" and dtype.kind in "biu":
+        # Integers into a narrower or other-signed integer type: only values that fit ([1, 2, 3]
+        # into int32 or uint8, not -1 into uint8).
+        return bool(np.array_equal(host.astype(dtype).astype(host.dtype), host))
+    return False
+
+
+def _refuse_read_only(why):
+    # A DeviceArray has no read-only mode: fill, set, copies into it and its writable exports
+    # (host_view, DLPack, CAI) would write into memory the producer said must not change
+    # (e.g. the bytes object under a NumPy array).
+    raise BufferError("cannot import read-only memory: %s; kmm arrays are writable (copy it first)" % why)
 
 
 class DeviceArray:
@@ -41,11 +65,15 @@ class DeviceArray:
     `from_host`, `Manager.empty`/`asarray`, or import with `from_cuda_array_interface` /
     `from_dlpack` (no copy; the producer stays alive as long as the array)."""
 
-    __slots__ = ("buffer", "shape", "dtype", "strides", "offset", "__weakref__")
+    __slots__ = ("_buffer", "_shape", "_dtype", "_strides", "_offset", "__weakref__")
 
     def __init__(self, buffer, shape, dtype, strides=None, offset=0):
+        if not isinstance(buffer, Buffer):
+            raise TypeError("buffer = %r must be a kmm.Buffer" % (buffer,))
         dtype = _args.plain_dtype(dtype)
         shape = _args.shape(shape)
+        # As `empty`: a view (a stride of 0 repeats bytes) is no larger than an allocation could be.
+        _args.array_bytes(shape, dtype)
         if strides is None:
             strides = c_strides(shape, dtype.itemsize)
         else:
@@ -58,11 +86,11 @@ class DeviceArray:
             raise ValueError(
                 "an array of shape %s, strides %s, offset %d reaches bytes %d..%d of a %d-byte buffer"
                 % (shape, strides, offset, offset + lo, offset + hi, buffer.nbytes))
-        self.buffer = buffer
-        self.shape = shape
-        self.dtype = dtype
-        self.strides = strides
-        self.offset = offset
+        self._buffer = buffer
+        self._shape = shape
+        self._dtype = dtype
+        self._strides = strides
+        self._offset = offset
 
     # -- creation -------------------------------------------------------------------------
     @classmethod
@@ -102,7 +130,10 @@ class DeviceArray:
         shape = _args.shape(cai["shape"], "shape")
         strides = cai.get("strides")
         strides = c_strides(shape, dtype.itemsize) if strides is None else _args.strides(strides)
-        ptr = _args.integer(cai["data"][0] or 0, "data[0]")
+        data = cai["data"]
+        ptr = _args.integer(data[0] or 0, "data[0]")
+        if data[1]:
+            _refuse_read_only("__cuda_array_interface__ data[1] (read-only) is True")
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
         lo, hi = extent(shape, strides, dtype.itemsize)
@@ -131,6 +162,8 @@ class DeviceArray:
         else:
             capsule = obj
         t, owner, readonly = dlpack.consume(capsule, obj)
+        if readonly:
+            _refuse_read_only("the DLPack tensor is flagged read-only")
         dev_type = t.device.device_type
         if manager.backend == "host":
             if dev_type != dlpack.kDLCPU:
@@ -157,6 +190,30 @@ class DeviceArray:
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     # -- properties -----------------------------------------------------------------------
+    # Read-only, unlike NumPy's `shape` and `strides`: the bounds were checked against the buffer
+    # once, in __init__, and copies and exports trust them (`reshape` makes a new view).
+    @property
+    def buffer(self):
+        return self._buffer
+
+    @property
+    def shape(self):
+        return self._shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def strides(self):
+        """Byte strides."""
+        return self._strides
+
+    @property
+    def offset(self):
+        """Byte offset of the first element in `buffer`."""
+        return self._offset
+
     @property
     def manager(self):
         return self.buffer.manager
@@ -221,9 +278,17 @@ class DeviceArray:
     copy_to_host = get
 
     def set(self, host):
-        """Copies a host array of the same shape (C-contiguous arrays only)."""
+        """Copies a host array of the same shape (C-contiguous arrays only). Values are stored
+        as given or refused: an integer must fit the array's type (no wrap), a float goes into a
+        float or complex array only (rounded to its precision, as NumPy assigns), never into an
+        integer one."""
         if not self.is_c_contiguous:
             raise ValueError("set() needs a C-contiguous DeviceArray")
+        host = np.asarray(host)
+        if not _stores_as_given(host, self.dtype):
+            # 1.7 would be stored as 1, 2**40 wrapped into int32.
+            raise TypeError("host = array of %s cannot be stored as %s without changing values "
+                            "(cast it first, e.g. host.astype(%r))" % (host.dtype, self.dtype, self.dtype.str))
         host = np.require(host, dtype=self.dtype, requirements="C")
         if host.shape != self.shape:
             raise ValueError("shape %s does not match %s" % (host.shape, self.shape))

@@ -43,12 +43,17 @@ def _scratch(manager):
     return s, local.addr
 
 
-def host_address(obj, writable):
-    """(address, nbytes, keepalive) of a C-contiguous object with the buffer protocol."""
+def host_address(obj, writable, name):
+    """(address, nbytes, keepalive) of a C-contiguous object with the buffer protocol, named
+    `name` in errors."""
     if isinstance(obj, np.ndarray):
         a = obj
     else:
         a = np.asarray(memoryview(obj))
+    if a.dtype.hasobject:
+        # Its bytes are PyObject pointers: copying into them makes pointers out of device data
+        # (a crash at the next reference count), copying out of them leaks addresses.
+        raise TypeError("%s holds Python objects (dtype %s); Kmm memory holds plain data only" % (name, a.dtype))
     if not a.flags.c_contiguous:
         raise ValueError("host memory must be C-contiguous (got strides %s)" % (a.strides,))
     if writable and not a.flags.writeable:
@@ -70,7 +75,7 @@ class Buffer:
     `__cuda_array_interface__` consumer holds the exporting object, which garbage collection then
     never frees; an explicit `close()` is the caller's word that no consumer still uses `ptr`."""
 
-    __slots__ = ("_manager", "_handle", "_ptr", "nbytes", "_kind", "_exports", "_pending", "__weakref__")
+    __slots__ = ("_manager", "_handle", "_ptr", "_nbytes", "_kind", "_exports", "_pending", "__weakref__")
 
     @classmethod
     def _alloc(cls, manager, nbytes, kind):
@@ -86,7 +91,7 @@ class Buffer:
         self._manager = manager
         self._handle = scratch[0]
         self._ptr = scratch[1]
-        self.nbytes = nbytes
+        self._nbytes = nbytes
         self._kind = kind
         self._exports = 0
         self._pending = 0
@@ -101,6 +106,12 @@ class Buffer:
     def handle(self):
         """The raw KmmBuffer handle (0 once closed)."""
         return self._handle
+
+    @property
+    def nbytes(self):
+        """The size in bytes. Read-only: every bounds check (copies, `host_view`, arrays, exports)
+        trusts it."""
+        return self._nbytes
 
     @property
     def kind(self):
@@ -136,9 +147,12 @@ class Buffer:
     def _export(self):
         """Counts an export of the memory and returns the function (idempotent) that ends it; a
         `close()` meanwhile defers the free until the last export ends."""
-        self._live()
         manager = self._manager
         with _export_lock:
+            # Checked under the lock close() takes: checked before it, a close() in another
+            # thread could free the memory between the check and the count, and the export
+            # would then show freed memory.
+            self._live()
             self._exports += 1
             manager._exports += 1
         ended = []
@@ -184,7 +198,7 @@ class Buffer:
         """Keeps the buffer on the device when the manager spills (`never=False` lets it spill
         again); a spilled buffer comes back first. Mapped buffers (handed out by address to
         Numba, CuPy, PyTorch, CAI and DLPack consumers) never spill either way."""
-        check(_lib_.kmm_buffer_never_spill(self._manager._live(), self._live(), bool(never)))
+        check(_lib_.kmm_buffer_never_spill(self._manager._live(), self._live(), _args.flag(never, "never")))
         return self
 
     # -- copies ---------------------------------------------------------------------------
@@ -200,7 +214,7 @@ class Buffer:
     def copy_from_host(self, src, offset=0):
         """Copies a host object with the buffer protocol (NumPy array, bytes, ...) into the
         buffer at byte `offset`; returns when done."""
-        addr, n, keep = host_address(src, writable=False)
+        addr, n, keep = host_address(src, writable=False, name="src")
         offset, n = self._range(offset, n)
         check(_lib_.kmm_copy_to_device(self._manager._live(), self._live(), offset, addr, n))
         del keep
@@ -214,7 +228,7 @@ class Buffer:
             nbytes = max(self.nbytes - offset, 0) if nbytes is None else nbytes
             self._range(offset, nbytes)
             dst = bytearray(nbytes)
-        addr, n, keep = host_address(dst, writable=True)
+        addr, n, keep = host_address(dst, writable=True, name="dst")
         offset, n = self._range(offset, n)
         check(_lib_.kmm_copy_to_host(self._manager._live(), addr, self._live(), offset, n))
         del keep
@@ -342,7 +356,7 @@ class _Imported(Buffer):
         self._manager = manager
         self._handle = out.value
         self._ptr = ptr
-        self.nbytes = nbytes
+        self._nbytes = nbytes
         self._kind = kind
         self._exports = 0
         self._pending = 0

@@ -28,7 +28,7 @@ import cupy
 
 from . import _args, _lib
 from ._errors import InvalidHandleError, OutOfMemoryError, check, error
-from .manager import Manager
+from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
     from . import _plugin_calls as _compiled
@@ -58,6 +58,7 @@ _local = threading.local()
 def configure(**config):
     """Options (as for `kmm.Manager`) of the managers created from now on (call before the
     first allocation)."""
+    make_config(**config)  # a bad option raises here, not at CuPy's next allocation
     _config.clear()
     _config.update(config)
 

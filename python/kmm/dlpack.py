@@ -148,9 +148,15 @@ def dl_to_dtype(dl):
     kind = {kDLInt: "i", kDLUInt: "u", kDLFloat: "f", kDLComplex: "c", kDLBool: "b"}.get(dl.code)
     if kind is None:
         raise BufferError("DLPack type code %d is not supported (bfloat16 and opaque types are not)" % dl.code)
+    # Whole bytes only: bits // 8 would read a 12-bit type as 1-byte items, a 4-bit one as 0-byte.
+    if dl.bits == 0 or dl.bits % 8 or (kind == "b" and dl.bits != 8):
+        raise BufferError("DLPack type code %d with %d bits is not supported" % (dl.code, dl.bits))
     if kind == "b":
         return np.dtype(bool)
-    return np.dtype("%s%d" % (kind, dl.bits // 8))
+    try:
+        return np.dtype("%s%d" % (kind, dl.bits // 8))
+    except TypeError:
+        raise BufferError("DLPack type code %d with %d bits has no NumPy dtype" % (dl.code, dl.bits)) from None
 
 
 def device_of(buffer):

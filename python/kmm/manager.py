@@ -249,17 +249,21 @@ class Manager:
     def close(self):
         """Destroys the manager (waits for its stream, frees what is left). Idempotent. While
         `host_view` memoryviews or DLPack exports of its buffers live, the manager closes at once
-        for Python (its methods raise) and is destroyed when the last export lets go."""
+        for Python (its methods raise) and is destroyed when the last export lets go. A manager
+        libkmm owns (`kmm.torch.manager`) is not closed: its buffers free themselves only through
+        an open handle, so closing it for Python would leak every one of them."""
+        if not self._owned:
+            return
         with _export_lock:
             h, self._handle = self._handle, 0
-            if h and self._owned and self._exports:
+            if h and self._exports:
                 self._pending = h
                 # As a destroy would: the work queued so far has run when close returns, so what
                 # the exports show is what that work wrote. Under the lock: the last export's
                 # end cannot destroy the manager meanwhile.
                 check(_lib_.kmm_manager_synchronize(h))
                 return
-        if h and self._owned:
+        if h:
             check(_lib_.kmm_manager_destroy(h, 0))
 
     def _end_deferred_close(self):

@@ -12,16 +12,15 @@ Numba's (the plugin subclasses `HostOnlyCUDAMemoryManager`).
 
 import contextlib
 import functools
-import operator
 import threading
 import weakref
 
 from numba import cuda
 from numba.cuda.cudadrv import driver as _driver
 
-from . import _lib
+from . import _args, _lib
 from ._errors import NotSupportedError, OutOfMemoryError, error
-from .manager import Manager
+from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
     from . import _plugin_calls as _calls
@@ -46,6 +45,7 @@ _config = {}
 
 def configure(**config):
     """Options (as for `kmm.Manager`) of the managers that plugins create from now on."""
+    make_config(**config)  # a bad option raises here, not at some later allocation
     _config.clear()
     _config.update(config)
 
@@ -114,7 +114,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         if self._manager is None:
             self._create()
         a = self._allocator
-        size = operator.index(size)
+        size = _args.nbytes(size, "size")  # no bool (True would allocate 1 byte) or float
         if not size:  # nothing to allocate or free
             return _driver.MemoryPointer(a.context, _devptr(0), 0)
         pointer = a.allocate(size)

@@ -146,11 +146,11 @@ class MemoryStatus:
 
 
 def trace_start(handle, capacity, path, rmm_only):
-    flags = _lib.KMM_TRACE_RMM_ONLY if rmm_only else 0
+    flags = _lib.KMM_TRACE_RMM_ONLY if _args.flag(rmm_only, "rmm_only") else 0
+    capacity = _args.integer(capacity, "capacity", 0, _lib.KMM_TRACE_MAX_RECORDS)
     if path is None:
         if rmm_only:
             raise ValueError("rmm_only applies to a file trace only; give a path")
-        capacity = _args.integer(capacity, "capacity", 0, _lib.KMM_TRACE_MAX_RECORDS)
         check(_lib_.kmm_manager_trace_start(handle, capacity, None, 0))
     else:
         if capacity:
@@ -159,7 +159,8 @@ def trace_start(handle, capacity, path, rmm_only):
 
 
 def save_trace(handle, path, rmm_only):
-    check(_lib_.kmm_manager_trace_save(handle, _path(path), _lib.KMM_TRACE_RMM_ONLY if rmm_only else 0))
+    flags = _lib.KMM_TRACE_RMM_ONLY if _args.flag(rmm_only, "rmm_only") else 0
+    check(_lib_.kmm_manager_trace_save(handle, _path(path), flags))
 
 
 def _path(path):
