@@ -1160,7 +1160,8 @@ KmmStatus kmm_fill(KmmManager manager,
 
 /**
  * Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
- * alive while CuPy may allocate). Thread-safe.
+ * alive while CuPy may allocate); 0 forgets the device's manager (`kmm_cupy_malloc` then fails
+ * there until one is set), before it is closed. Thread-safe.
  */
 KmmStatus kmm_cupy_set_manager(int32_t device, KmmManager manager);
 

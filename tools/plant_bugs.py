@@ -124,6 +124,11 @@ PLANTS = [
      "    if a.dtype.hasobject:\n",
      "    if False:\n",
      ["py:test_adversarial_python.py"]),
+    # Python: kmm.cupy's manager closes while CuPy arrays hold its memory.
+    ("py-cupy-manager-closes-under-cupys-arrays", "python/kmm/cupy.py",
+     "                if held:\n                    if serving:",
+     "                if False:\n                    if serving:",
+     ["py:test_cupy_plugin.py"]),
     # Python: integers are taken as they come (int()), so sizes wrap in ctypes and floats pass.
     ("py-integers-unchecked", "python/kmm/_args.py",
      "    if isinstance(value, (bool, np.bool_)):\n",

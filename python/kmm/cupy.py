@@ -27,7 +27,7 @@ import threading
 import cupy
 
 from . import _args, _lib
-from ._errors import InvalidHandleError, OutOfMemoryError, check, error
+from ._errors import BufferMappedError, InvalidHandleError, OutOfMemoryError, check, error
 from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -63,6 +63,44 @@ def configure(**config):
     _config.update(config)
 
 
+class _CupyManager(Manager):
+    """The manager CuPy allocates from on one device (`manager(device)`)."""
+
+    def close(self):
+        """As `Manager.close`, refused (`kmm.BufferMappedError`, nothing changed) while CuPy
+        arrays hold memory of the manager: closing would free it under them, and the next
+        manager made for CuPy could hand the same addresses to new arrays. Drop the arrays
+        (and collect them) first; CuPy's next allocation then makes a new manager."""
+        if not self.closed:
+            device = self.device
+            with _lock:
+                # Out of CuPy's tables first, so that no allocation comes from it between the
+                # count and the destroy (CuPy's next one makes a new manager).
+                serving = _managers.get(device) is self
+                if serving:
+                    _set_manager(device, None)
+                held = sum(self.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
+                if held:
+                    if serving:
+                        _set_manager(device, self)  # as it was
+                    raise BufferMappedError(
+                        "kmm.cupy's manager of device %d still holds %d allocations of CuPy (arrays alive); "
+                        "drop them before close()" % (device, held))
+        super().close()
+
+
+def _set_manager(device, m):
+    """Makes `m` the manager every allocator path serves `device` from (None: none; the next
+    allocation makes one). Under `_lock`."""
+    if m is None:
+        _managers.pop(device, None)
+    else:
+        _managers[device] = m
+    check(_lib.lib.kmm_cupy_set_manager(device, m._handle if m is not None else 0))
+    if _compiled is not None:
+        _compiled.cupy_set_manager(device, m._handle if m is not None else 0, m)
+
+
 def manager(device=None):
     """The Kmm manager serving CuPy on `device` (default: CuPy's current device): made on first
     use, and made again after it was closed."""
@@ -78,11 +116,8 @@ def _serving(device):
             if m is None or m.closed:
                 config = dict(_config)
                 config["device"] = device
-                m = Manager(**config)
-                check(_lib.lib.kmm_cupy_set_manager(device, m._handle))
-                if _compiled is not None:
-                    _compiled.cupy_set_manager(device, m._handle, m)
-                _managers[device] = m
+                m = _CupyManager(**config)
+                _set_manager(device, m)
     return m
 
 

@@ -252,21 +252,49 @@ def test_compiled_allocator_hands_bad_sizes_to_python_which_refuses_them(compile
     assert m.stats("device")["in_use"] == 0
 
 
+def test_closing_the_manager_while_cupy_holds_its_memory_is_refused(compiled):
+    # close() freed memory CuPy arrays still used, and the next manager could hand the same
+    # addresses to new arrays.
+    m, state, allocate = compiled
+    mp = allocate(4096)
+    if BACKEND == "host":
+        ctypes.memset(mp.ptr, 0x5A, 4096)
+    with pytest.raises(kmm.BufferMappedError, match="1 allocations of CuPy"):
+        m.close()
+    assert not m.closed and kc.manager(0) is m, "nothing changed"
+    assert m.stats("device")["in_use"] == 4096
+    if BACKEND == "host":
+        assert ctypes.string_at(mp.ptr, 4096) == b"\x5a" * 4096
+    kept = allocate(4096)  # still served by the compiled path, from the same manager
+    assert kept.mem._owner.manager is m and state["fallbacks"] == []
+    del mp, kept
+    gc.collect()
+    m.close()  # nothing held: closed
+
+
 def test_compiled_allocator_replaces_a_closed_manager(compiled):
     m, state, allocate = compiled
     before = kc.live_allocations()
-    mp = allocate(4096)
     m.close()
-    del mp  # its free meets a closed manager: nothing left to free, no error escapes
-    gc.collect()
-    assert kc.live_allocations() == before
     again = allocate(4096)  # the closed manager is replaced, through the Python path
-    assert state["fallbacks"] == [(4096, kmm.InvalidHandleError.status)]
+    assert state["fallbacks"] == [(4096, 0)], "the compiled path no longer knows the closed manager"
     assert kc.manager(0) is not m and not kc.manager(0).closed
     assert kc.manager(0).stats("device")["in_use"] == 4096
     newer = allocate(4096)  # and serves the compiled path from then on
     assert isinstance(newer.mem._owner, kc._compiled.CupyAllocation) and len(state["fallbacks"]) == 1
+    assert kc.live_allocations() == before + 1
     del again, newer
+
+
+def test_c_malloc_forgets_a_closed_manager(c_path):
+    m, _ = c_path
+    m.close()
+    assert not _lib.lib.kmm_cupy_malloc(None, 4096, 0), "no allocation from the closed manager"
+    assert "device = 0 has no Kmm manager" in _lib.lib.kmm_last_error().decode()
+    fresh = kc.manager(0)  # made again, and the C path serves from it
+    ptr = _lib.lib.kmm_cupy_malloc(None, 4096, 0)
+    assert ptr and fresh is not m and fresh.stats("device")["in_use"] == 4096
+    _lib.lib.kmm_cupy_free(None, ptr, 0)
 
 
 @pytest.mark.skipif(BACKEND != "host", reason="another manager's host-backend stream stands in for CuPy's")

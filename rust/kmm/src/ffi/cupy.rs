@@ -47,12 +47,17 @@ fn cupy_stream() -> Result<u64> {
 }
 
 /// Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
-/// alive while CuPy may allocate). Thread-safe.
+/// alive while CuPy may allocate); 0 forgets the device's manager (`kmm_cupy_malloc` then fails
+/// there until one is set), before it is closed. Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_cupy_set_manager(device: i32, manager: KmmManager) -> KmmStatus {
     boundary(|| {
         if device < 0 {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "device = {device} is negative");
+        }
+        if manager == 0 {
+            lock(cupy_state()).managers.remove(&device);
+            return Ok(());
         }
         with_manager(manager, |_| Ok(()))?;
         lock(cupy_state()).managers.insert(device, manager);
