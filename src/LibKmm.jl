@@ -1044,7 +1044,8 @@ end
 
 """
 Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
-alive while CuPy may allocate). Thread-safe.
+alive while CuPy may allocate); 0 forgets the device's manager (`kmm_cupy_malloc` then fails
+there until one is set), before it is closed. Thread-safe.
 
 Returns the status; `kmm_cupy_set_manager` is the checked form.
 """
@@ -1055,7 +1056,8 @@ Returns the status; `kmm_cupy_set_manager` is the checked form.
 end
 """
 Makes `manager` the one `kmm_cupy_malloc` allocates from on `device` (the caller keeps it
-alive while CuPy may allocate). Thread-safe.
+alive while CuPy may allocate); 0 forgets the device's manager (`kmm_cupy_malloc` then fails
+there until one is set), before it is closed. Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
