@@ -175,33 +175,51 @@ end
 # contiguous view of one, or a PinnedArray), kept alive for the synchronous copy.
 # The synchronous copies between a storage and host memory at `ptr`: queued, then waited for
 # without blocking the thread (`wait_event`). The caller keeps `ptr`'s memory alive.
-function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes)
+function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes, host = nothing)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
     GC.@preserve s LibKmm.kmm_copy_to_device_async(mh, h, offset, ptr, bytes, ev)
-    wait_event(s.manager, ev[])
+    try
+        order_host_memory!(s.manager, host)
+    finally
+        wait_event(s.manager, ev[])
+    end
 end
 
-function copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes)
+function copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes, host = nothing)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
     GC.@preserve s LibKmm.kmm_copy_to_host_async(mh, ptr, h, offset, bytes, ev)
-    wait_event(s.manager, ev[])
+    try
+        order_host_memory!(s.manager, host)
+    finally
+        wait_event(s.manager, ev[])
+    end
 end
 
 function copy_from_host!(dest::KmmArray{T}, doffs, host, soffs, n) where {T}
     check_range(dest, doffs, n); check_range(host, soffs, n)
     n == 0 && return dest
-    GC.@preserve host copy_into_storage!(dest.storage, byteoffset(dest, doffs), pointer(host, soffs), n * sizeof(T))
+    GC.@preserve host copy_into_storage!(dest.storage, byteoffset(dest, doffs), pointer(host, soffs),
+                                         n * sizeof(T), host)
     dest
 end
 
 function copy_to_host!(host, doffs, src::KmmArray{T}, soffs, n) where {T}
     check_range(host, doffs, n); check_range(src, soffs, n)
     n == 0 && return host
-    GC.@preserve host copy_from_storage!(pointer(host, doffs), src.storage, byteoffset(src, soffs), n * sizeof(T))
+    GC.@preserve host copy_from_storage!(pointer(host, doffs), src.storage, byteoffset(src, soffs),
+                                         n * sizeof(T), host)
     host
 end
+
+"""
+After a copy queued on `m` that reads or writes the host memory `host`: when `host` is a
+`PinnedArray` of another manager, that manager's stream waits for the copy, so that the pinned
+array's free (stream-ordered on its own manager) and its manager's `close` come after the copy,
+never while it still reads or writes the memory.
+"""
+order_host_memory!(m::KmmManager, host) = nothing
 
 # host -> Kmm
 Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soffs::Integer, n::Integer) where {T} =
@@ -280,20 +298,43 @@ end
 
 # ---- views and reshapes that share the buffer ---------------------------------------------
 
-function Base.reshape(x::KmmArray{T}, dims::Dims{M}) where {T,M}
+"""Checks new dimensions for `reshape`: none negative, and their product, computed without
+wrapping (a product that overflows Int is refused, never compared modulo 2^64), is `length(x)`."""
+@noinline function check_reshape(x::AbstractArray, dims::Dims)
     any(d -> d < 0, dims) && throw(ArgumentError("negative dimension in $dims"))
-    prod(dims) == length(x) || throw(DimensionMismatch(
+    n = 1
+    for d in dims
+        p, overflow = Base.mul_with_overflow(n, d)
+        overflow && throw(DimensionMismatch(
+            "new dimensions $dims must be consistent with array size $(length(x)): their product overflows Int"))
+        n = p
+    end
+    n == length(x) || throw(DimensionMismatch(
         "new dimensions $dims must be consistent with array size $(length(x))"))
+    nothing
+end
+
+function Base.reshape(x::KmmArray{T}, dims::Dims{M}) where {T,M}
+    check_reshape(x, dims)
     KmmArray{T,M}(x.storage, x.offset, dims)
 end
-function Base.reshape(x::KmmArray, dims::Tuple{Vararg{Union{Int,Colon}}})
+"`dims` with its one `Colon` replaced by what makes the product `length(x)` (checked by `check_reshape`)."
+function reshape_uncolon(x::AbstractArray, dims::Tuple{Vararg{Union{Int,Colon}}})
     ncolon = count(d -> d isa Colon, dims)
     ncolon <= 1 || throw(DimensionMismatch("new dimensions $dims may have at most one omitted dimension"))
-    known = prod(Int[d for d in dims if d isa Int])   # (no init keyword on Julia 1.5)
+    known = 1
+    for d in dims
+        d isa Int || continue
+        p, overflow = Base.mul_with_overflow(known, d)
+        overflow && throw(DimensionMismatch(
+            "new dimensions $dims must be consistent with array size $(length(x)): their product overflows Int"))
+        known = p
+    end
     (known == 0 || length(x) % known != 0) && throw(DimensionMismatch(
         "array size $(length(x)) must be divisible by the product of the new dimensions $dims"))
-    reshape(x, map(d -> d isa Colon ? length(x) ÷ known : d, dims))
+    map(d -> d isa Colon ? length(x) ÷ known : d, dims)
 end
+Base.reshape(x::KmmArray, dims::Tuple{Vararg{Union{Int,Colon}}}) = reshape(x, reshape_uncolon(x, dims))
 Base.vec(x::KmmArray) = reshape(x, (length(x),))
 
 @noinline throw_noncontiguous(I) = throw(ArgumentError(

@@ -31,6 +31,7 @@ function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     if !isempty(src)
         GC.@preserve ds src LibKmm.kmm_copy_to_device_async(mh, h, dest.offset, pointer(src),
                                                          sizeof(T) * length(src), ev)
+        order_task_host!(manager(dest), src, ev[])
     end
     register_task!(KmmCopyTask(manager(dest), ev[], src, dest))
 end
@@ -44,8 +45,22 @@ function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
     if !isempty(src)
         GC.@preserve ss dest LibKmm.kmm_copy_to_host_async(mh, pointer(dest), h, src.offset,
                                                         sizeof(T) * length(src), ev)
+        order_task_host!(manager(src), dest, ev[])
     end
     register_task!(KmmCopyTask(manager(src), ev[], dest, src))
+end
+
+"""Orders a pinned host array of another manager after the copy just queued (event `ev`);
+if that fails (its manager closed meanwhile), waits for the copy before passing the error on."""
+function order_task_host!(m::KmmManager, host, ev::UInt64)
+    ok = false
+    try
+        order_host_memory!(m, host)
+        ok = true
+    finally
+        ok || wait_event(m, ev)
+    end
+    nothing
 end
 
 function register_task!(t::KmmCopyTask)
@@ -60,8 +75,7 @@ end
 
 "Destroys the event and drops the references of a task whose copy has run."
 function finish!(t::KmmCopyTask)
-    ev = t.event
-    t.event = 0
+    ev = claim_event!(t)   # of two tasks finishing it (two waits, a wait and a synchronize), one destroys it
     mh = t.manager.handle
     ev != 0 && mh != 0 && LibKmm.unchecked_kmm_event_destroy(mh, ev)
     t.host = nothing
@@ -94,7 +108,28 @@ end
 Whether the copy has run (non-blocking).
 """
 function isdone(t::KmmCopyTask)
-    t.event == 0 || event_done(t.manager, t.event)
+    ev = t.event
+    ev == 0 && return true
+    m = t.manager
+    mh = m.handle
+    mh == 0 && return m.destroyed[]
+    done = Ref{Bool}(false)
+    st = GC.@preserve m LibKmm.unchecked_kmm_event_query(mh, ev, done)
+    st == LibKmm.KMM_OK && return done[]
+    # Another task finished the copy meanwhile (it claims the event before destroying it,
+    # and only once the copy has run), or the manager was closed: not an error.
+    t.event != ev && return true
+    m.handle == 0 && return m.destroyed[]
+    throw_kmm_error(st)
+end
+
+"Takes `t.event` (0 if another caller took it first); see `claim_handle!`."
+@inline function claim_event!(t::KmmCopyTask)
+    lock(_claim_lock)
+    ev = t.event
+    t.event = 0
+    unlock(_claim_lock)
+    return ev
 end
 
 function Base.wait(t::KmmCopyTask)

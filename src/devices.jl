@@ -27,7 +27,9 @@ is stream-ordered on both managers.
 """
 function can_access_peer(device::Integer, peer::Integer; backend::Symbol = :auto)
     out = Ref{UInt32}(0)
-    LibKmm.kmm_device_can_access_peer(enum_value(BACKENDS, backend, "backend"), device, peer, out)
+    LibKmm.kmm_device_can_access_peer(enum_value(BACKENDS, backend, "backend"),
+                                      arg_value(Int32, "can_access_peer", :device, device),
+                                      arg_value(Int32, "can_access_peer", :peer, peer), out)
     out[] == 1
 end
 

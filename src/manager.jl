@@ -66,6 +66,16 @@ function config_value(::Type{T}, name::Symbol, v) where {T<:Integer}
 end
 config_value(::Type{T}, name::Symbol, v) where {T} = convert(T, v)
 
+"""A positional argument `name` of `fname` as the C parameter's type `T`: an integer within
+`T`'s range, never wrapped or truncated (a `KmmError` naming the argument and the bound otherwise,
+not an `InexactError` from the `ccall`)."""
+function arg_value(::Type{T}, fname::AbstractString, name::Symbol, v::Integer) where {T<:Integer}
+    (!(v isa Bool) && typemin(T) <= v <= typemax(T)) ||
+        throw_kmm_error(LibKmm.KMM_ERROR_INVALID_ARGUMENT,
+                        "$fname: $name = $(repr(v)) must be an integer in $(typemin(T))..$(typemax(T))")
+    return T(v)
+end
+
 "The default `KmmConfig` with the given fields replaced (`nothing` keeps the default)."
 function make_config(; kw...)
     ref = Ref{LibKmm.KmmConfig}()
@@ -145,17 +155,42 @@ a closed manager throw a `KmmError` when used. Closing twice is allowed.
 function Base.close(m::KmmManager)
     h = claim_handle!(m)
     h == 0 && return wait_destroyed(m)    # another task closes it: return once that is done
-    # Nothing between the claim and the destroy may throw or yield: whoever took the handle
-    # destroys the manager, and `destroyed` says so only once it has (waiters rely on it).
+    # Whoever took the handle destroys the manager: nothing may keep it from the destroy, and
+    # `destroyed` says so only once it has (waiters rely on it). The stream is drained first
+    # by polling (yielding), so the destroy seldom blocks the thread inside its `ccall`.
+    drained = false
     try
-        LibKmm.kmm_manager_destroy(h, 0)  # waits for the stream, frees what is left
+        drain_stream(h)
+        drained = true
     finally
-        m.destroyed[] = true
-        lock(m.lock) do                   # the queued copies have run: drop their tasks' arrays
-            empty!(m.pending)
+        try
+            LibKmm.kmm_manager_destroy(h, 0)  # waits for what is left, frees every buffer
+        finally
+            m.destroyed[] = true
+            # The queued copies have run: drop their tasks' arrays. Interrupted, never wait
+            # for the lock (its holder may be waiting for this close).
+            if drained
+                lock(() -> empty!(m.pending), m.lock)
+            elseif trylock(m.lock)
+                try empty!(m.pending) finally unlock(m.lock) end
+            end
         end
     end
     return nothing
+end
+
+"""
+Waits, polling and yielding, for the work queued so far on the stream of the manager handle `mh`
+(taken by `close`: no longer in the manager). Returns early if the handle fails.
+"""
+function drain_stream(mh::UInt64)
+    ev = Ref{UInt64}(0)
+    LibKmm.unchecked_kmm_manager_record_event(mh, ev) == LibKmm.KMM_OK || return nothing
+    ev[] == 0 && return nothing
+    done = Ref{Bool}(false)
+    poll_until(() -> LibKmm.unchecked_kmm_event_query(mh, ev[], done) != LibKmm.KMM_OK || done[])
+    LibKmm.unchecked_kmm_event_destroy(mh, ev[])
+    nothing
 end
 
 "Waits (yielding) until the destroy of a closed manager has returned: its stream has drained."
@@ -271,7 +306,13 @@ Waits for the stream, then gives cached memory back until each pool reserves at 
 `keep_bytes`. Live arrays are never moved or freed.
 """
 function trim!(m::KmmManager = default_manager(), keep_bytes::Integer = 0)
-    GC.@preserve m LibKmm.kmm_manager_trim(handle(m), keep_bytes)
+    keep = arg_value(UInt64, "trim!", :keep_bytes, keep_bytes)
+    # Waits for the stream by polling (as `synchronize`): the trim then finds it drained and
+    # does not block the thread inside its `ccall`.
+    ev = Ref{UInt64}(0)
+    GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
+    wait_event(m, ev[])
+    GC.@preserve m LibKmm.kmm_manager_trim(handle(m), keep)
     return m
 end
 
@@ -367,7 +408,8 @@ Makes the manager's stream wait for the work queued so far on `stream` (a raw `C
 `UInt64`, or with CUDA.jl loaded a `CuStream`; on the host backend, another manager's
 `Kmm.stream`). Use it after work on another stream wrote memory the manager will use.
 """
-wait_stream(m::KmmManager, s::Integer) = (GC.@preserve m LibKmm.kmm_manager_wait_stream(handle(m), UInt64(s)); m)
+wait_stream(m::KmmManager, s::Integer) =
+    (GC.@preserve m LibKmm.kmm_manager_wait_stream(handle(m), arg_value(UInt64, "wait_stream", :stream, s)); m)
 
 """
     Kmm.signal_stream(mgr, stream)
@@ -375,4 +417,5 @@ wait_stream(m::KmmManager, s::Integer) = (GC.@preserve m LibKmm.kmm_manager_wait
 Makes `stream` wait for the work queued so far on the manager's stream. Use it before work on
 another stream reads or writes memory of the manager.
 """
-signal_stream(m::KmmManager, s::Integer) = (GC.@preserve m LibKmm.kmm_manager_signal_stream(handle(m), UInt64(s)); m)
+signal_stream(m::KmmManager, s::Integer) =
+    (GC.@preserve m LibKmm.kmm_manager_signal_stream(handle(m), arg_value(UInt64, "signal_stream", :stream, s)); m)

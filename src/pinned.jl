@@ -67,6 +67,21 @@ Base.@propagate_inbounds function Base.setindex!(p::PinnedArray{T}, v, i::Int) w
     p
 end
 
+# Base's reshape compares the product of the new dimensions with the length modulo 2^64, and
+# its ReshapedArray then indexes the parent @inbounds: a wrapped product would read and write
+# outside the pinned memory. The product is checked without wrapping first.
+function Base.reshape(p::PinnedArray, dims::Dims)
+    check_reshape(p, dims)
+    invoke(reshape, Tuple{AbstractArray,Dims}, p, dims)
+end
+Base.reshape(p::PinnedArray, dims::Tuple{Vararg{Union{Int,Colon}}}) = reshape(p, reshape_uncolon(p, dims))
+
+function order_host_memory!(m::KmmManager, p::PinnedArray)
+    pm = manager(p)
+    pm === m || signal_stream(m, stream(pm))
+    nothing
+end
+
 Base.similar(p::PinnedArray, ::Type{S}, dims::Dims{M}) where {S,M} =
     PinnedArray{S,M}(undef, dims; manager = manager(p))
 

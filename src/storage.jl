@@ -64,7 +64,11 @@ function free!(s::KmmStorage)
     Threads.atomic_sub!(_live_bytes, s.bytes)
     mh = s.manager.handle
     mh == 0 && return nothing   # the manager's destruction freed it
-    LibKmm.kmm_buffer_free(mh, h, LibKmm.KMM_FREE_FORCE)
+    st = LibKmm.unchecked_kmm_buffer_free(mh, h, LibKmm.KMM_FREE_FORCE)
+    # A `close` on another thread took the manager's handle after it was read: its destroy
+    # frees the buffer, as if the manager had been closed first.
+    st == LibKmm.KMM_OK || (st == LibKmm.KMM_ERROR_INVALID_HANDLE && s.manager.handle == 0) ||
+        throw_kmm_error(st)
     return nothing
 end
 

@@ -306,6 +306,22 @@ PLANTS = [
      ["gpu:gpu_streams"]),
 
     # --- The Julia binding's fixes of issue 16 (5a1b3bb, 53ec015), each reversed. ---
+    # A copy on manager A that reads or writes a PinnedArray of manager B leaves B's stream
+    # unordered: B's stream-ordered free, and close(B), may come while the copy runs.
+    ("jl-pinned-of-another-manager-not-ordered", "src/pinned.jl",
+     "    pm === m || signal_stream(m, stream(pm))\n",
+     "",
+     ["jl:adversarial.jl"]),
+    # Two tasks finishing one KmmCopyTask both take its event: the second destroys a dead event.
+    ("jl-copy-task-event-taken-twice", "src/async.jl",
+     "    ev = claim_event!(t)   # of two tasks finishing it",
+     "    ev = t.event; t.event = 0   # of two tasks finishing it",
+     ["jl:adversarial.jl"]),
+    # A collection's free! racing close(m) on another thread throws "manager is not live".
+    ("jl-free-racing-close-throws", "src/storage.jl",
+     "    st == LibKmm.KMM_OK || (st == LibKmm.KMM_ERROR_INVALID_HANDLE && s.manager.handle == 0) ||\n",
+     "    st == LibKmm.KMM_OK ||\n",
+     ["jl:adversarial.jl"]),
     # copyto!'s range check sums offset and count: an offset near typemax(Int) wraps and passes.
     ("jl-copyto-range-wraps", "src/array.jl",
      "    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||\n        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))\n",

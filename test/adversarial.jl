@@ -1,0 +1,196 @@
+# Defects found by an adversarial run against the exported API, one testset each. The races
+# need several threads: with one, they run in a child process with JULIA_NUM_THREADS=4.
+
+const ADVERSARIAL_THREADS_ONLY = get(ENV, "KMM_ADVERSARIAL_THREADS_ONLY", "") == "1"
+
+"The error `f()` throws, or `nothing`."
+adversarial_error(f) = try f(); nothing catch e; e end
+
+if !ADVERSARIAL_THREADS_ONLY
+
+@testset "reshape refuses dimensions whose product wraps" begin
+    # 3 * 6148914691236517206 == 2^64 + 2: compared modulo 2^64 it "equals" a length of 2, and
+    # the reshaped array then read and wrote far outside its memory (a PinnedArray segfaulted:
+    # Base's ReshapedArray indexes its parent @inbounds).
+    wrap = (3, 6148914691236517206)
+    m = KmmManager(backend = :host)
+    x = KmmArray(collect(1.0:100.0); manager = m)
+    v = view(x, 1:2)
+    @test_throws DimensionMismatch reshape(v, wrap)
+    @test_throws DimensionMismatch reshape(v, (wrap..., :))
+    @test_throws DimensionMismatch reshape(x, (2^32, 2^32, 0))
+    err = adversarial_error(() -> reshape(v, wrap))
+    @test err isa DimensionMismatch && occursin("overflows", sprint(showerror, err))
+    p = PinnedArray{UInt8}(undef, 2; manager = m)
+    @test_throws DimensionMismatch reshape(p, wrap)
+    @test_throws DimensionMismatch reshape(p, (wrap..., :))
+    # what still works
+    @test Array(reshape(x, 10, 10)) == reshape(1.0:100.0, 10, 10)
+    @test size(reshape(x, (4, :))) == (4, 25)
+    q = PinnedArray(UInt8[1, 2, 3, 4, 5, 6]; manager = m)
+    @test reshape(q, 2, 3) == UInt8[1 3 5; 2 4 6]
+    @test reshape(q, (3, :)) == UInt8[1 4; 2 5; 3 6]
+    @test_throws DimensionMismatch reshape(q, 4, 2)
+    close(m)
+end
+
+@testset "arguments outside their C type are a KmmError naming them, not an InexactError" begin
+    m = KmmManager(backend = :host)
+    for (f, name) in ((() -> trim!(m, -1), "keep_bytes"),
+                      (() -> trim!(m, big(2)^64), "keep_bytes"),
+                      (() -> Kmm.wait_stream(m, -1), "stream"),
+                      (() -> Kmm.signal_stream(m, -5), "stream"),
+                      (() -> Kmm.can_access_peer(2^32, 0), "device"),
+                      (() -> Kmm.can_access_peer(0, -2^31 - 1), "peer"))
+        err = adversarial_error(f)
+        @test err isa KmmError
+        msg = err === nothing ? "" : sprint(showerror, err)
+        @test occursin(name, msg) && occursin("..", msg)
+    end
+    @test trim!(m, 0) === m && trim!(m, UInt64(1) << 40) === m
+    close(m)
+end
+
+@testset "trim! and close wait for the stream without blocking the thread" begin
+    # Both waited for the stream inside their ccall: no other task of the thread ran (and no
+    # other thread could collect garbage) until the queued work had drained.
+    for op in (m -> trim!(m), m -> close(m))
+        m = KmmManager(backend = :host)
+        x = KmmArray{UInt8}(undef, 256 * 2^20; manager = m)
+        Kmm.synchronize(m)
+        for v in 0x01:0x04
+            fill!(x, v)                 # stream-ordered: still running when op starts
+        end
+        ran = Ref(false)
+        t = @async (ran[] = true)
+        op(m)
+        @test ran[]                     # the other task ran while op waited
+        wait(t)
+        if isopen(m)
+            @test Array(view(x, 1:4)) == fill(0x04, 4)
+            close(m)
+        end
+        @test !isopen(m) && m.destroyed[]
+    end
+end
+
+@testset "a pinned array of another manager is freed only after the copies queued on it" begin
+    # A copy queued on manager A into (or from) a PinnedArray of manager B: B's free of the
+    # array, ordered on B's stream only, let B hand the memory out again (or `close(B)` unmap it:
+    # a segfault) while A's copy still wrote into it.
+    n = 2^20
+    corrupted = 0
+    for trial in 1:12
+        a = KmmManager(backend = :host); b = KmmManager(backend = :host)
+        busy = KmmArray{UInt8}(undef, 128 * 2^20; manager = a)
+        xa = KmmArray{UInt8}(undef, n; manager = a)
+        fill!(xa, 0x11)
+        for v in 0x01:0x03
+            fill!(busy, v)              # A's stream stays busy for a while
+        end
+        p = PinnedArray{UInt8}(undef, n; manager = b)
+        t = isodd(trial) ? copyto_async!(p, xa) : copyto_async!(xa, p)
+        if trial == 1
+            Kmm.synchronize(b)          # B's stream now waits for A's copy
+            @test Kmm.isdone(t)
+        end
+        Kmm.unsafe_free!(p)
+        qs = [PinnedArray{UInt8}(undef, n; manager = b) for _ in 1:4]   # may reuse p's memory
+        foreach(q -> fill!(q, 0xaa), qs)
+        wait(t)
+        Kmm.synchronize(b)
+        corrupted += any(q -> any(!=(0xaa), q), qs)
+        close(a); close(b)
+    end
+    @test corrupted == 0
+    # close(B) with A's copy into B's pinned memory still queued waits for the copy (it unmapped
+    # the memory under the copy: a segfault, hence a child process).
+    code = """
+        using Kmm
+        for trial in 1:5
+            a = KmmManager(backend = :host); b = KmmManager(backend = :host)
+            busy = KmmArray{UInt8}(undef, 128 * 2^20; manager = a)
+            xa = KmmArray{UInt8}(undef, 2^20; manager = a)
+            fill!(xa, 0x22)
+            for v in 0x01:0x03
+                fill!(busy, v)
+            end
+            p = PinnedArray{UInt8}(undef, 2^20; manager = b)
+            t = copyto_async!(p, xa)
+            close(b)
+            Kmm.isdone(t) || exit(3)
+            wait(t)
+            close(a)
+        end
+        """
+    project = normpath(joinpath(@__DIR__, ".."))
+    cmd = `$(Base.julia_cmd()) --project=$project --startup-file=no -e $code`
+    @test success(pipeline(cmd, stdout = stdout, stderr = stderr))
+end
+
+end # !ADVERSARIAL_THREADS_ONLY
+
+function adversarial_threaded_tests()
+    @testset "a copy task waited for by two tasks, or by a task and synchronize" begin
+        # Both finished the task: one destroyed its event while the other still queried it,
+        # which threw KMM_ERROR_INVALID_HANDLE ("event ... is not live") out of `wait`.
+        m = KmmManager(backend = :host)
+        x = KmmArray{UInt8}(undef, 2^16; manager = m)
+        fill!(x, 0x03)
+        h = zeros(UInt8, 2^16)
+        errors = Threads.Atomic{Int}(0)
+        stop = Threads.Atomic{Bool}(false)
+        syncer = Threads.@spawn while !stop[]
+            try
+                Kmm.synchronize(m)
+            catch
+                Threads.atomic_add!(errors, 1)
+            end
+        end
+        t0 = time()
+        while time() - t0 < 8           # the race is rare: give it seconds, not a count
+            try
+                t = copyto_async!(h, x)
+                others = [Threads.@spawn wait(t) for _ in 1:3]
+                wait(t)
+                foreach(wait, others)
+                h[1] == 0x03 || Threads.atomic_add!(errors, 1)
+            catch
+                Threads.atomic_add!(errors, 1)
+            end
+        end
+        stop[] = true
+        wait(syncer)
+        @test errors[] == 0
+        close(m)
+    end
+
+    @testset "unsafe_free! racing close never throws" begin
+        # The free read the manager's handle, `close` took it and destroyed the manager, and the
+        # free failed with KMM_ERROR_INVALID_HANDLE ("manager ... is not live").
+        errors = 0
+        for trial in 1:1000
+            m = KmmManager(backend = :host)
+            xs = [KmmArray{UInt8}(undef, 64; manager = m) for _ in 1:256]
+            go = Threads.Atomic{Bool}(false)
+            t = Threads.@spawn (go[] = true; foreach(Kmm.unsafe_free!, xs))
+            while !go[] end
+            for _ in 1:(trial % 64) * 8; end   # land the close at varying points of the frees
+            close(m)
+            errors += try wait(t); 0 catch; 1 end
+            errors += !all(Kmm.isfreed, xs)
+        end
+        @test errors == 0
+    end
+end
+
+if Threads.nthreads() > 1
+    @testset "adversarial races ($(Threads.nthreads()) threads)" begin adversarial_threaded_tests() end
+else
+    script = joinpath(@__DIR__, "adversarial.jl")
+    code = "using Test, Kmm; @testset \"adversarial races\" begin include(\"$(escape_string(script))\") end"
+    env = merge(Dict(ENV), Dict("JULIA_NUM_THREADS" => "4", "KMM_ADVERSARIAL_THREADS_ONLY" => "1"))
+    project = normpath(joinpath(@__DIR__, ".."))
+    cmd = setenv(`$(Base.julia_cmd()) --project=$project --startup-file=no -e $code`, env)
+    @test success(pipeline(cmd, stdout = stdout, stderr = stderr))
+end
