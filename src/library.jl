@@ -105,3 +105,28 @@ end
 The version of the loaded libkmm.
 """
 version() = VersionNumber(unsafe_string(LibKmm.kmm_version()))
+
+"""
+    @gcsafe LibKmm.unchecked_kmm_f(args...)
+
+Makes the libkmm call marked safe for the garbage collector while it runs, as CUDA.jl's
+`@gcsafe_ccall` does (`jl_gc_safe_enter`/`jl_gc_safe_leave`, which Julia exports from 1.5 on):
+a call that may wait for the device inside libkmm (an allocation's out-of-memory ladder waits
+for the stream before it gives cached memory back; a map waits for a compaction's copies) then
+does not stop every other thread that needs a collection until the device is done. The
+arguments are evaluated before the mark and must already have the C types (nothing converts or
+throws between the marks); libkmm never calls back into Julia. Use the `unchecked_` form and
+check the status after.
+"""
+macro gcsafe(call)
+    (call isa Expr && call.head === :call) || throw(ArgumentError("@gcsafe takes a call"))
+    names = [gensym("arg") for _ in 2:length(call.args)]
+    bind = [:(local $n = $(esc(a))) for (n, a) in zip(names, call.args[2:end])]
+    quote
+        $(bind...)
+        local state = ccall(:jl_gc_safe_enter, Int8, ())
+        local status = $(esc(call.args[1]))($(names...))
+        ccall(:jl_gc_safe_leave, Cvoid, (Int8,), state)
+        status
+    end
+end

@@ -164,7 +164,8 @@ function Base.close(m::KmmManager)
         drained = true
     finally
         try
-            LibKmm.kmm_manager_destroy(h, 0)  # waits for what is left, frees every buffer
+            # waits for what is left (work queued meanwhile), frees every buffer
+            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))
         finally
             m.destroyed[] = true
             # The queued copies have run: drop their tasks' arrays. Interrupted, never wait
@@ -254,7 +255,7 @@ function wait_event(m::KmmManager, ev::UInt64)
     finally
         mh = m.handle
         if !finished
-            mh == 0 || LibKmm.unchecked_kmm_event_wait(mh, ev)
+            mh == 0 || @gcsafe LibKmm.unchecked_kmm_event_wait(mh, ev)
             m.handle == 0 && wait_destroyed(m)
         end
         mh == 0 || LibKmm.unchecked_kmm_event_destroy(mh, ev)
@@ -294,7 +295,7 @@ function synchronize(m::KmmManager = default_manager())
     GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
     wait_event(m, ev[])
     # The stream has drained: this returns at once and gives cached memory back as configured.
-    GC.@preserve m LibKmm.kmm_manager_synchronize(handle(m))
+    check_status(GC.@preserve m @gcsafe LibKmm.unchecked_kmm_manager_synchronize(handle(m)))
     complete_pending!(m, true)
     return nothing
 end
@@ -312,7 +313,8 @@ function trim!(m::KmmManager = default_manager(), keep_bytes::Integer = 0)
     ev = Ref{UInt64}(0)
     GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
     wait_event(m, ev[])
-    GC.@preserve m LibKmm.kmm_manager_trim(handle(m), keep)
+    # Giving chunks back may still wait for other streams' work on them.
+    check_status(GC.@preserve m @gcsafe LibKmm.unchecked_kmm_manager_trim(handle(m), keep))
     return m
 end
 

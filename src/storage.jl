@@ -101,7 +101,7 @@ function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
     bytes >= 0 || throw(ArgumentError("negative size $bytes"))
     maybe_collect(bytes)
     out = Ref{UInt64}(0)
-    st = GC.@preserve m LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
+    st = GC.@preserve m @gcsafe LibKmm.unchecked_kmm_buffer_alloc(handle(m), UInt64(bytes), kind, out)
     st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
     st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
     msg = last_error_message()
@@ -113,7 +113,7 @@ function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
         else
             trim!(m, 0)
         end
-        st = GC.@preserve m LibKmm.unchecked_kmm_buffer_alloc(handle(m), bytes, kind, out)
+        st = GC.@preserve m @gcsafe LibKmm.unchecked_kmm_buffer_alloc(handle(m), UInt64(bytes), kind, out)
         st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
         st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
         msg = last_error_message()
@@ -125,7 +125,8 @@ end
 function map_storage(s::KmmStorage)
     mh, h = handles(s)
     out = Ref{UInt64}(0)
-    GC.@preserve s LibKmm.kmm_buffer_map(mh, h, out)
+    # It may wait for a compaction's copies to the buffer's new place.
+    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_buffer_map(mh, h, out))
     out[]
 end
 

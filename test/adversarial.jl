@@ -131,6 +131,45 @@ end
 end # !ADVERSARIAL_THREADS_ONLY
 
 function adversarial_threaded_tests()
+    @testset "an allocation that waits for the device inside libkmm lets other threads collect" begin
+        # The out-of-memory ladder waits for the stream inside the allocation's ccall; a ccall
+        # not marked GC-safe stopped every other thread that needed a collection until then.
+        m = KmmManager(backend = :host, pinned_limit = 64 * 2^20, pinned_chunk_size = 64 * 2^20)
+        busy = KmmArray{UInt8}(undef, 256 * 2^20; manager = m)
+        fill!(busy, 0x00)
+        Kmm.synchronize(m)
+        samples = 0
+        for trial in 1:3
+            p = PinnedArray{UInt8}(undef, 64 * 2^20; manager = m)
+            for v in 1:40
+                fill!(busy, UInt8(v))       # about half a second of work on the stream
+            end
+            Kmm.unsafe_free!(p)             # its memory comes back once the stream passed the fills
+            collected = Threads.Atomic{Float64}(Inf)
+            ran_on = Threads.Atomic{Int}(0)
+            t0 = time()
+            # Busy-waits (a sleep's timer needs the thread that allocates) and then collects.
+            g = Threads.@spawn begin
+                ran_on[] = Threads.threadid()
+                s = time()
+                while time() - s < 0.05 end
+                GC.gc(false)
+                collected[] = time() - t0
+            end
+            q = PinnedArray{UInt8}(undef, 64 * 2^20; manager = m)  # waits for the stream in libkmm
+            returned = time() - t0
+            wait(g)
+            Kmm.unsafe_free!(q)
+            Kmm.synchronize(m)
+            # Only a collection on another thread, while the allocation still waited, says anything.
+            (ran_on[] != Threads.threadid() && returned > 0.2) || continue
+            samples += 1
+            @test collected[] < returned - 0.1
+        end
+        @test samples >= 1
+        close(m)
+    end
+
     @testset "a copy task waited for by two tasks, or by a task and synchronize" begin
         # Both finished the task: one destroyed its event while the other still queried it,
         # which threw KMM_ERROR_INVALID_HANDLE ("event ... is not live") out of `wait`.

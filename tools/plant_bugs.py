@@ -318,6 +318,12 @@ PLANTS = [
      "    t.event != ev && return true\n",
      "",
      ["jl:adversarial.jl"]),
+    # Calls that may wait for the device inside libkmm (allocation, map, trim, destroy) are no
+    # longer marked GC-safe: every other thread that needs a collection waits for the device.
+    ("jl-blocking-ccalls-hold-the-collector", "src/library.jl",
+     "        local state = ccall(:jl_gc_safe_enter, Int8, ())\n",
+     "        local state = Int8(0)\n",
+     ["jl:adversarial.jl"]),
     # A collection's free! racing close(m) on another thread throws "manager is not live".
     ("jl-free-racing-close-throws", "src/storage.jl",
      "    st == LibKmm.KMM_OK || (st == LibKmm.KMM_ERROR_INVALID_HANDLE && s.manager.handle == 0) ||\n",
