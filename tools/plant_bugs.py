@@ -324,11 +324,6 @@ PLANTS = [
      "        local state = ccall(:jl_gc_safe_enter, Int8, ())\n",
      "        local state = Int8(0)\n",
      ["jl:adversarial.jl"]),
-    # A collection's free! racing close(m) on another thread throws "manager is not live".
-    ("jl-free-racing-close-throws", "src/storage.jl",
-     "    st == LibKmm.KMM_OK || (st == LibKmm.KMM_ERROR_INVALID_HANDLE && s.manager.handle == 0) ||\n",
-     "    st == LibKmm.KMM_OK ||\n",
-     ["jl:adversarial.jl"]),
     # copyto!'s range check sums offset and count: an offset near typemax(Int) wraps and passes.
     ("jl-copyto-range-wraps", "src/array.jl",
      "    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||\n        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))\n",
