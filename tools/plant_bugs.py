@@ -355,11 +355,11 @@ PLANTS = [
     # blocking copy instead of queueing it and polling.
     ("jl-copies-block", [
         ("src/array.jl",
-         "    GC.@preserve s LibKmm.kmm_copy_to_device_async(mh, h, offset, ptr, bytes, ev)\n    wait_event(s.manager, ev[])\n",
-         "    GC.@preserve s LibKmm.kmm_copy_to_device(mh, h, offset, ptr, bytes)\n"),
+         "    GC.@preserve s LibKmm.kmm_copy_to_device_async(mh, h, offset, ptr, bytes, ev)\n    try\n        order_host_memory!(s.manager, host)\n    finally\n        wait_event(s.manager, ev[])\n    end\n",
+         "    GC.@preserve s LibKmm.kmm_copy_to_device(mh, h, offset, ptr, bytes)\n    order_host_memory!(s.manager, host)\n"),
         ("src/array.jl",
-         "    GC.@preserve s LibKmm.kmm_copy_to_host_async(mh, ptr, h, offset, bytes, ev)\n    wait_event(s.manager, ev[])\n",
-         "    GC.@preserve s LibKmm.kmm_copy_to_host(mh, ptr, h, offset, bytes)\n"),
+         "    GC.@preserve s LibKmm.kmm_copy_to_host_async(mh, ptr, h, offset, bytes, ev)\n    try\n        order_host_memory!(s.manager, host)\n    finally\n        wait_event(s.manager, ev[])\n    end\n",
+         "    GC.@preserve s LibKmm.kmm_copy_to_host(mh, ptr, h, offset, bytes)\n    order_host_memory!(s.manager, host)\n"),
      ], ["jl:safety.jl"]),
     # A wait that finds its manager's handle gone returns before close's destroy has drained
     # the stream (close drops the handle first): the copy returns with its bytes not there yet.
@@ -376,8 +376,8 @@ PLANTS = [
     # close takes the manager's lock (which may yield, and be interrupted) before the destroy,
     # and marks the manager destroyed in a finally whether or not the destroy ran.
     ("jl-close-marks-destroyed-before-destroy", "src/manager.jl",
-     "    try\n        LibKmm.kmm_manager_destroy(h, 0)  # waits for the stream, frees what is left\n    finally\n        m.destroyed[] = true\n        lock(m.lock) do                   # the queued copies have run: drop their tasks' arrays\n            empty!(m.pending)\n        end\n    end\n",
-     "    try\n        lock(m.lock) do\n            empty!(m.pending)\n        end\n        LibKmm.kmm_manager_destroy(h, 0)\n    finally\n        m.destroyed[] = true\n    end\n",
+     "        try\n            # waits for what is left (work queued meanwhile), frees every buffer\n            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))\n        finally\n            m.destroyed[] = true\n",
+     "        m.destroyed[] = true\n        lock(() -> empty!(m.pending), m.lock)\n        try\n            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))\n        finally\n",
      ["jl:safety.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
