@@ -139,7 +139,7 @@ class DeviceArray:
         lo, hi = extent(shape, strides, dtype.itemsize)
         _foreign_stream_wait(manager, cai.get("stream"))
         base = ptr + lo if hi > lo else 0
-        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, obj)
+        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, obj, "data[0]")
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     @classmethod
@@ -178,15 +178,22 @@ class DeviceArray:
         else:
             raise BufferError("DLPack device type %d cannot be used by a CUDA manager" % dev_type)
         dtype = dlpack.dl_to_dtype(t.dtype)
-        shape = tuple(t.shape[i] for i in range(t.ndim))
+        # The producer's struct is read through raw pointers: its ndim decides how far past
+        # `shape` and `strides` we read (a negative one read as 0-d, 2^31 - 1 read until a
+        # crash), and its numbers are checked before they become a buffer's geometry.
+        ndim = _args.integer(t.ndim, "the DLPack tensor's ndim", 0, dlpack.MAX_NDIM, BufferError)
+        if ndim and not t.shape:
+            raise BufferError("the DLPack tensor's shape is NULL (ndim = %d)" % ndim)
+        shape = _args.shape([t.shape[i] for i in range(ndim)], "the DLPack tensor's shape")
         if t.strides:
-            strides = tuple(t.strides[i] * dtype.itemsize for i in range(t.ndim))
+            strides = _args.strides([t.strides[i] * dtype.itemsize for i in range(ndim)],
+                                    "the DLPack tensor's byte strides")
         else:
             strides = c_strides(shape, dtype.itemsize)
         ptr = (t.data or 0) + t.byte_offset
         lo, hi = extent(shape, strides, dtype.itemsize)
         base = ptr + lo if hi > lo else 0
-        buf = _Imported._wrap(manager, base, hi - lo, kind, owner)
+        buf = _Imported._wrap(manager, base, hi - lo, kind, owner, "the DLPack tensor's data + byte_offset")
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     # -- properties -----------------------------------------------------------------------

@@ -349,7 +349,15 @@ class _Imported(Buffer):
     __slots__ = ("_owner",)
 
     @classmethod
-    def _wrap(cls, manager, ptr, nbytes, kind, owner):
+    def _wrap(cls, manager, ptr, nbytes, kind, owner, name="ptr"):
+        """A buffer of the `nbytes` from address `ptr` (the lowest byte an import reaches,
+        named after its source, `name`, in errors)."""
+        # ctypes passes a Python int to a uint64_t parameter modulo 2^64: an import reaching below
+        # address 0 or past 2^64 - 1 (huge strides or byte_offset) became a small buffer at
+        # another address, while every bounds check here used the true, unwrapped numbers.
+        if ptr < 0 or ptr + nbytes > _args.U64_MAX + 1:
+            raise BufferError("the imported memory (from %s) spans addresses %d..%d, outside 0..2^64 - 1"
+                              % (name, ptr, ptr + nbytes))
         out = ctypes.c_uint64()
         check(_lib_.kmm_buffer_wrap(manager._live(), ptr, nbytes, kind, _lib.KMM_BORROW, ctypes.byref(out)))
         self = cls.__new__(cls)

@@ -12,6 +12,8 @@ kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
 FLAG_READ_ONLY, FLAG_IS_COPIED = 1, 2
 VERSION = (1, 0)
+#: The most dimensions an imported tensor may have (NumPy's limit; DLPack sets none).
+MAX_NDIM = 64
 
 
 class DLDevice(ctypes.Structure):
@@ -105,19 +107,41 @@ def _export_table():
 _exports, _exports_lock, _end_export = _export_table()
 
 
-def _c_callbacks(end, is_valid, get_pointer, names):
+def _c_callbacks(end, error_occurred, is_valid, get_pointer, names):
+    # A C consumer that refuses a tensor (NumPy: more than 64 dimensions, an unsupported type)
+    # drops the capsule, or calls the deleter, with its own exception still set; Python code
+    # and every ctypes call into Python's C API then fail at their first error check, so the
+    # export never ended (neither the buffer nor its manager was ever freed). So each callback
+    # first calls PyErr_Occurred through ctypes, which raises the pending exception (if any)
+    # and so takes it; the callback then does its work and raises it again (Python reports it
+    # as unraisable: the consumer's message is not lost).
+
     @DELETER
     def deleter(address):
+        try:
+            error_occurred()
+            pending = None
+        except BaseException as e:
+            pending = e
         end(address)
+        if pending is not None:
+            raise pending
 
     # The destructor gets the dying capsule as a raw pointer: never turn it into a Python object.
     @ctypes.CFUNCTYPE(None, c_void_p)
     def capsule_destructor(capsule):
+        try:
+            error_occurred()
+            pending = None
+        except BaseException as e:
+            pending = e
         # Runs when a capsule dies; a consumer that took the tensor renamed it to "used_*".
         for name in names:
             if is_valid(capsule, name):
                 end(get_pointer(capsule, name))
-                return
+                break
+        if pending is not None:
+            raise pending
 
     for f in (deleter, capsule_destructor):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(f))  # never freed: see above
@@ -126,6 +150,7 @@ def _c_callbacks(end, is_valid, get_pointer, names):
 
 _deleter, _capsule_destructor = _c_callbacks(
     _end_export,
+    ctypes.PYFUNCTYPE(c_void_p)(("PyErr_Occurred", _api)),
     ctypes.PYFUNCTYPE(ctypes.c_int, c_void_p, c_char_p)(("PyCapsule_IsValid", _api)),
     ctypes.PYFUNCTYPE(c_void_p, c_void_p, c_char_p)(("PyCapsule_GetPointer", _api)),
     (NAME_LEGACY, NAME_VERSIONED),
@@ -137,9 +162,16 @@ def dtype_to_dl(dtype):
     dtype = np.dtype(dtype)
     kind = dtype.kind
     code = {"i": kDLInt, "u": kDLUInt, "f": kDLFloat, "c": kDLComplex, "b": kDLBool}.get(kind)
-    if code is None or not dtype.isnative:
+    if code is None or not dtype.isnative or _extended(kind, dtype.itemsize):
         raise BufferError("dtype %s has no DLPack equivalent" % dtype)
     return DLDataType(code, dtype.itemsize * 8, 1)
+
+
+def _extended(kind, itemsize):
+    """Whether floats (or complex numbers) of `itemsize` bytes are NumPy's longdouble: x87's
+    80-bit format padded to 12 or 16 bytes on x86, double-double on POWER. DLPack's 128-bit
+    float is IEEE binary128 (as NumPy and PyTorch read it): a consumer would read other numbers."""
+    return (kind == "f" and itemsize > 8) or (kind == "c" and itemsize > 16)
 
 
 def dl_to_dtype(dl):
@@ -153,6 +185,9 @@ def dl_to_dtype(dl):
         raise BufferError("DLPack type code %d with %d bits is not supported" % (dl.code, dl.bits))
     if kind == "b":
         return np.dtype(bool)
+    if _extended(kind, dl.bits // 8):
+        # np.dtype("f16") is longdouble, not IEEE binary128: the bits would read as other numbers.
+        raise BufferError("DLPack type code %d with %d bits (IEEE binary128) has no NumPy dtype" % (dl.code, dl.bits))
     try:
         return np.dtype("%s%d" % (kind, dl.bits // 8))
     except TypeError:

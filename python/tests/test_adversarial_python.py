@@ -2,6 +2,7 @@
 each test fails without its fix. Host backend: no GPU needed."""
 
 import ctypes
+import gc
 import threading
 
 import numpy as np
@@ -261,3 +262,100 @@ def test_closing_a_borrowed_manager_leaks_nothing():
         del b, v
         m.synchronize()  # pinned frees wait for the stream
         assert {k: v["live_buffers"] for k, v in kt.manager(0).stats().items()} == live
+
+
+# -- hostile DLPack producers and imports past the address space ----------------------------------
+
+class _Producer:
+    """A DLPack producer of its own making over 64 bytes: each capsule's struct, shape and strides
+    say what the test wants; `deleted` counts the deleter's calls."""
+
+    def __init__(self):
+        self.memory = np.zeros(64, np.uint8)
+        self.deleted = 0
+        self._keep = []
+
+        @dlpack.DELETER
+        def deleter(address):
+            self.deleted += 1
+
+        self._deleter = deleter
+
+    def capsule(self, shape=(4,), ndim=None, strides=None, byte_offset=0, bits=8, code=dlpack.kDLUInt):
+        t = dlpack.DLManagedTensor()
+        dims = (ctypes.c_int64 * max(len(shape or ()), 1))(*(shape or ()))
+        self._keep += [t, dims]
+        dl = t.dl_tensor
+        dl.data = self.memory.ctypes.data
+        dl.device = dlpack.DLDevice(dlpack.kDLCPU, 0)
+        dl.ndim = len(shape or ()) if ndim is None else ndim
+        dl.dtype = dlpack.DLDataType(code, bits, 1)
+        dl.shape = ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)) if shape is not None else None
+        if strides is not None:
+            steps = (ctypes.c_int64 * len(strides))(*strides)
+            self._keep.append(steps)
+            dl.strides = ctypes.cast(steps, ctypes.POINTER(ctypes.c_int64))
+        dl.byte_offset = byte_offset
+        t.deleter = self._deleter
+        return dlpack._api.PyCapsule_New(ctypes.addressof(t), dlpack.NAME_LEGACY, None)
+
+
+def test_dlpack_import_checks_the_producers_struct(m):
+    # from_dlpack trusted the producer's ndim, shape and strides: ndim = -1 imported a 0-d array
+    # (range(-1) is empty), a huge ndim read past the shape array until a segfault, and a
+    # negative dimension reached libkmm as a 2^64 - 5 byte buffer.
+    p = _Producer()
+    for capsule, name in ((p.capsule(ndim=-1), "ndim"), (p.capsule(ndim=1 << 20), "ndim"),
+                          (p.capsule(shape=None, ndim=1), "shape"), (p.capsule(shape=(-5,)), "shape[0]"),
+                          (p.capsule(shape=(2,), strides=(1 << 62,), bits=32, code=dlpack.kDLInt), "strides[0]")):
+        expect_named((BufferError, ValueError), name, kmm.from_dlpack, capsule, manager=m)
+    gc.collect()
+    assert p.deleted == 5  # every refused tensor still given back once
+    assert m.stats("device")["live_buffers"] == 0
+    assert kmm.from_dlpack(p.capsule(shape=(2, 3)), manager=m).shape == (2, 3)
+
+
+def test_imports_refuse_memory_past_the_address_space(m):
+    # ctypes passes ints to uint64_t modulo 2^64: a DLPack byte_offset of 2^64 - 1 made the
+    # buffer start one byte before the producer's memory (get() read it), and a CAI view of 5
+    # bytes 2^62 apart became a 1-byte libkmm buffer while Python checked against 2^64 + 1.
+    p = _Producer()
+    expect_named(BufferError, "byte_offset", kmm.from_dlpack, p.capsule(byte_offset=(1 << 64) - 1), manager=m)
+    gc.collect()
+    assert p.deleted == 1
+    base = p.memory.ctypes.data
+    for cai in ({"shape": (5,), "typestr": "|u1", "data": (base, False), "strides": (1 << 62,), "version": 3},
+                {"shape": (2,), "typestr": "<i8", "data": (8, False), "strides": (-16,), "version": 3}):
+        expect_named(BufferError, "data[0]", kmm.from_cuda_array_interface, cai, manager=m)
+    assert m.stats("device")["live_buffers"] == 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # NumPy's reason, shown
+def test_a_refused_dlpack_export_is_still_freed(m):
+    # NumPy refuses a tensor of more than 64 dimensions and drops the capsule with its exception
+    # set: the capsule's destructor then failed at its first ctypes call, the export never ended,
+    # and the buffer (and, once closed, the manager) stayed allocated for good.
+    a = m.empty((1,) * 65, "uint8")
+    with pytest.raises(Exception):  # SystemError: the destructor took NumPy's exception (reported)
+        np.from_dlpack(a)
+    gc.collect()
+    gc.collect()
+    assert a.buffer._exports == 0
+    a.close()
+    assert m.stats("device")["live_buffers"] == 0
+
+
+def test_longdouble_has_no_dlpack_equivalent(m):
+    # float128 (x87's 80-bit longdouble, padded) was exported as DLPack's 128-bit float, IEEE
+    # binary128, and a 128-bit DLPack float imported as longdouble: other numbers either way.
+    for dtype, double in ((np.longdouble, np.float64), (np.clongdouble, np.complex128)):
+        if np.dtype(dtype).itemsize == np.dtype(double).itemsize:
+            continue  # longdouble is double here (MSVC)
+        a = m.asarray(np.ones(2, dtype))
+        with pytest.raises(BufferError, match="no DLPack equivalent"):
+            a.__dlpack__()
+        assert a.get().tolist() == [1, 1]  # still a kmm array
+    p = _Producer()
+    with pytest.raises(BufferError, match="128 bits"):
+        kmm.from_dlpack(p.capsule(bits=128, code=dlpack.kDLFloat), manager=m)
+    assert kmm.from_dlpack(p.capsule(bits=16, code=dlpack.kDLFloat), manager=m).dtype == np.float16
