@@ -50,7 +50,10 @@ _get_current_stream = cupy.cuda.get_current_stream
 _get_device_id = cupy.cuda.runtime.getDevice
 
 _managers = {}
-_lock = threading.Lock()
+# Guards the tables of managers, and orders the Python path's allocations with close(): one
+# never lands between close()'s count of a manager's buffers and its destroy. Reentrant: the
+# allocation makes the device's manager under it.
+_lock = threading.RLock()
 _config = {}
 _local = threading.local()
 
@@ -66,27 +69,35 @@ def configure(**config):
 class _CupyManager(Manager):
     """The manager CuPy allocates from on one device (`manager(device)`)."""
 
-    def close(self):
-        """As `Manager.close`, refused (`kmm.BufferMappedError`, nothing changed) while CuPy
-        arrays hold memory of the manager: closing would free it under them, and the next
-        manager made for CuPy could hand the same addresses to new arrays. Drop the arrays
-        (and collect them) first; CuPy's next allocation then makes a new manager."""
-        if not self.closed:
+    def close(self, force=False):
+        """As `Manager.close`, refused (`kmm.BufferMappedError`, nothing changed) while the
+        manager holds live buffers: CuPy's arrays (or blocks a `cupy.cuda.MemoryPool` over this
+        allocator caches), and Kmm buffers made on it directly. Closing would free that memory
+        under them, and the next manager made for CuPy could hand the same addresses to new
+        arrays. Drop them (and collect them) first; CuPy's next allocation then makes a new
+        manager. `force=True` closes all the same: memory still in use is freed under its users."""
+        with _lock:
+            if self.closed:
+                return
             device = self.device
-            with _lock:
-                # Out of CuPy's tables first, so that no allocation comes from it between the
-                # count and the destroy (CuPy's next one makes a new manager).
-                serving = _managers.get(device) is self
-                if serving:
-                    _set_manager(device, None)
-                held = sum(self.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
+            # Out of CuPy's tables first: the compiled paths (which hold the GIL from their
+            # table read through the allocation) then allocate from a new manager, and the
+            # Python path waits for the lock.
+            serving = _managers.get(device) is self
+            if serving:
+                _set_manager(device, None)
+            try:
+                held = 0 if force else sum(self.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
                 if held:
-                    if serving:
-                        _set_manager(device, self)  # as it was
                     raise BufferMappedError(
-                        "kmm.cupy's manager of device %d still holds %d allocations of CuPy (arrays alive); "
-                        "drop them before close()" % (device, held))
-        super().close()
+                        "kmm.cupy's manager of device %d holds %d live buffers (CuPy arrays, blocks a CuPy "
+                        "memory pool caches, or Kmm buffers made on it): drop them before close(), or "
+                        "close(force=True)" % (device, held))
+            except BaseException:
+                if serving:
+                    _set_manager(device, self)  # as it was
+                raise
+            super().close()
 
 
 def _set_manager(device, m):
@@ -154,14 +165,15 @@ def _raise(status, m, nbytes, kind):
 
 def _alloc(nbytes, kind, device):
     nbytes = _args.nbytes(nbytes)
-    m = _serving(device)
     stream = _get_current_stream().ptr
     try:
         scratch, addr = _local.scratch, _local.addr
     except AttributeError:
         scratch, addr = _scratch()
-    handle = m._handle
-    status = _plugin_alloc(handle, nbytes, kind, stream, addr, addr + 8)
+    with _lock:  # the call releases the GIL: a close() meanwhile would not count this buffer
+        m = _serving(device)
+        handle = m._handle
+        status = _plugin_alloc(handle, nbytes, kind, stream, addr, addr + 8)
     if status:
         _raise(status, m, nbytes, kind)
     a = _Allocation()

@@ -2,6 +2,7 @@
 
 import gc
 import os
+import threading
 
 import pytest
 
@@ -259,7 +260,7 @@ def test_closing_the_manager_while_cupy_holds_its_memory_is_refused(compiled):
     mp = allocate(4096)
     if BACKEND == "host":
         ctypes.memset(mp.ptr, 0x5A, 4096)
-    with pytest.raises(kmm.BufferMappedError, match="1 allocations of CuPy"):
+    with pytest.raises(kmm.BufferMappedError, match="holds 1 live buffers"):
         m.close()
     assert not m.closed and kc.manager(0) is m, "nothing changed"
     assert m.stats("device")["in_use"] == 4096
@@ -270,6 +271,48 @@ def test_closing_the_manager_while_cupy_holds_its_memory_is_refused(compiled):
     del mp, kept
     gc.collect()
     m.close()  # nothing held: closed
+
+
+def test_close_waits_for_a_python_path_allocation_in_flight_and_counts_it(fake_cuda, monkeypatch):
+    # The Python path's allocation releases the GIL inside libkmm: a close() on another thread
+    # counted the manager's buffers before it landed and destroyed the manager after, under it.
+    m = fake_cuda
+    closing = {}
+
+    def close_in_thread():
+        try:
+            m.close()
+        except Exception as e:
+            closing["error"] = e
+
+    real_alloc = kc._plugin_alloc
+    thread = threading.Thread(target=close_in_thread)
+
+    def alloc_while_closing(*args):
+        thread.start()
+        thread.join(0.3)  # close() must wait for this allocation
+        closing["closed_meanwhile"] = m.closed
+        return real_alloc(*args)
+
+    monkeypatch.setattr(kc, "_plugin_alloc", alloc_while_closing)
+    p = kc.pinned_allocator(4096)
+    thread.join(5)
+    assert closing["closed_meanwhile"] is False
+    assert isinstance(closing.get("error"), kmm.BufferMappedError), "close() counted the new buffer"
+    assert not m.closed and p.mem.manager is m and m.stats("pinned")["live_buffers"] == 1
+    del p
+    gc.collect()
+    m.close()
+
+
+def test_close_force_and_a_second_close(compiled):
+    m, _, allocate = compiled
+    mp = allocate(4096)
+    m.close(force=True)  # the caller's word: nothing uses the memory any more
+    assert m.closed and kc.manager(0) is not m
+    m.close()  # closed already: nothing to do
+    del mp
+    gc.collect()
 
 
 def test_compiled_allocator_replaces_a_closed_manager(compiled):
