@@ -57,7 +57,7 @@ pub(super) fn alloc_by_address(table: &Mutex<ByAddress>, mgr: u64, bytes: u64, s
     if bytes == 0 {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = 0: an empty allocation has no address to be freed by");
     }
-    let (b, p) = with_manager(mgr, |m| plugin_alloc(m, bytes, MemoryKind::Device, stream))?;
+    let (b, p) = plugin_alloc(mgr, bytes, MemoryKind::Device, stream)?;
     lock(table).live.insert(p, (mgr, b, stream));
     Ok(p)
 }
@@ -77,7 +77,7 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
     let Some((mgr, b, alloc_stream)) = found else {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
     };
-    let freed = with_manager(mgr, |m| plugin_free(m, b, stream.unwrap_or(alloc_stream)));
+    let freed = plugin_free(mgr, b, stream.unwrap_or(alloc_stream));
     if freed.as_ref().is_err_and(|e| e.status != crate::KmmStatus::KMM_ERROR_INVALID_HANDLE) {
         lock(table).live.insert(ptr, (mgr, b, alloc_stream));
     }

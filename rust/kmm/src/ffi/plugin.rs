@@ -5,27 +5,38 @@
 //! free is ordered after `stream`, as a buffer recorded with `kmm_buffer_record_stream` is.
 
 use super::by_address::{alloc_by_address, free_by_address, ByAddress};
-use super::registry::with_manager;
+use super::registry::{with_alloc_state, with_buffer_state, with_manager};
 use super::types::*;
 use super::{boundary, check_out, write_out};
 use crate::error::{KmmStatus, Result};
 use crate::fail;
-use crate::manager::{FreeMode, Manager, MemoryKind};
+use crate::manager::{MappedTry, MemoryKind};
 use std::sync::{Mutex, OnceLock};
 
-/// Allocates and maps `bytes` of `kind` memory ready for work on the raw `stream`.
-pub(super) fn plugin_alloc(m: &Manager, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
-    let stream = m.stream_arg(stream);
-    if stream != m.raw_stream() {
-        // Whatever the memory's kind: its free will be ordered after this stream.
-        m.backend().check_stream(stream)?;
+/// Allocates and maps `bytes` of `kind` memory of the manager `manager` ready for work on the
+/// raw `stream`: (buffer, address). Where the calling thread's lane serves it, under that lane's
+/// lock alone, as `kmm_buffer_alloc`; else the manager's long way.
+pub(super) fn plugin_alloc(manager: u64, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
+    let ((first, stream), frees_pending) = with_alloc_state(manager, kind, |st| {
+        let stream = st.plugin_stream(stream)?;
+        Ok((st.try_alloc_mapped(bytes, kind, stream), stream))
+    })?;
+    match first {
+        MappedTry::Mapped { handle, addr, settle: None } => {
+            if frees_pending {
+                // As in `kmm_buffer_alloc`: the lanes' queued upstream frees, no lock held.
+                let _ = with_manager(manager, |m| Ok(m.flush_frees()));
+            }
+            Ok((handle, addr))
+        }
+        first => with_manager(manager, |m| m.alloc_mapped_rest(first, bytes, kind, stream)),
     }
-    m.alloc_mapped(bytes, kind, stream)
 }
 
-/// Frees a plugin buffer after the work queued so far on the raw `stream`.
-pub(super) fn plugin_free(m: &Manager, buffer: u64, stream: u64) -> Result<()> {
-    m.free_used_on(buffer, stream, FreeMode::Force)
+/// Frees a plugin buffer of the manager `manager` after the work queued so far on the raw
+/// `stream`, under the buffer's lane's lock alone.
+pub(super) fn plugin_free(manager: u64, buffer: u64, stream: u64) -> Result<()> {
+    with_buffer_state(manager, buffer, |st| st.free_used_on(buffer, stream, true))
 }
 
 /// For allocator plugins: allocates `bytes` of `kind` memory, maps it, and writes the buffer's
@@ -48,7 +59,7 @@ pub extern "C" fn kmm_plugin_alloc(
         check_out(buffer, "buffer")?;
         check_out(ptr, "ptr")?;
         let kind = memory_kind(kind, "kind")?;
-        let (b, p) = with_manager(manager, |m| plugin_alloc(m, bytes, kind, stream))?;
+        let (b, p) = plugin_alloc(manager, bytes, kind, stream)?;
         write_out(buffer, "buffer", b)?;
         write_out(ptr, "ptr", p)
     })
@@ -59,7 +70,7 @@ pub extern "C" fn kmm_plugin_alloc(
 /// Non-blocking; callable from any thread and from finalizers.
 #[no_mangle]
 pub extern "C" fn kmm_plugin_free(manager: KmmManager, buffer: KmmBuffer, stream: u64) -> KmmStatus {
-    boundary(|| with_manager(manager, |m| plugin_free(m, buffer, stream)))
+    boundary(|| plugin_free(manager, buffer, stream))
 }
 
 fn plugin_table() -> &'static Mutex<ByAddress> {

@@ -10,7 +10,7 @@ use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
 use super::spill::{HostPlace, Spill};
 use super::trace::{Action, LaneTrace};
-use crate::backend::{Backend, Event, Stream};
+use crate::backend::{Backend, BackendKind, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
 use crate::pool::direct::DirectResource;
@@ -53,7 +53,7 @@ pub(super) struct BufferRecord {
 /// What a `map` of a settling buffer waits for: the event after a compaction's copies, or (when
 /// none could be recorded) the manager's stream itself.
 #[derive(Clone)]
-pub(super) enum MovesFence {
+pub(crate) enum MovesFence {
     Event(Arc<dyn Event>),
     Stream(Arc<dyn Stream>),
 }
@@ -126,6 +126,15 @@ pub struct State {
     pub(super) trace: Option<LaneTrace>,
     /// The manager's spill store and use clock, shared by its lanes.
     pub(super) spill: Arc<Spill>,
+}
+
+/// What the first try of a plugin's allocation in a lane gave (`State::try_alloc_mapped`).
+pub(crate) enum MappedTry {
+    /// A buffer, pinned at `addr`; with `settle`, once the copies it may be the target of ran.
+    Mapped { handle: u64, addr: u64, settle: Option<MovesFence> },
+    /// What `try_alloc_in` gave, not mapped: a buffer to map the long way, none (the lane
+    /// declined to grow), or a failure.
+    Unmapped(Result<Option<u64>>),
 }
 
 /// Device allocations between two queries of the moves' fence.
@@ -508,12 +517,41 @@ impl State {
         Ok(Some(()))
     }
 
-    /// Frees a buffer that work on the raw `stream` may still use: its reuse waits for that
-    /// stream too. A spilled buffer's streams were waited for before its copy out, and no
-    /// stream can have used it since, so it is freed as it is.
+    /// Frees a buffer that work on the caller's `stream` (see `order::stream_arg`) may still
+    /// use: its reuse waits for that stream too. A spilled buffer's streams were waited for
+    /// before its copy out, and no stream can have used it since, so it is freed as it is.
     pub fn free_used_on(&mut self, handle: u64, stream: u64, force: bool) -> Result<()> {
-        self.record_stream(handle, stream)?;
+        self.record_stream(handle, self.stream_arg(stream))?;
         self.free(handle, force)
+    }
+
+    /// The raw stream a caller's `stream` names (see `order::stream_arg`).
+    pub fn stream_arg(&self, stream: u64) -> u64 {
+        order::stream_arg(stream, self.home, self.backend.kind() == BackendKind::Cuda)
+    }
+
+    /// The raw stream a plugin's `stream` names, checked: a plugin buffer's free is ordered after
+    /// it, whatever the memory's kind.
+    pub fn plugin_stream(&self, stream: u64) -> Result<u64> {
+        let stream = self.stream_arg(stream);
+        if stream != self.home {
+            self.backend.check_stream(stream)?;
+        }
+        Ok(stream)
+    }
+
+    /// The first try of a plugin's allocation under this lane's lock (then
+    /// `Manager::alloc_mapped_rest`): a buffer of the lane's free blocks for work on the raw
+    /// `stream`, pinned; both under one lock.
+    pub(crate) fn try_alloc_mapped(&mut self, bytes: u64, kind: MemoryKind, stream: u64) -> MappedTry {
+        match self.try_alloc_in(bytes, kind, stream, Growth::Defer) {
+            // A new buffer is resident, so `map` pins it (or fails, and the long way retries).
+            Ok(Some(handle)) => match self.map(handle, false) {
+                Ok(Some((addr, settle))) => MappedTry::Mapped { handle, addr, settle },
+                _ => MappedTry::Unmapped(Ok(Some(handle))),
+            },
+            first => MappedTry::Unmapped(first),
+        }
     }
 
     /// Whether the buffer is spilled now, and whether it is marked never to spill.

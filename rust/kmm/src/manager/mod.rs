@@ -21,6 +21,7 @@ pub mod trace;
 
 pub use config::{AllocMode, Config, MemoryKind, MAX_BUFFER_BYTES};
 pub use lane::{Growth, State};
+pub(crate) use lane::MappedTry;
 pub use observe::{Figure, MapSegment, MemoryMap, SegmentState};
 pub use report::{human_bytes, KindStats};
 pub use spill::SpillStats;
@@ -245,11 +246,7 @@ impl Manager {
     /// A raw stream as callers name it: on the host backend 0 stands for the manager's own
     /// (there is no default stream there).
     pub fn stream_arg(&self, stream: u64) -> u64 {
-        if stream == 0 && self.backend.kind() == BackendKind::Host {
-            self.raw_stream()
-        } else {
-            stream
-        }
+        order::stream_arg(stream, self.raw_stream(), self.backend.kind() == BackendKind::Cuda)
     }
 
     /// Allocates a buffer in the calling thread's lane for work on the manager's stream.
@@ -528,29 +525,22 @@ impl Manager {
         Ok(addr)
     }
 
-    /// `alloc_for` and `map` in one, for allocator plugins (their libraries keep the address):
-    /// a buffer for work on the raw `stream`, pinned; (handle, address). Where the calling
-    /// thread's lane serves it, both happen under one lock. Nothing stays allocated on failure.
-    pub fn alloc_mapped(&self, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
-        let own = cells::alloc_lane(kind, self.lane_mask());
-        let mut lane = self.lane(own);
-        let first = lane.try_alloc_in(bytes, kind, stream, Growth::Defer);
-        let pinned = match first {
-            // A new buffer is resident, so `map` pins it (or fails, and the long way retries).
-            Ok(Some(handle)) => lane.map(handle, false).ok().flatten().map(|(addr, settle)| (handle, addr, settle)),
-            _ => None,
-        };
-        drop(lane);
-        let handle = match (pinned, first) {
-            (Some((handle, addr, settle)), _) => {
+    /// `alloc_for` and `map` in one, for allocator plugins (their libraries keep the address),
+    /// going on from the first try in the calling thread's lane (`State::try_alloc_mapped`, for
+    /// work on the checked raw `stream`): waits for the copies a new block may still be the
+    /// target of, or takes the long way (`alloc_rest`) and maps what it gives; (handle,
+    /// address). Nothing stays allocated on failure.
+    pub(crate) fn alloc_mapped_rest(&self, first: MappedTry, bytes: u64, kind: MemoryKind, stream: u64) -> Result<(u64, u64)> {
+        let handle = match first {
+            MappedTry::Mapped { handle, addr, settle } => {
                 self.flush_frees();
                 return match self.settle_mapped(handle, addr, settle) {
                     Ok(addr) => Ok((handle, addr)),
                     Err(e) => Err(self.free_failed_alloc(handle, e)),
                 };
             }
-            (None, Ok(Some(handle))) => handle,
-            (None, first) => self.alloc_rest(first, bytes, kind, stream)?,
+            MappedTry::Unmapped(Ok(Some(handle))) => handle,
+            MappedTry::Unmapped(first) => self.alloc_rest(first, bytes, kind, stream)?,
         };
         match self.map(handle) {
             Ok(addr) => Ok((handle, addr)),
@@ -562,13 +552,6 @@ impl Manager {
     fn free_failed_alloc(&self, handle: u64, e: crate::error::Error) -> crate::error::Error {
         let _ = self.free(handle, FreeMode::Force);
         e
-    }
-
-    /// `record_stream` and `free` in one (under one lock), for allocator plugins: frees the
-    /// buffer, its reuse ordered after the work queued so far on the raw `stream` as well.
-    pub fn free_used_on(&self, handle: u64, stream: u64, mode: FreeMode) -> Result<()> {
-        let stream = self.stream_arg(stream);
-        self.state_of(handle).free_used_on(handle, stream, mode == FreeMode::Force)
     }
 
     pub fn unmap(&self, handle: u64) -> Result<()> {

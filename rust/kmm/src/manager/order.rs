@@ -91,6 +91,16 @@ pub fn long_lived(stream: u64, home: u64, cuda: bool) -> bool {
     stream == home || (cuda && stream <= 1)
 }
 
+/// The raw stream a caller's `stream` names: on the host backend 0 names the manager's own
+/// (`home`); on CUDA 0 is the legacy default stream, a stream of its own.
+pub fn stream_arg(stream: u64, home: u64, cuda: bool) -> u64 {
+    if stream == 0 && !cuda {
+        home
+    } else {
+        stream
+    }
+}
+
 /// Before a block goes back to a resource whose frees are ordered on `on`: `on` waits for every
 /// stream of `users`. Nothing waits on the host; an error leaves the caller's buffer as it was.
 pub fn order_free(backend: &dyn Backend, on: u64, users: &StreamSet) -> Result<()> {
