@@ -26,3 +26,11 @@ def gpu_enabled():
 
 
 requires_gpu = pytest.mark.skipif(not gpu_enabled(), reason="GPU test: set KMM_TEST_GPU=1 on a machine with CUDA")
+
+
+def expect_named(exc_types, name, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` raises one of `exc_types` whose message names `name`."""
+    with pytest.raises(exc_types) as info:
+        fn(*args, **kwargs)
+    assert name in str(info.value), "the error does not name %r: %s" % (name, info.value)
+    return info.value

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import kmm
+from conftest import expect_named
 from kmm import buffer as kbuffer
 from kmm import dlpack
 
@@ -17,13 +18,6 @@ from kmm import dlpack
 def m():
     with kmm.Manager(backend="host") as mgr:
         yield mgr
-
-
-def expect_named(exc_types, name, fn, *args, **kwargs):
-    with pytest.raises(exc_types) as info:
-        fn(*args, **kwargs)
-    assert name in str(info.value), "the error does not name %r: %s" % (name, info.value)
-    return info.value
 
 
 # -- host objects of Python objects ------------------------------------------------------------

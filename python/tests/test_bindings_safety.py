@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kmm
+from conftest import expect_named
 from kmm._args import MAX_BUFFER_BYTES, U64_MAX
 
 # Values a hostile caller passes where an integer is expected.
@@ -31,13 +32,6 @@ OUT_OF_U64 = st.one_of(st.integers(max_value=-1), st.integers(min_value=U64_MAX 
 def m():
     with kmm.Manager(backend="host") as mgr:
         yield mgr
-
-
-def expect_named(exc_types, name, fn, *args, **kwargs):
-    with pytest.raises(exc_types) as info:
-        fn(*args, **kwargs)
-    assert name in str(info.value), "the error does not name %r: %s" % (name, info.value)
-    return info.value
 
 
 def stats_unchanged(m, before):
