@@ -131,10 +131,19 @@ pub struct State {
 /// What the first try of a plugin's allocation in a lane gave (`State::try_alloc_mapped`).
 pub(crate) enum MappedTry {
     /// A buffer, pinned at `addr`; with `settle`, once the copies it may be the target of ran.
-    Mapped { handle: u64, addr: u64, settle: Option<MovesFence> },
+    Mapped { handle: u64, addr: u64, settle: Option<Settle> },
     /// What `try_alloc_in` gave, not mapped: a buffer to map the long way, none (the lane
     /// declined to grow), or a failure.
     Unmapped(Result<Option<u64>>),
+}
+
+/// The fence a new buffer's address waits for, carried out of its lane's lock (`MappedTry`). It
+/// holds the backend too, dropped after the fence: should the manager be torn down before the
+/// fence is dropped (a destroy between the lane's lock and the manager's), the device context
+/// its event or stream lives in is still there for their drop.
+pub(crate) struct Settle {
+    pub fence: MovesFence,
+    _backend: Arc<dyn Backend>,
 }
 
 /// Device allocations between two queries of the moves' fence.
@@ -547,7 +556,10 @@ impl State {
         match self.try_alloc_in(bytes, kind, stream, Growth::Defer) {
             // A new buffer is resident, so `map` pins it (or fails, and the long way retries).
             Ok(Some(handle)) => match self.map(handle, false) {
-                Ok(Some((addr, settle))) => MappedTry::Mapped { handle, addr, settle },
+                Ok(Some((addr, settle))) => {
+                    let settle = settle.map(|fence| Settle { fence, _backend: self.backend.clone() });
+                    MappedTry::Mapped { handle, addr, settle }
+                }
                 _ => MappedTry::Unmapped(Ok(Some(handle))),
             },
             first => MappedTry::Unmapped(first),

@@ -534,7 +534,7 @@ impl Manager {
         let handle = match first {
             MappedTry::Mapped { handle, addr, settle } => {
                 self.flush_frees();
-                return match self.settle_mapped(handle, addr, settle) {
+                return match self.settle_mapped(handle, addr, settle.map(|s| s.fence)) {
                     Ok(addr) => Ok((handle, addr)),
                     Err(e) => Err(self.free_failed_alloc(handle, e)),
                 };
