@@ -116,10 +116,16 @@ end
 """
     Kmm.record_stream(x::KmmArray, s::CuStream)
 
-Pins `x`'s storage as a view does and records `s` on it: for work on `s` other than
-`CUDA.stream()` (`@cuda stream = s` converts its arguments on the task stream).
+Pins `x`'s storage as a view does, records `s` on it and makes `s` wait for the manager's
+queued work (as a view does for the task stream): for work on `s` other than `CUDA.stream()`
+(`@cuda stream = s` converts its arguments on the task stream).
 """
-Kmm.record_stream(x::KmmArray, s::CuStream) = (check_view(x); pin!(x.storage, s); nothing)
+function Kmm.record_stream(x::KmmArray, s::CuStream)
+    check_view(x)
+    pin!(x.storage, s)
+    Kmm.signal_stream(Kmm.manager(x), s)       # work on s sees what Kmm queued on x
+    nothing
+end
 
 """
     KmmArray(c::CuArray; manager = Kmm.default_manager(), kind = :device)

@@ -129,6 +129,18 @@ Base.similar(x::KmmArray, ::Type{S}, dims::Dims{M}) where {S,M} =
 
 Base.copy(x::KmmArray) = copyto!(similar(x), x)
 
+# Views and reshapes are distinct KmmArray values over one storage. Base decides whether a
+# broadcast, `map!` or other in-place operation must copy a source first (`Base.unalias`) from
+# `dataids`/`mightalias`; the default (each value's own objectid) called overlapping views of one
+# buffer disjoint, and `view(x, 2:5) .= view(x, 1:4) .* 10` read elements it had already written.
+Base.dataids(x::KmmArray) = (objectid(x.storage),)
+"Whether the bytes of `a` and `b` overlap (views of one storage); arrays of two storages never do."
+function Base.mightalias(a::KmmArray, b::KmmArray)
+    a.storage === b.storage || return false
+    (isempty(a) || isempty(b)) && return false
+    a.offset < b.offset + sizeof(b) && b.offset < a.offset + sizeof(a)
+end
+
 function Base.summary(io::IO, x::KmmArray)
     print(io, Base.dims2string(size(x)), " ", typeof(x))
     if isfreed(x)

@@ -128,7 +128,88 @@ end
     @test success(pipeline(cmd, stdout = stdout, stderr = stderr))
 end
 
+@testset "broadcasts over overlapping views of one buffer copy the source first" begin
+    # Views and reshapes are distinct KmmArray values over one storage, and Base's alias check
+    # (dataids: each value's own objectid) called them disjoint: the element loop read elements
+    # it had already written (x became [1, 10, 100, 1000, 10000, 6]).
+    m = KmmManager(backend = :host)
+    x = KmmArray(collect(1.0:6.0); manager = m)
+    Kmm.@allowscalar view(x, 2:5) .= view(x, 1:4) .* 10
+    @test Array(x) == [1, 10, 20, 30, 40, 6]
+    y = KmmArray(collect(1.0:6.0); manager = m)
+    Kmm.@allowscalar reshape(y, 2, 3) .= reshape(view(y, 1:6), 3, 2)' .* 2   # transposed read
+    @test Array(y) == vec(reshape(1.0:6.0, 3, 2)' .* 2)
+    @test Base.mightalias(view(x, 2:5), view(x, 1:4))
+    @test !Base.mightalias(view(x, 1:3), view(x, 4:6))          # disjoint parts: no copy
+    @test !Base.mightalias(x, KmmArray(zeros(6); manager = m))  # other storages never alias
+    @test Base.mightalias(x, reshape(x, 2, 3))
+    close(m)
+end
+
+@testset "log grids and qMRI counts: bounds named, no NaN, no InexactError" begin
+    Q = Kmm.QMRI
+    # An infinite end gave a grid that began with NaN ((i - 1) * Inf at i = 1), which
+    # parameter_grid then reported as "T1 = NaN (value 1 of 3)"; a count past Int was an
+    # InexactError; a negative byte budget was taken as one atom per batch.
+    for f in (() -> Q.log_grid(1.0, Inf, 3), () -> Q.log_grid(Inf, 1.0, 3))
+        err = adversarial_error(f)
+        @test err isa ArgumentError && occursin("finite", sprint(showerror, err))
+    end
+    err = adversarial_error(() -> Q.parameter_grid(T1 = (1.0, Inf, 3), T2 = 0.1))
+    @test err isa ArgumentError && occursin("T1", sprint(showerror, err)) &&
+          !occursin("NaN", sprint(showerror, err))
+    @test adversarial_error(() -> Q.log_grid(1.0, 2.0, 2^62)) isa ArgumentError   # no wrapped allocation
+    m = KmmManager(backend = :host)
+    seq = Q.FISPSequence(fill(0.3, 20); TR = 0.01, TE = 0.005, TI = 0.02, Ns = 8)
+    p = Q.tissue_parameters([1.0, 0.5], [0.1, 0.05]; manager = m)
+    sig = reshape(Array(Q.simulate_fisp(seq, p))[:, 1], 20, 1)
+    for (f, name) in ((() -> Q.Dictionary(seq, p; block_atoms = big(2)^70), "block_atoms"),
+                      (() -> Q.Dictionary(seq, p; block_atoms = 0), "block_atoms"),
+                      (() -> Q.match(seq, p, sig; batch_atoms = big(2)^70), "batch_atoms"),
+                      (() -> Q.match(seq, p, sig; max_bytes = -1), "max_bytes"),
+                      (() -> Q.compression_basis(seq, p; rank = 2, atoms = big(2)^64), "atoms"))
+        err = adversarial_error(f)
+        @test err isa ArgumentError
+        msg = err === nothing ? "" : sprint(showerror, err)
+        @test occursin(name, msg) && occursin("..", msg)
+    end
+    @test Q.match(seq, p, sig; batch_atoms = big(1)).batches == 2
+    @test Q.match(Q.Dictionary(seq, p; block_atoms = 1), sig).batches == 2
+    close(m)
+end
+
 end # !ADVERSARIAL_THREADS_ONLY
+
+"""
+The extension's regressions; test/ext.jl runs them against its stand-ins for CUDA.jl (`CUDA`),
+with `task_stream(m)` the CuStream over a manager's stream.
+"""
+function adversarial_ext_tests(CUDA, task_stream)
+    @testset "Kmm.record_stream(x, s) makes s wait for the manager's queued work" begin
+        # It pinned x and recorded s but left s unordered: work launched on s after it (the
+        # documented way to use x on a stream other than CUDA.stream()) could run before, or
+        # while, the manager's queued writes to x (a fill, a copy in).
+        m = KmmManager(backend = :host); o = KmmManager(backend = :host)
+        x = KmmArray(zeros(UInt8, 16); manager = m)
+        busy = KmmArray{UInt8}(undef, 256 * 2^20; manager = m)
+        fill!(busy, 0x00)
+        Kmm.record_stream(x, task_stream(o))            # compiled before it is timed
+        Kmm.synchronize(m); Kmm.synchronize(o)
+        foreach(v -> fill!(busy, v), 0x01:0x04)         # long work queued on the manager
+        fill!(x, 0x07)
+        ev = Ref{UInt64}(0)
+        Kmm.LibKmm.kmm_manager_record_event(m.handle, ev)
+        Kmm.record_stream(x, task_stream(o))            # again: the stream is recorded already
+        Kmm.synchronize(o)                              # what s runs from now on comes after ...
+        done = Ref{Bool}(false)
+        Kmm.LibKmm.kmm_event_query(m.handle, ev[], done)
+        @test done[]                                    # ... the fill of x
+        Kmm.synchronize(m)
+        Kmm.LibKmm.kmm_event_destroy(m.handle, ev[])
+        Kmm.unsafe_free!(x)
+        close(m); close(o)
+    end
+end
 
 function adversarial_threaded_tests()
     @testset "an allocation that waits for the device inside libkmm lets other threads collect" begin

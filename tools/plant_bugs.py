@@ -312,6 +312,12 @@ PLANTS = [
      ["gpu:gpu_streams"]),
 
     # --- The Julia binding's fixes of issue 16 (5a1b3bb, 53ec015), each reversed. ---
+    # The CUDA extension's record_stream(x, s) records s on x's storage but does not make s
+    # wait for the manager's queued work: a kernel on s may run before Kmm's writes to x.
+    ("jl-ext-record-stream-unordered", "ext/KmmCUDAExt.jl",
+     "    Kmm.signal_stream(Kmm.manager(x), s)       # work on s sees what Kmm queued on x\n",
+     "",
+     ["jl:ext.jl"]),
     # A copy on manager A that reads or writes a PinnedArray of manager B leaves B's stream
     # unordered: B's stream-ordered free, and close(B), may come while the copy runs.
     ("jl-pinned-of-another-manager-not-ordered", "src/pinned.jl",

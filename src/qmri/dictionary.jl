@@ -30,8 +30,8 @@ function Dictionary(seq::AbstractSequence, params; manager::KmmManager = default
     p = as_params(params, manager)
     natoms, ntr = size(p, 2), length(seq)
     check && check_params(Array(p))
-    nb = block_atoms === nothing ? max(1, DICTIONARY_BLOCK_BYTES ÷ (8 * ntr)) : Int(block_atoms)
-    nb >= 1 || throw(ArgumentError("block_atoms = $nb must be >= 1"))
+    nb = block_atoms === nothing ? max(1, DICTIONARY_BLOCK_BYTES ÷ (8 * ntr)) :
+                                   count_arg("Dictionary", :block_atoms, block_atoms)
     blocks, firsts = KmmArray{ComplexF32,2}[], Int[]
     for first in 0:nb:natoms-1
         n = min(nb, natoms - first)

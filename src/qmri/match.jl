@@ -38,6 +38,16 @@ function Base.show(io::IO, r::MatchResult)
           r.batches, r.batches == 1 ? " batch)" : " batches)")
 end
 
+"""
+A count keyword `name` of `fname` (atoms per batch or block, a byte budget) as an `Int` >= 1: an
+`ArgumentError` naming it and the bound otherwise, never an `InexactError` from `Int(v)`.
+"""
+function count_arg(fname::AbstractString, name::Symbol, v::Integer)
+    (!(v isa Bool) && 1 <= v <= typemax(Int)) ||
+        throw(ArgumentError("$fname: $name = $(repr(v)) must be an integer in 1..$(typemax(Int))"))
+    Int(v)
+end
+
 # Raw outputs of kmm_qmri_match: one entry per voxel, on the signals' manager.
 struct RawOutputs
     index::KmmArray{Int32,1}
@@ -101,10 +111,10 @@ end
 
 function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::Integer = 2000,
                            manager::KmmManager = default_manager_of(params))
-    atoms >= 1 || throw(ArgumentError("atoms = $atoms must be >= 1"))
+    atoms = count_arg("compression_basis", :atoms, atoms)
     p = as_params(params, manager)
     natoms = size(p, 2)
-    pick = unique(round.(Int, range(1, natoms; length = min(Int(atoms), natoms))))
+    pick = unique(round.(Int, range(1, natoms; length = min(atoms, natoms))))
     sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
     d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
     try
@@ -271,6 +281,8 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
                max_bytes::Union{Nothing,Integer} = nothing,
                manager::KmmManager = default_manager_of(signals), check::Bool = true,
                verbose::Bool = false, timings::Bool = false, workers = nothing, devices = nothing)
+    batch_atoms === nothing || count_arg("match", :batch_atoms, batch_atoms)
+    max_bytes === nothing || count_arg("match", :max_bytes, max_bytes)
     workers === nothing || return match_on_workers(seq, params, signals, manager; rank = rank,
         basis = basis, basis_atoms = basis_atoms, batch_atoms = batch_atoms, max_bytes = max_bytes,
         check = check, timings = timings, workers = workers, devices = devices)
@@ -319,8 +331,8 @@ function match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms
         timings && (Kmm.synchronize(m); tbasis = time() - t0)
     end
     made.u = u
-    nb = batch_atoms === nothing ? auto_batch(m, ntr, natoms, max_bytes) : Int(batch_atoms)
-    nb >= 1 || throw(ArgumentError("batch_atoms = $nb must be >= 1"))
+    nb = batch_atoms === nothing ? auto_batch(m, ntr, natoms, max_bytes) :
+                                   count_arg("match", :batch_atoms, batch_atoms)
     nb = min(nb, natoms)
     o = made.o = RawOutputs(m, nvox, true)
     first, batches = 0, 0
@@ -358,7 +370,7 @@ function auto_batch(m::KmmManager, ntr::Int, natoms::Int, max_bytes)
     free, total = Ref{UInt64}(0), Ref{UInt64}(0)
     GC.@preserve m LibKmm.kmm_manager_memory_info(Kmm.handle(m), free, total)
     budget = min(Int(min(free[], UInt64(typemax(Int)))) ÷ 4,
-                 max_bytes === nothing ? 2^31 : Int(max_bytes))
+                 max_bytes === nothing ? 2^31 : count_arg("match", :max_bytes, max_bytes))
     per_atom = 8 * ntr
     max(1, min(natoms, budget ÷ per_atom, typemax(Int32)))
 end

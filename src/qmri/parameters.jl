@@ -1,14 +1,22 @@
 # Atom parameters: `4 x natoms` Float32 (T1 s, T2 s, B1 relative, B0 Hz), one atom per column,
 # in a KmmArray (the layout of the C ABI's atom records).
 
+"The most values a log grid may have (its Float64s' bytes stay within Int)."
+const MAX_GRID_VALUES = typemax(Int) ÷ sizeof(Float64)
+
 """
     log_grid(lo, hi, n) -> Vector{Float64}
 
-`n` logarithmically spaced values from `lo` to `hi` (both > 0), ends included.
+`n` logarithmically spaced values from `lo` to `hi` (both finite and > 0), ends included.
 """
 function log_grid(lo::Real, hi::Real, n::Integer)
-    lo > 0 && hi > 0 || throw(ArgumentError("log_grid: the ends must be > 0, got $lo and $hi"))
-    n >= 1 || throw(ArgumentError("log_grid: n = $n must be >= 1"))
+    # An infinite end made log(hi) - log(lo) infinite, and (i - 1) * Inf NaN at i = 1: the grid
+    # began with NaN (a parameter_grid error then named a NaN the caller never gave).
+    0 < lo < Inf && 0 < hi < Inf ||
+        throw(ArgumentError("log_grid: the ends must be finite and > 0, got $lo and $hi"))
+    # n * 8 bytes must not wrap: Julia 1.5 allocates a wrapped size and the fill segfaults.
+    1 <= n <= MAX_GRID_VALUES ||
+        throw(ArgumentError("log_grid: n = $n must be in 1..$MAX_GRID_VALUES"))
     n == 1 && return [Float64(lo)]
     a, b = log(Float64(lo)), log(Float64(hi))
     [exp(a + (b - a) * (i - 1) / (n - 1)) for i in 1:n]
@@ -17,8 +25,9 @@ end
 # The values of one `parameter_grid` keyword (`name`), whose errors name it.
 function grid_values(name::Symbol, v::Tuple{Real,Real,Integer})
     lo, hi, n = v
-    lo > 0 && hi > 0 && n >= 1 || throw(ArgumentError("parameter_grid: $name = $v; a log grid " *
-        "(lo, hi, n) needs lo > 0, hi > 0 and n >= 1"))
+    0 < lo < Inf && 0 < hi < Inf && 1 <= n <= MAX_GRID_VALUES ||
+        throw(ArgumentError("parameter_grid: $name = $v; a log grid (lo, hi, n) needs finite " *
+                            "lo > 0 and hi > 0 and n >= 1 (n in 1..$MAX_GRID_VALUES)"))
     log_grid(lo, hi, n)
 end
 grid_values(name::Symbol, v::AbstractVector{<:Real}) = Float64.(collect(v))
