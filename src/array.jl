@@ -190,7 +190,8 @@ end
 function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes, host = nothing)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
-    GC.@preserve s LibKmm.kmm_copy_to_device_async(mh, h, offset, ptr, bytes, ev)
+    # A pageable copy may wait inside libkmm for a staging slot.
+    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(offset), Ptr{Cvoid}(ptr), UInt64(bytes), ev))
     try
         order_host_memory!(s.manager, host)
     finally
@@ -201,7 +202,7 @@ end
 function copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes, host = nothing)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
-    GC.@preserve s LibKmm.kmm_copy_to_host_async(mh, ptr, h, offset, bytes, ev)
+    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(ptr), h, UInt64(offset), UInt64(bytes), ev))
     try
         order_host_memory!(s.manager, host)
     finally
@@ -227,11 +228,14 @@ end
 
 """
 After a copy queued on `m` that reads or writes the host memory `host`: when `host` is a
-`PinnedArray` of another manager, that manager's stream waits for the copy, so that the pinned
-array's free (stream-ordered on its own manager) and its manager's `close` come after the copy,
-never while it still reads or writes the memory.
+`PinnedArray` of another manager of the same backend, that manager's stream waits for the copy,
+so that the pinned array's free (stream-ordered on its own manager) and its manager's `close`
+come after the copy, never while it still reads or writes the memory. Returns whether the copy
+is ordered so; `false` (another backend's manager) means the caller must wait for the copy.
+A `close` or `unsafe_free!` of the pinned array on another thread while the copy is being
+queued is not covered: the array must stay alive until the copy function returns.
 """
-order_host_memory!(m::KmmManager, host) = nothing
+order_host_memory!(m::KmmManager, host) = true
 
 # host -> Kmm
 Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soffs::Integer, n::Integer) where {T} =
@@ -276,7 +280,8 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs
         copyto!(tmp, 1, src, soffs, n)
         return copyto!(dest, doffs, tmp, 1, n)
     end
-    GC.@preserve ds ss LibKmm.kmm_copy_buffer(dmh, dh, doff, smh, sh, soff, bytes)
+    # Between a host-backend and a CUDA manager the copy is synchronous, inside libkmm.
+    check_status(GC.@preserve ds ss @gcsafe LibKmm.unchecked_kmm_copy_buffer(dmh, dh, UInt64(doff), smh, sh, UInt64(soff), UInt64(bytes)))
     dest
 end
 Base.copyto!(dest::KmmArray{T}, src::KmmArray{T}) where {T} =
@@ -300,8 +305,9 @@ function Base.fill!(x::KmmArray{T}, v) where {T}
     xs = x.storage
     mh, h = handles(xs)
     if sizeof(T) <= 4096
-        GC.@preserve xs pattern LibKmm.kmm_fill(mh, h, x.offset, sizeof(x),
-                                             Base.unsafe_convert(Ptr{T}, pattern), sizeof(T))
+        # It may wait inside libkmm for a staging slot.
+        check_status(GC.@preserve xs pattern @gcsafe LibKmm.unchecked_kmm_fill(mh, h, UInt64(x.offset), UInt64(sizeof(x)),
+                                             Ptr{Cvoid}(Base.unsafe_convert(Ptr{T}, pattern)), Csize_t(sizeof(T))))
     else
         copyto!(x, fill(pattern[], size(x)))
     end

@@ -29,8 +29,8 @@ function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     mh, h = handles(ds)
     ev = Ref{UInt64}(0)
     if !isempty(src)
-        GC.@preserve ds src LibKmm.kmm_copy_to_device_async(mh, h, dest.offset, pointer(src),
-                                                         sizeof(T) * length(src), ev)
+        check_status(GC.@preserve ds src @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(dest.offset),
+            Ptr{Cvoid}(pointer(src)), UInt64(sizeof(T) * length(src)), ev))
         order_task_host!(manager(dest), src, ev[])
     end
     register_task!(KmmCopyTask(manager(dest), ev[], src, dest))
@@ -43,8 +43,8 @@ function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
     mh, h = handles(ss)
     ev = Ref{UInt64}(0)
     if !isempty(src)
-        GC.@preserve ss dest LibKmm.kmm_copy_to_host_async(mh, pointer(dest), h, src.offset,
-                                                        sizeof(T) * length(src), ev)
+        check_status(GC.@preserve ss dest @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(pointer(dest)), h,
+            UInt64(src.offset), UInt64(sizeof(T) * length(src)), ev))
         order_task_host!(manager(src), dest, ev[])
     end
     register_task!(KmmCopyTask(manager(src), ev[], dest, src))
@@ -55,8 +55,11 @@ if that fails (its manager closed meanwhile), waits for the copy before passing 
 function order_task_host!(m::KmmManager, host, ev::UInt64)
     ok = false
     try
-        order_host_memory!(m, host)
+        ordered = order_host_memory!(m, host)
         ok = true
+        # Not ordered (a pinned array of another backend's manager): the task is done only
+        # once the copy has run, so its arrays' frees cannot come first.
+        ordered || poll_until(() -> event_done(m, ev))
     finally
         ok || wait_event(m, ev)
     end

@@ -112,21 +112,32 @@ version() = VersionNumber(unsafe_string(LibKmm.kmm_version()))
 Makes the libkmm call marked safe for the garbage collector while it runs, as CUDA.jl's
 `@gcsafe_ccall` does (`jl_gc_safe_enter`/`jl_gc_safe_leave`, which Julia exports from 1.5 on):
 a call that may wait for the device inside libkmm (an allocation's out-of-memory ladder waits
-for the stream before it gives cached memory back; a map waits for a compaction's copies) then
-does not stop every other thread that needs a collection until the device is done. The
-arguments are evaluated before the mark and must already have the C types (nothing converts or
-throws between the marks); libkmm never calls back into Julia. Use the `unchecked_` form and
-check the status after.
+for the stream before it gives cached memory back, a map for a compaction's copies, a pageable
+copy for a staging slot, a manager's creation for the device's context) then does not stop every
+other thread that needs a collection until the device is done.
+
+Between the marks nothing may allocate, throw or reach a safepoint: the arguments are evaluated
+(and kept alive) before, and must already have the C types of the call (no conversion that
+could throw runs between the marks); the function pointer is checked before, so the wrapper's
+own check for a missing symbol cannot throw there; libkmm never calls back into Julia. Check the
+returned status after.
 """
 macro gcsafe(call)
-    (call isa Expr && call.head === :call) || throw(ArgumentError("@gcsafe takes a call"))
+    (call isa Expr && call.head === :call && call.args[1] isa Expr && call.args[1].head === :.) ||
+        throw(ArgumentError("@gcsafe takes a call of LibKmm.unchecked_kmm_..."))
+    wrapper = call.args[1].args[2].value::Symbol
+    cname = Symbol(replace(String(wrapper), r"^unchecked_" => ""))
+    fp = Symbol("_fp_", cname)
     names = [gensym("arg") for _ in 2:length(call.args)]
     bind = [:(local $n = $(esc(a))) for (n, a) in zip(names, call.args[2:end])]
     quote
         $(bind...)
-        local state = ccall(:jl_gc_safe_enter, Int8, ())
-        local status = $(esc(call.args[1]))($(names...))
-        ccall(:jl_gc_safe_leave, Cvoid, (Int8,), state)
-        status
+        LibKmm.$fp[] == C_NULL && LibKmm.throw_missing($(QuoteNode(cname)))
+        GC.@preserve $(names...) begin
+            local state = ccall(:jl_gc_safe_enter, Int8, ())
+            local status = $(esc(call.args[1]))($(names...))
+            ccall(:jl_gc_safe_leave, Cvoid, (Int8,), state)
+            status
+        end
     end
 end

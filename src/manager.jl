@@ -98,7 +98,8 @@ function KmmManager(; backend::Symbol = :auto, device::Integer = 0, alloc_mode::
                       alloc_mode = enum_value(ALLOC_MODES, alloc_mode, "alloc_mode"),
                       suballocator = enum_value(SUBALLOCATORS, suballocator, "suballocator"), kw...)
     out = Ref{UInt64}(0)
-    LibKmm.kmm_manager_create(Ref(cfg), out)
+    # On CUDA the device's context is made (or retained) inside: it can take long.
+    check_status(@gcsafe LibKmm.unchecked_kmm_manager_create(Ref(cfg), out))
     KmmManager(out[], device)
 end
 

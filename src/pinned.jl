@@ -78,8 +78,12 @@ Base.reshape(p::PinnedArray, dims::Tuple{Vararg{Union{Int,Colon}}}) = reshape(p,
 
 function order_host_memory!(m::KmmManager, p::PinnedArray)
     pm = manager(p)
-    pm === m || signal_stream(m, stream(pm))
-    nothing
+    pm === m && return true
+    # A stream of one backend cannot wait for the other's (a host stream id is no CUstream):
+    # the caller waits for the copy instead.
+    backend(pm) === backend(m) || return false
+    signal_stream(m, stream(pm))
+    return true
 end
 
 Base.similar(p::PinnedArray, ::Type{S}, dims::Dims{M}) where {S,M} =

@@ -178,6 +178,32 @@ end
     close(m)
 end
 
+@testset "copies between a pinned array and a manager of another backend" begin
+    # Neither backend's stream can wait for the other's (a host stream id is no CUstream): the
+    # copy is waited for instead of ordered. Needs CUDA for the second backend.
+    cuda = try
+        KmmManager(backend = :cuda)
+    catch
+        nothing
+    end
+    if cuda === nothing
+        @test_skip "no CUDA device: one backend only"
+    else
+        host = KmmManager(backend = :host)
+        p = PinnedArray{Float32}(undef, 2^20; manager = host)
+        p .= 1:2^20
+        x = KmmArray{Float32}(undef, 2^20; manager = cuda)
+        wait(copyto_async!(x, p))
+        q = PinnedArray{Float32}(undef, 2^20; manager = host)
+        t = copyto_async!(q, x)
+        @test Kmm.isdone(t)                     # waited for: no stream ordered it
+        @test q == p
+        copyto!(p, x)                           # the synchronous copies too
+        @test p[end] == 2^20
+        close(cuda); close(host)
+    end
+end
+
 end # !ADVERSARIAL_THREADS_ONLY
 
 """
