@@ -1,0 +1,33 @@
+# Regressions of the adversarial runs (see test/adversarial.jl) that need the CUDA.jl stand-ins
+# of test/ext.jl, which includes this file and calls them.
+
+"""
+The extension's regressions; test/ext.jl runs them against its stand-ins for CUDA.jl (`CUDA`),
+with `task_stream(m)` the CuStream over a manager's stream.
+"""
+function adversarial_ext_tests(CUDA, task_stream)
+    @testset "Kmm.record_stream(x, s) makes s wait for the manager's queued work" begin
+        # It pinned x and recorded s but left s unordered: work launched on s after it (the
+        # documented way to use x on a stream other than CUDA.stream()) could run before, or
+        # while, the manager's queued writes to x (a fill, a copy in).
+        m = KmmManager(backend = :host); o = KmmManager(backend = :host)
+        x = KmmArray(zeros(UInt8, 16); manager = m)
+        busy = KmmArray{UInt8}(undef, 256 * 2^20; manager = m)
+        fill!(busy, 0x00)
+        Kmm.record_stream(x, task_stream(o))            # compiled before it is timed
+        Kmm.synchronize(m); Kmm.synchronize(o)
+        foreach(v -> fill!(busy, v), 0x01:0x04)         # long work queued on the manager
+        fill!(x, 0x07)
+        ev = Ref{UInt64}(0)
+        Kmm.LibKmm.kmm_manager_record_event(m.handle, ev)
+        Kmm.record_stream(x, task_stream(o))            # again: the stream is recorded already
+        Kmm.synchronize(o)                              # what s runs from now on comes after ...
+        done = Ref{Bool}(false)
+        Kmm.LibKmm.kmm_event_query(m.handle, ev[], done)
+        @test done[]                                    # ... the fill of x
+        Kmm.synchronize(m)
+        Kmm.LibKmm.kmm_event_destroy(m.handle, ev[])
+        Kmm.unsafe_free!(x)
+        close(m); close(o)
+    end
+end
