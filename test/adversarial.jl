@@ -187,7 +187,7 @@ end
         nothing
     end
     if cuda === nothing
-        @test_skip "no CUDA device: one backend only"
+        @info "copies between a pinned array and a manager of another backend: needs a CUDA device, not run here"
     else
         host = KmmManager(backend = :host)
         p = PinnedArray{Float32}(undef, 2^20; manager = host)
