@@ -13,6 +13,8 @@ U64_MAX = (1 << 64) - 1
 U32_MAX = (1 << 32) - 1
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+#: The most dimensions an array may have (NumPy's limit, which DLPack and CAI consumers share).
+MAX_NDIM = 64
 #: The largest buffer libkmm allocates (KMM_ERROR_SIZE_OVERFLOW beyond).
 MAX_BUFFER_BYTES = 1 << 48
 
@@ -79,6 +81,9 @@ def shape(value, name="shape"):
     if not isinstance(value, (tuple, list)) and hasattr(type(value), "__index__"):
         value = (value,)
     dims = shape_like(value, name)
+    if len(dims) > MAX_NDIM:
+        # NumPy (get(), exports to it) takes no more; refused here rather than there.
+        raise ValueError("%s has %d dimensions; at most %d" % (name, len(dims), MAX_NDIM))
     return tuple(integer(n, "%s[%d]" % (name, i), 0, I64_MAX) for i, n in enumerate(dims))
 
 

@@ -168,6 +168,8 @@ class DeviceArray:
         if manager.backend == "host":
             if dev_type != dlpack.kDLCPU:
                 raise BufferError("a host-backend manager cannot import DLPack device type %d" % dev_type)
+            if t.device.device_id != 0:
+                raise BufferError("a DLPack CPU tensor has device_id 0, not %d" % t.device.device_id)
             kind = _lib.KMM_MEMORY_DEVICE
         elif dev_type in (dlpack.kDLCUDA, dlpack.kDLCUDAManaged):
             if t.device.device_id != manager.device:

@@ -221,14 +221,20 @@ class Buffer:
         return self
 
     def copy_to_host(self, dst=None, offset=0, nbytes=None):
-        """Copies the buffer (from byte `offset`) into a writable host object `dst` (its size
-        decides how much), or into a new bytearray of `nbytes` (default: the rest); returns it."""
+        """Copies the buffer (from byte `offset`) into a writable host object `dst` (its first
+        `nbytes` bytes; default: all of it), or into a new bytearray of `nbytes` (default: the
+        rest); returns it."""
         offset = _args.nbytes(offset, "offset")
         if dst is None:
             nbytes = max(self.nbytes - offset, 0) if nbytes is None else nbytes
             self._range(offset, nbytes)
             dst = bytearray(nbytes)
         addr, n, keep = host_address(dst, writable=True, name="dst")
+        if nbytes is not None and nbytes != n:
+            nbytes = _args.nbytes(nbytes, "nbytes")
+            if nbytes > n:
+                raise ValueError("nbytes = %d exceeds dst's %d bytes" % (nbytes, n))
+            n = nbytes  # was ignored: the whole of dst was copied
         offset, n = self._range(offset, n)
         check(_lib_.kmm_copy_to_host(self._manager._live(), addr, self._live(), offset, n))
         del keep

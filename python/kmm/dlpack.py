@@ -8,12 +8,14 @@ from ctypes import POINTER, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uin
 
 import numpy as np
 
+from . import _args
+
 kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
 FLAG_READ_ONLY, FLAG_IS_COPIED = 1, 2
 VERSION = (1, 0)
 #: The most dimensions an imported tensor may have (NumPy's limit; DLPack sets none).
-MAX_NDIM = 64
+MAX_NDIM = _args.MAX_NDIM
 
 
 class DLDevice(ctypes.Structure):

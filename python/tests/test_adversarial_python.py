@@ -329,9 +329,20 @@ def test_a_refused_dlpack_export_is_still_freed(m):
     # NumPy refuses a tensor of more than 64 dimensions and drops the capsule with its exception
     # set: the capsule's destructor then failed at its first ctypes call, the export never ended,
     # and the buffer (and, once closed, the manager) stayed allocated for good.
-    a = m.empty((1,) * 65, "uint8")
+    a = m.empty((1,) * 4, "uint8")
+
+    class Producer:  # kmm's export, told to have 65 dimensions (kmm makes no such array)
+        def __dlpack__(self, **kwargs):
+            capsule = a.__dlpack__()
+            address = ctypes.pythonapi.PyCapsule_GetPointer(capsule, dlpack.NAME_LEGACY)
+            dlpack.DLManagedTensor.from_address(address).dl_tensor.ndim = 65
+            return capsule  # NumPy holds the only reference
+
+        def __dlpack_device__(self):
+            return a.__dlpack_device__()
+
     with pytest.raises(Exception):  # SystemError: the destructor took NumPy's exception (reported)
-        np.from_dlpack(a)
+        np.from_dlpack(Producer())
     gc.collect()
     gc.collect()
     assert a.buffer._exports == 0
@@ -353,3 +364,32 @@ def test_longdouble_has_no_dlpack_equivalent(m):
     with pytest.raises(BufferError, match="128 bits"):
         kmm.from_dlpack(p.capsule(bits=128, code=dlpack.kDLFloat), manager=m)
     assert kmm.from_dlpack(p.capsule(bits=16, code=dlpack.kDLFloat), manager=m).dtype == np.float16
+
+
+# -- third round ----------------------------------------------------------------------------------
+
+def test_copy_to_host_copies_nbytes_into_dst(m):
+    # nbytes was ignored when dst was given: the whole of dst was copied.
+    b = m.alloc(64)
+    b.copy_from_host(bytes(range(64)))
+    dst = bytearray(b"\xff" * 16)
+    b.copy_to_host(dst, offset=8, nbytes=4)
+    assert dst == bytes(range(8, 12)) + b"\xff" * 12
+    expect_named(ValueError, "nbytes", b.copy_to_host, bytearray(8), nbytes=9)
+    expect_named((TypeError, kmm.KmmError), "nbytes", b.copy_to_host, bytearray(8), nbytes=-1)
+
+
+def test_shapes_have_at_most_64_dimensions(m):
+    # NumPy takes no more: get() and exports to it failed deep inside NumPy.
+    expect_named(ValueError, "64", m.empty, (1,) * 65, "uint8")
+    a = m.empty((1,) * 64, "uint8")
+    assert a.get().shape == (1,) * 64
+
+
+def test_dlpack_cpu_tensors_are_on_device_0(m):
+    a = m.asarray(np.arange(4, dtype=np.uint8))
+    capsule = a.__dlpack__()
+    address = ctypes.pythonapi.PyCapsule_GetPointer(capsule, dlpack.NAME_LEGACY)
+    dlpack.DLManagedTensor.from_address(address).dl_tensor.device.device_id = 1
+    with pytest.raises(BufferError, match="device_id"):
+        kmm.from_dlpack(capsule, manager=m)
