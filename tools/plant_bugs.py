@@ -686,8 +686,15 @@ PLANTS = [
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):
+    """(exit status, output, seconds); a command still running after `timeout` seconds (a test
+    that hangs under a plant) is killed and fails with status 124."""
     t = time.time()
-    p = subprocess.run(cmd, cwd=cwd, shell=True, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        p = subprocess.run(cmd, cwd=cwd, shell=True, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out = (e.stdout or b"") + (e.stderr or b"")
+        out = out.decode(errors="replace") if isinstance(out, bytes) else out
+        return 124, out + "\ntimed out after %d s (hangs)" % timeout, time.time() - t
     return p.returncode, (p.stdout + p.stderr), time.time() - t
 
 def edits_of(plant):
