@@ -131,12 +131,13 @@ end
     KmmArray(c::CuArray; manager = Kmm.default_manager(), kind = :device)
 
 A copy of `c` in Kmm's pool (device to device, ordered between CUDA.jl's stream and the
-manager's stream). The copy's view is temporary: the new array is not left pinned.
+manager's stream). The copy's view is temporary: the new array is not left pinned. With
+`kind = :pinned`, or a manager on the host backend, the copy goes through a host `Array`.
 """
 function Kmm.KmmArray(c::CuArray{T,N}; manager::KmmManager = Kmm.default_manager(),
                       kind::Symbol = :device) where {T,N}
     x = KmmArray{T,N}(undef, size(c); manager = manager, kind = kind)
-    isempty(c) || on_views(v -> copyto!(v(x), c), x)
+    isempty(c) || copyto!(x, c)
     x
 end
 
@@ -181,8 +182,12 @@ cu(v, x::KmmArray) = v(x)
 cu(v, bc::Broadcast.Broadcasted) = Broadcast.broadcasted(bc.f, map(a -> cu(v, a), bc.args)...)
 cu(v, x) = x
 
-Base.copyto!(d::CuArray{T}, s::KmmArray{T}) where {T} = (on_views(v -> copyto!(d, v(s)), s); d)
-Base.copyto!(d::KmmArray{T}, s::CuArray{T}) where {T} = (on_views(v -> copyto!(v(d), s), d); d)
+# Memory CUDA.jl cannot use in place (pinned host memory, a manager on the host backend) goes
+# through a host array: CUDA.jl's own copies between a CuArray and an Array.
+Base.copyto!(d::CuArray{T}, s::KmmArray{T}) where {T} =
+    usable(s) ? (on_views(v -> copyto!(d, v(s)), s); d) : copyto!(d, Array(s))
+Base.copyto!(d::KmmArray{T}, s::CuArray{T}) where {T} =
+    usable(d) ? (on_views(v -> copyto!(v(d), s), d); d) : copyto!(d, Array(s))
 
 struct KmmStyle{N} <: Broadcast.AbstractArrayStyle{N} end
 KmmStyle{M}(::Val{N}) where {M,N} = KmmStyle{N}()

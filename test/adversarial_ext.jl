@@ -30,4 +30,23 @@ function adversarial_ext_tests(CUDA, task_stream)
         Kmm.unsafe_free!(x)
         close(m); close(o)
     end
+
+    @testset "KmmArray(c::CuArray; kind = :pinned) and copyto! with pinned memory copy through the host" begin
+        # They took the zero-copy view of the pinned array and failed with "CuArray(x) needs
+        # device memory", though nothing asked for a view of it.
+        m = KmmManager(backend = :host)
+        c = CUDA.alloc(Float64, (3,)); CUDA.host(c) .= [1.5, 2.5, 3.5]
+        p = KmmArray(c; manager = m, kind = :pinned)
+        @test Kmm.kind(p) == :pinned && Array(p) == [1.5, 2.5, 3.5]
+        copyto!(p, [7.0, 8.0, 9.0])
+        copyto!(c, p)                                   # pinned KmmArray -> CuArray
+        @test CUDA.host(c) == [7.0, 8.0, 9.0]
+        CUDA.host(c) .= 4.0
+        copyto!(p, c)                                   # CuArray -> pinned KmmArray
+        @test Array(p) == fill(4.0, 3)
+        d = KmmArray(c; manager = m)                    # device memory still takes the view
+        @test Array(d) == fill(4.0, 3) && Kmm.kind(d) == :device
+        Kmm.unsafe_free!(p); Kmm.unsafe_free!(d)
+        close(m)
+    end
 end

@@ -35,6 +35,9 @@ module CUDA
     const calls = Tuple{Symbol,UInt}[]               # (what ran, the destination's or source's address)
     Base.copyto!(d::CuArray{T}, s::CuArray{T}) where {T} =
         (push!(calls, (:copyto, s.ptr.addr)); copyto!(host(d), host(s)); d)
+    Base.copyto!(d::CuArray{T}, s::Array{T}) where {T} =      # CUDA.jl's uploads and downloads
+        (push!(calls, (:upload, d.ptr.addr)); copyto!(host(d), s); d)
+    Base.Array(c::CuArray) = (push!(calls, (:download, c.ptr.addr)); copy(host(c)))
 
     struct CuArrayStyle{N} <: Broadcast.AbstractArrayStyle{N} end
     CuArrayStyle{M}(::Val{N}) where {M,N} = CuArrayStyle{N}()
