@@ -366,7 +366,8 @@ unitlike(i) = i isa Integer || i isa AbstractUnitRange || (i isa AbstractRange &
 
 A `KmmArray` sharing `x`'s memory, for contiguous selections only: leading dimensions taken
 whole, then one unit range, then scalars (`view(x, :, 2:3)`, `view(x, :, :, 4)`), or one unit
-range over the linear index (`view(x, 3:10)`). Other selections throw an `ArgumentError`.
+range over the linear index (`view(x, 3:10)`). Indices past the last dimension must be 1, as
+in Base (`view(x, :, 2, 1)` of a matrix). Other selections throw an `ArgumentError`.
 """
 function Base.view(x::KmmArray{T,N}, I::Vararg{Any,M}) where {T,N,M}
     M == 0 && return x
@@ -378,7 +379,7 @@ function Base.view(x::KmmArray{T,N}, I::Vararg{Any,M}) where {T,N,M}
         j isa Integer && return KmmArray{T,0}(x.storage, byteoffset(x, j), ())
         return KmmArray{T,1}(x.storage, byteoffset(x, isempty(j) ? 1 : first(j)), (length(j),))
     end
-    length(J) == N || throw_noncontiguous(I)
+    # indices past the last dimension: checkbounds left them at 1 (or 1:1, a dimension of length 1)
     lens = map(length, J)
     dims = Tuple(length(j) for j in J if !(j isa Integer))
     any(iszero, lens) && return KmmArray{T,length(dims)}(x.storage, x.offset, dims)
@@ -386,6 +387,6 @@ function Base.view(x::KmmArray{T,N}, I::Vararg{Any,M}) where {T,N,M}
     for d in 1:k-1
         lens[d] == x.dims[d] || throw_noncontiguous(I)
     end
-    first_index = LinearIndices(x)[map(first, J)...]
+    first_index = LinearIndices(x)[ntuple(d -> first(J[d]), N)...]
     KmmArray{T,length(dims)}(x.storage, byteoffset(x, first_index), dims)
 end

@@ -204,6 +204,22 @@ end
     end
 end
 
+@testset "views take indices past the last dimension as Base does" begin
+    # `view(x, :, 2, 3, 1)` of a 3-d array (trailing indices of 1, valid in Base) was refused
+    # as not contiguous.
+    m = KmmManager(backend = :host)
+    A = reshape(collect(1.0:24.0), 2, 3, 4)
+    x = KmmArray(A; manager = m)
+    for I in ((:, 2, 3, 1), (:, :, 1, 1), (1:2, 1, 1, 1), (:, 2, 3, 1:1), (:, 2, 3, 1, 1:1), (2, 3, 4, 1))
+        v = view(x, I...)
+        @test size(v) == size(view(A, I...)) && Array(v) == view(A, I...)
+    end
+    @test_throws BoundsError view(x, :, 2, 3, 2)
+    @test_throws BoundsError view(x, 1:2, 1, 1, 0)
+    @test_throws ArgumentError view(x, 1, :, 1, 1)       # still not contiguous
+    close(m)
+end
+
 end # !ADVERSARIAL_THREADS_ONLY
 
 
