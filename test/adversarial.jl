@@ -307,7 +307,9 @@ function adversarial_threaded_tests()
             go = Threads.Atomic{Bool}(false)
             t = Threads.@spawn (go[] = true; foreach(Kmm.unsafe_free!, xs))
             while !go[] end
-            for _ in 1:(trial % 64) * 8; end   # land the close at varying points of the frees
+            for _ in 1:(trial % 64) * 8     # land the close at varying points of the frees
+                go[] || break                    # (an atomic load: the loop is not optimized away)
+            end
             close(m)
             errors += try wait(t); 0 catch; 1 end
             errors += !all(Kmm.isfreed, xs)

@@ -397,12 +397,6 @@ PLANTS = [
      "        try\n            # waits for what is left (work queued meanwhile), frees every buffer\n            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))\n        finally\n            m.destroyed[] = true\n",
      "        m.destroyed[] = true\n        lock(() -> empty!(m.pending), m.lock)\n        try\n            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))\n        finally\n",
      ["jl:safety.jl"]),
-    # A free that read the manager's handle just before a `close` on another thread took it
-    # reports the destroyed manager's INVALID_HANDLE instead of counting the buffer freed.
-    ("jl-free-racing-close-throws", "src/storage.jl",
-     "    st == LibKmm.KMM_OK || (st == LibKmm.KMM_ERROR_INVALID_HANDLE && s.manager.handle == 0) ||\n        throw_kmm_error(st)\n",
-     "    st == LibKmm.KMM_OK || throw_kmm_error(st)\n",
-     ["jl:adversarial.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
      "    if !finished_pending(m)\n        finalizer(finalize_manager, m)\n        return nothing\n    end\n",
