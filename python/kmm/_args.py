@@ -72,13 +72,30 @@ def plain_dtype(dtype, name="dtype"):
                         "(numbers, bools, fixed-size strings and records of them)" % (name, d))
     if d.itemsize == 0:
         raise TypeError("%s = %s has items of 0 bytes" % (name, d))
+    if d.subdtype is not None:
+        # NumPy moves a sub-array's dimensions into the shape (get() would not match `shape`).
+        base, dims = d.subdtype
+        raise TypeError("%s = %s is a sub-array type: give its dimensions %s in the shape, with dtype %s"
+                        % (name, d, dims, base))
     return d
+
+
+def shape_and_dtype(shape_, dtype):
+    """(shape, dtype) of a new array, checked; a sub-array dtype's dimensions join the shape,
+    as in NumPy (empty((2,), (float32, (3,))) is a 2 x 3 float32 array)."""
+    shape_, d = shape(shape_), np.dtype(dtype)
+    if d.subdtype is not None and not d.hasobject:
+        d, dims = d.subdtype
+        shape_ = shape(shape_ + dims)
+    return shape_, plain_dtype(d)
 
 
 def shape(value, name="shape"):
     """A shape: an integer or a sequence of integers, each 0..2^63 - 1 (DLPack's and NumPy's
     int64 dimensions: a larger one would wrap to a negative size in an export)."""
-    if not isinstance(value, (tuple, list)) and hasattr(type(value), "__index__"):
+    if isinstance(value, np.ndarray) and value.ndim == 1:
+        value = tuple(value)  # (an array has __index__, for its one-element case)
+    elif not isinstance(value, (tuple, list)) and hasattr(type(value), "__index__"):
         value = (value,)
     dims = shape_like(value, name)
     if len(dims) > MAX_NDIM:

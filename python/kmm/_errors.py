@@ -4,6 +4,18 @@
 from . import _lib
 
 
+class NotCopyable:
+    """A base for objects that own something freed once (a libkmm handle, a DLPack deleter, an
+    export): a copy would free it twice, or free what the original still uses. `copy.copy`,
+    `copy.deepcopy` and pickling raise `TypeError`."""
+
+    __slots__ = ()
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("a %s owns what it frees (a handle of libkmm or an export) and cannot be copied or "
+                        "pickled" % type(self).__name__)
+
+
 class KmmError(Exception):
     """A libkmm call failed. Subclasses name the status; `status`, `name`, `message` say more."""
 

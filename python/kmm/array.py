@@ -95,8 +95,7 @@ class DeviceArray:
     # -- creation -------------------------------------------------------------------------
     @classmethod
     def empty(cls, shape, dtype="float32", manager=None, kind="device"):
-        shape = _args.shape(shape)
-        dtype = _args.plain_dtype(dtype)
+        shape, dtype = _args.shape_and_dtype(shape, dtype)
         nbytes = _args.array_bytes(shape, dtype)
         manager = manager or default_manager()
         return cls(Buffer._alloc(manager, nbytes, kind_code(kind)), shape, dtype)
@@ -306,6 +305,25 @@ class DeviceArray:
 
     copy_from_host = set
 
+    def copy(self):
+        """A C-contiguous copy in a new buffer of the same manager and kind: device to device
+        (stream-ordered) when this array is C-contiguous, through the host otherwise."""
+        out = DeviceArray.empty(self.shape, self.dtype, manager=self.manager, kind=self.buffer.kind)
+        if self.is_c_contiguous:
+            if self.nbytes:
+                out.buffer.copy_from(self.buffer, src_offset=self.offset, nbytes=self.nbytes)
+        else:
+            out.set(self.get())
+        return out
+
+    # As NumPy's and CuPy's: copying an array copies its data (a copy sharing the buffer would
+    # share its close(); the buffer itself cannot be copied).
+    def __copy__(self):
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
     def view(self, dtype):
         """The same memory read as another dtype of the same item size."""
         dtype = _args.plain_dtype(dtype)
@@ -314,7 +332,7 @@ class DeviceArray:
         return DeviceArray(self.buffer, self.shape, dtype, self.strides, self.offset)
 
     def reshape(self, *shape):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        if len(shape) == 1:  # reshape(n), reshape((m, n)), reshape(np.array([m, n]))
             shape = shape[0]
         shape = _args.shape(shape)
         if not self.is_c_contiguous or math.prod(shape) != self.size:

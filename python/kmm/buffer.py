@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from . import _args, _lib
-from ._errors import InvalidHandleError, OutOfMemoryError, check, error
+from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
 
 _lib_ = _lib.lib
 KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
@@ -20,7 +20,7 @@ FORCE = _lib.KMM_FREE_FORCE
 _export_lock = threading.RLock()
 
 
-class _ExportToken:
+class _ExportToken(NotCopyable):
     """Held by an exported object (the ctypes array under a `host_view` memoryview): ends the
     export when that object dies."""
 
@@ -61,7 +61,7 @@ def host_address(obj, writable, name):
     return a.ctypes.data, a.nbytes, a
 
 
-class Buffer:
+class Buffer(NotCopyable):
     """Device ("device") or page-locked host ("pinned") memory of a `Manager`.
 
     The buffer stays mapped (its address valid) for its whole life. It is freed, stream-ordered
@@ -81,6 +81,9 @@ class Buffer:
     def _alloc(cls, manager, nbytes, kind):
         scratch, addr = _scratch(manager)
         status = _plugin_alloc(manager._live(), nbytes, kind, manager._stream, addr, addr + 8)
+        # Read at once: the slots are this thread's for every allocation, and a collection
+        # (started by any object made below) may run a finalizer that allocates on this thread.
+        handle, ptr = scratch[0], scratch[1]
         if status:
             e = error(status)
             if isinstance(e, OutOfMemoryError):
@@ -89,8 +92,8 @@ class Buffer:
             raise e
         self = cls.__new__(cls)
         self._manager = manager
-        self._handle = scratch[0]
-        self._ptr = scratch[1]
+        self._handle = handle
+        self._ptr = ptr
         self._nbytes = nbytes
         self._kind = kind
         self._exports = 0
@@ -225,13 +228,14 @@ class Buffer:
         `nbytes` bytes; default: all of it), or into a new bytearray of `nbytes` (default: the
         rest); returns it."""
         offset = _args.nbytes(offset, "offset")
+        if nbytes is not None:
+            nbytes = _args.nbytes(nbytes, "nbytes")
         if dst is None:
             nbytes = max(self.nbytes - offset, 0) if nbytes is None else nbytes
             self._range(offset, nbytes)
             dst = bytearray(nbytes)
         addr, n, keep = host_address(dst, writable=True, name="dst")
         if nbytes is not None and nbytes != n:
-            nbytes = _args.nbytes(nbytes, "nbytes")
             if nbytes > n:
                 raise ValueError("nbytes = %d exceeds dst's %d bytes" % (nbytes, n))
             n = nbytes  # was ignored: the whole of dst was copied
@@ -344,7 +348,7 @@ class Buffer:
                 pass
 
     def __repr__(self):
-        if not self._handle:
+        if self.closed:
             return "<kmm.Buffer closed>"
         return "<kmm.Buffer %s %d bytes at %#x>" % (self.kind, self.nbytes, self._ptr)
 

@@ -27,7 +27,7 @@ import threading
 import cupy
 
 from . import _args, _lib
-from ._errors import BufferMappedError, InvalidHandleError, OutOfMemoryError, check, error
+from ._errors import BufferMappedError, InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
 from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -76,6 +76,7 @@ class _CupyManager(Manager):
         under them, and the next manager made for CuPy could hand the same addresses to new
         arrays. Drop them (and collect them) first; CuPy's next allocation then makes a new
         manager. `force=True` closes all the same: memory still in use is freed under its users."""
+        force = _args.flag(force, "force")
         with _lock:
             if self.closed:
                 return
@@ -140,7 +141,7 @@ def _scratch():
     return s, _local.addr
 
 
-class _Allocation:
+class _Allocation(NotCopyable):
     """Owner of one Kmm buffer; frees it (ordered after `stream`) when CuPy drops it."""
 
     __slots__ = ("manager", "handle", "buffer", "stream", "ptr", "size")
@@ -174,13 +175,15 @@ def _alloc(nbytes, kind, device):
         m = _serving(device)
         handle = m._handle
         status = _plugin_alloc(handle, nbytes, kind, stream, addr, addr + 8)
+        # At once: a finalizer run by a collection below may allocate on this thread's slots.
+        buffer, ptr = scratch[0], scratch[1]
     if status:
         _raise(status, m, nbytes, kind)
     a = _Allocation()
     a.manager = m  # keeps the manager (and its handle) alive
     a.handle = handle
-    a.buffer = scratch[0]
-    a.ptr = scratch[1]
+    a.buffer = buffer
+    a.ptr = ptr
     a.size = nbytes
     a.stream = stream
     return a

@@ -9,6 +9,7 @@ from ctypes import POINTER, c_char_p, c_int32, c_int64, c_uint8, c_uint16, c_uin
 import numpy as np
 
 from . import _args
+from ._errors import NotCopyable
 
 kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
@@ -279,7 +280,7 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
     return _api.PyCapsule_New(address, NAME_VERSIONED if versioned else NAME_LEGACY, _DESTRUCTOR_ADDR)
 
 
-class _Imported:
+class _Imported(NotCopyable):
     """Owns a consumed DLPack tensor: calls its deleter when garbage collected."""
 
     def __init__(self, address, deleter_offset, producer):

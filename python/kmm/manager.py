@@ -4,7 +4,7 @@ import ctypes
 import threading
 
 from . import _args, _lib
-from ._errors import InvalidHandleError, check
+from ._errors import InvalidHandleError, NotCopyable, check
 from .buffer import KIND_NAMES, KINDS, Buffer, _export_lock
 
 _lib_ = _lib.lib
@@ -64,7 +64,7 @@ def make_config(**config):
     return c
 
 
-class Manager:
+class Manager(NotCopyable):
     """A Kmm manager: owns a stream and memory pools. Options are KmmConfig's fields:
     `backend` ("auto" | "host" | "cuda"), `device`, `alloc_mode` ("pool" | "cuda_async" |
     "direct"), `suballocator` ("binned" | "heap" | "fixed" | "ring"), `alignment`,

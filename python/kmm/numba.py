@@ -19,7 +19,7 @@ from numba import cuda
 from numba.cuda.cudadrv import driver as _driver
 
 from . import _args, _lib
-from ._errors import NotSupportedError, OutOfMemoryError, error
+from ._errors import BufferMappedError, NotSupportedError, OutOfMemoryError, error
 from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -48,6 +48,29 @@ def configure(**config):
     make_config(**config)  # a bad option raises here, not at some later allocation
     _config.clear()
     _config.update(config)
+
+
+class _NumbaManager(Manager):
+    """The manager a plugin allocates Numba's memory from (`KmmNumbaMemoryManager.manager`)."""
+
+    def __init__(self, plugin, **config):
+        super().__init__(**config)
+        self._plugin = weakref.ref(plugin)
+        #: the hard limit it was made with (`configure` later changes only managers made later)
+        self.hard_limit = make_config(**config).hard_limit
+
+    def close(self, force=False):
+        """As `Manager.close`, refused (`kmm.BufferMappedError`, nothing changed) while the
+        manager holds live buffers: Numba's device arrays (or ones `defer_cleanup` holds back),
+        and Kmm buffers made on it directly. Closing would free that memory under them, and a
+        new manager could hand the same addresses to new arrays. Drop them first; the plugin's
+        next allocation then makes a new manager. `force=True` closes all the same (as the
+        plugin's `reset()` does): memory still in use is freed under its users."""
+        force = _args.flag(force, "force")
+        plugin = self._plugin()
+        if plugin is None:
+            return super().close()
+        plugin._close_manager(self, force)
 
 
 class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManager):
@@ -81,17 +104,19 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
     @property
     def manager(self):
-        """The Kmm manager serving this context (created on first use)."""
-        return self._manager or self._create()
+        """The Kmm manager serving this context (created on first use, and again after it was
+        closed)."""
+        m = self._manager
+        return m if m is not None and not m.closed else self._create()
 
     def _create(self):
         with self._lock:
-            created = self._manager is None
+            created = self._manager is None or self._manager.closed
             if created:
                 config = dict(_config)
-                if self.context is not None:
-                    config.setdefault("device", self.context.device.id)
-                self._manager = Manager(**config)
+                if self.context is not None:  # the context's device, whatever configure says
+                    config["device"] = self.context.device.id
+                self._manager = _NumbaManager(self, **config)
                 self._allocator.context = weakref.proxy(self.context) if self.context is not None else None
                 self._allocator.manager = self._manager._handle
             manager = self._manager
@@ -111,7 +136,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         hands this method the rest: the first allocation (which creates the manager), empty
         ones, and failures (out of memory: the frees `defer_cleanup` holds back happen, then
         one retry)."""
-        if self._manager is None:
+        if self._manager is None or self._manager.closed:
             self._create()
         a = self._allocator
         size = _args.nbytes(size, "size")  # no bool (True would allocate 1 byte) or float
@@ -142,7 +167,7 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         s = m.stats("device")
         cached = s["reserved"] - s["in_use"]
         free = min(free + cached, total)
-        limit = _config.get("hard_limit", 0)
+        limit = m.hard_limit
         if limit:
             total = min(total, limit)
             free = min(free, max(limit - s["in_use"], 0))
@@ -162,12 +187,36 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
     def reset(self):
         super().reset()
-        with self._lock:
-            m, self._manager = self._manager, None
-            self._allocator.manager = 0
-            self._deferral.discard()
+        m = self._manager
         if m is not None:
-            m.close()
+            self._close_manager(m, True)
+
+    def _close_manager(self, m, force):
+        """Closes `m`, this plugin's manager (now or before): unless `force`, only while it holds
+        no live buffers."""
+        with self._lock:
+            if m.closed:
+                return
+            serving = self._manager is m
+            if serving:
+                # The compiled allocator now hands every allocation to `memalloc`, which waits
+                # for this lock and then makes a new manager.
+                self._allocator.manager = 0
+            try:
+                held = 0 if force else sum(m.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
+                if held:
+                    raise BufferMappedError(
+                        "the Numba plugin's manager of device %d holds %d live buffers (Numba's device "
+                        "arrays, ones defer_cleanup holds back, or Kmm buffers made on it): drop them "
+                        "before close(), or close(force=True)" % (m.device, held))
+            except BaseException:
+                if serving:
+                    self._allocator.manager = m._handle  # as it was
+                raise
+            if serving:
+                self._manager = None
+                self._deferral.discard()
+            Manager.close(m)
 
     def __del__(self):
         m = getattr(self, "_manager", None)
