@@ -97,6 +97,22 @@ PLANTS = [
      "        let Some(place) = self.place.filter(|_| matches!(self.growth, Growth::Allow | Growth::Defer)) else {\n",
      "        let Some(place) = self.place.filter(|_| false) else {\n",
      ["abi_lanes"]),
+    # Python: a Buffer can be copied again: the copy is a second owner of the handle.
+    ("py-buffer-copyable", "python/kmm/buffer.py",
+     "class Buffer(NotCopyable):\n",
+     "class Buffer:\n",
+     ["py:test_adversarial_python_round3.py"]),
+    # Python: an allocation reads its per-thread out-slots after making its object, where a
+    # collection's finalizer may have allocated over them.
+    ("py-alloc-reads-slots-late", "python/kmm/buffer.py",
+     "        self._handle = handle\n        self._ptr = ptr\n",
+     "        self._handle = scratch[0]\n        self._ptr = scratch[1]\n",
+     ["py:test_adversarial_python_round3.py"]),
+    # Python: the Numba plugin's manager closes with Numba's memory live.
+    ("py-numba-close-frees-live-memory", "python/kmm/numba.py",
+     "                held = 0 if force else sum(",
+     "                held = 0 and sum(",
+     ["py:test_adversarial_python_round3.py"]),
     # Python: a DLPack export no longer holds the memory, so close() frees it under the consumer.
     ("py-dlpack-export-not-held", "python/kmm/dlpack.py",
      "    entry = (t, shape, strides, array, buffer._export())\n",
