@@ -107,7 +107,8 @@ never spill either way.
 """
 function never_spill!(x::KmmArray, never::Bool = true)
     mh, h = handles(x.storage)
-    GC.@preserve x LibKmm.kmm_buffer_never_spill(mh, h, never)
+    # marked never to spill, a spilled array comes back to the device: memory, as an allocation
+    check_restoring(() -> GC.@preserve(x, LibKmm.unchecked_kmm_buffer_never_spill(mh, h, never)), x.storage)
     return x
 end
 
@@ -191,7 +192,9 @@ function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes, host = nothi
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
     # A pageable copy may wait inside libkmm for a staging slot.
-    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(offset), Ptr{Cvoid}(ptr), UInt64(bytes), ev))
+    check_restoring(s) do
+        GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(offset), Ptr{Cvoid}(ptr), UInt64(bytes), ev)
+    end
     try
         order_host_memory!(s.manager, host)
     finally
@@ -202,7 +205,9 @@ end
 function copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes, host = nothing)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
-    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(ptr), h, UInt64(offset), UInt64(bytes), ev))
+    check_restoring(s) do
+        GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(ptr), h, UInt64(offset), UInt64(bytes), ev)
+    end
     try
         order_host_memory!(s.manager, host)
     finally
@@ -212,7 +217,7 @@ end
 
 function copy_from_host!(dest::KmmArray{T}, doffs, host, soffs, n) where {T}
     check_range(dest, doffs, n); check_range(host, soffs, n)
-    n == 0 && return dest
+    n == 0 && (handles(dest.storage); return dest)    # nothing to copy, but a freed array is an error
     GC.@preserve host copy_into_storage!(dest.storage, byteoffset(dest, doffs), pointer(host, soffs),
                                          n * sizeof(T), host)
     dest
@@ -220,7 +225,7 @@ end
 
 function copy_to_host!(host, doffs, src::KmmArray{T}, soffs, n) where {T}
     check_range(host, doffs, n); check_range(src, soffs, n)
-    n == 0 && return host
+    n == 0 && (handles(src.storage); return host)
     GC.@preserve host copy_from_storage!(pointer(host, doffs), src.storage, byteoffset(src, soffs),
                                          n * sizeof(T), host)
     host
@@ -268,10 +273,10 @@ end
 function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
-    n == 0 && return dest
     ds, ss = dest.storage, src.storage
     dmh, dh = handles(ds)
     smh, sh = handles(ss)
+    n == 0 && return dest
     bytes = n * sizeof(T)
     doff, soff = byteoffset(dest, doffs), byteoffset(src, soffs)
     if dest.storage === src.storage && doff < soff + bytes && soff < doff + bytes
@@ -281,7 +286,9 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs
         return copyto!(dest, doffs, tmp, 1, n)
     end
     # Between a host-backend and a CUDA manager the copy is synchronous, inside libkmm.
-    check_status(GC.@preserve ds ss @gcsafe LibKmm.unchecked_kmm_copy_buffer(dmh, dh, UInt64(doff), smh, sh, UInt64(soff), UInt64(bytes)))
+    check_restoring(ds) do
+        GC.@preserve ds ss @gcsafe LibKmm.unchecked_kmm_copy_buffer(dmh, dh, UInt64(doff), smh, sh, UInt64(soff), UInt64(bytes))
+    end
     dest
 end
 Base.copyto!(dest::KmmArray{T}, src::KmmArray{T}) where {T} =
@@ -301,13 +308,15 @@ Base.collect(x::KmmArray) = Array(x)
 
 function Base.fill!(x::KmmArray{T}, v) where {T}
     pattern = Ref{T}(convert(T, v))
-    (isempty(x) || sizeof(T) == 0) && return x
     xs = x.storage
     mh, h = handles(xs)
+    (isempty(x) || sizeof(T) == 0) && return x
     if sizeof(T) <= 4096
         # It may wait inside libkmm for a staging slot.
-        check_status(GC.@preserve xs pattern @gcsafe LibKmm.unchecked_kmm_fill(mh, h, UInt64(x.offset), UInt64(sizeof(x)),
-                                             Ptr{Cvoid}(Base.unsafe_convert(Ptr{T}, pattern)), Csize_t(sizeof(T))))
+        check_restoring(xs) do
+            GC.@preserve xs pattern @gcsafe LibKmm.unchecked_kmm_fill(mh, h, UInt64(x.offset), UInt64(sizeof(x)),
+                                             Ptr{Cvoid}(Base.unsafe_convert(Ptr{T}, pattern)), Csize_t(sizeof(T)))
+        end
     else
         copyto!(x, fill(pattern[], size(x)))
     end

@@ -29,8 +29,10 @@ function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     mh, h = handles(ds)
     ev = Ref{UInt64}(0)
     if !isempty(src)
-        check_status(GC.@preserve ds src @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(dest.offset),
-            Ptr{Cvoid}(pointer(src)), UInt64(sizeof(T) * length(src)), ev))
+        check_restoring(ds) do
+            GC.@preserve ds src @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(dest.offset),
+                Ptr{Cvoid}(pointer(src)), UInt64(sizeof(T) * length(src)), ev)
+        end
         order_task_host!(manager(dest), src, ev[])
     end
     register_task!(KmmCopyTask(manager(dest), ev[], src, dest))
@@ -43,8 +45,10 @@ function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
     mh, h = handles(ss)
     ev = Ref{UInt64}(0)
     if !isempty(src)
-        check_status(GC.@preserve ss dest @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(pointer(dest)), h,
-            UInt64(src.offset), UInt64(sizeof(T) * length(src)), ev))
+        check_restoring(ss) do
+            GC.@preserve ss dest @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(pointer(dest)), h,
+                UInt64(src.offset), UInt64(sizeof(T) * length(src)), ev)
+        end
         order_task_host!(manager(src), dest, ev[])
     end
     register_task!(KmmCopyTask(manager(src), ev[], dest, src))

@@ -23,7 +23,8 @@ end
 """
     KmmOutOfMemoryError
 
-An allocation of `bytes` failed with `KMM_ERROR_OUT_OF_MEMORY` even after Kmm.jl ran
+An allocation of `bytes` (a new array, or a spilled one coming back to the device) failed with
+`KMM_ERROR_OUT_OF_MEMORY` even after Kmm.jl ran
 `GC.gc(false)`, `GC.gc(true)` and `trim!` and retried. The message gives the request, the free
 space and the largest free block, the largest holders and what was tried. `status` is the
 manager's `memory_status` at the time, shown with the error; in a notebook, showing the caught

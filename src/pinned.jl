@@ -95,6 +95,9 @@ function Base.summary(io::IO, p::PinnedArray)
 end
 Base.show(io::IO, m::MIME"text/plain", p::PinnedArray) =
     isfreed(p) ? summary(io, p) : invoke(show, Tuple{IO,MIME"text/plain",AbstractArray}, io, m, p)
+# repr, string, print and containers (a freed array has no elements to show)
+Base.show(io::IO, p::PinnedArray) =
+    isfreed(p) ? summary(io, p) : invoke(show, Tuple{IO,AbstractArray}, io, p)
 
 const HostMem{T} = Union{HostDense{T},PinnedArray{T}}
 

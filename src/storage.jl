@@ -101,8 +101,29 @@ function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
     bytes >= 0 || throw(ArgumentError("negative size $bytes"))
     maybe_collect(bytes)
     out = Ref{UInt64}(0)
-    st = GC.@preserve m @gcsafe LibKmm.unchecked_kmm_buffer_alloc(handle(m), UInt64(bytes), kind, out)
-    st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
+    alloc() = GC.@preserve m @gcsafe LibKmm.unchecked_kmm_buffer_alloc(handle(m), UInt64(bytes), kind, out)
+    st = alloc()
+    st == LibKmm.KMM_OK || retry_out_of_memory(alloc, st, m, bytes)
+    KmmStorage(m, out[], bytes, kind)
+end
+
+"""
+Checks the status of `call()`, a libkmm call on the memory of `s` (a copy, a fill, a map). Such a
+call brings a spilled buffer back to the device first, which takes device memory as an
+allocation does: out of memory is retried as `alloc_storage` retries it.
+"""
+function check_restoring(call, s::KmmStorage)
+    st = call()
+    st == LibKmm.KMM_OK || retry_out_of_memory(call, st, s.manager, s.bytes)
+    nothing
+end
+
+"""
+After `call()` (needing `bytes` of `m`'s memory) returned the status `st`: throws unless it is out
+of memory; else runs `GC.gc(false)`, `GC.gc(true)` and `trim!`, retrying after each, and returns
+once a retry succeeds; then a `KmmOutOfMemoryError` with the manager's memory status.
+"""
+function retry_out_of_memory(call, st::UInt32, m::KmmManager, bytes::Int)
     st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
     msg = last_error_message()
     for step in 1:3
@@ -113,8 +134,8 @@ function alloc_storage(m::KmmManager, bytes::Int, kind::UInt32)
         else
             trim!(m, 0)
         end
-        st = GC.@preserve m @gcsafe LibKmm.unchecked_kmm_buffer_alloc(handle(m), UInt64(bytes), kind, out)
-        st == LibKmm.KMM_OK && return KmmStorage(m, out[], bytes, kind)
+        st = call()
+        st == LibKmm.KMM_OK && return nothing
         st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
         msg = last_error_message()
     end
@@ -126,7 +147,9 @@ function map_storage(s::KmmStorage)
     mh, h = handles(s)
     out = Ref{UInt64}(0)
     # It may wait for a compaction's copies to the buffer's new place.
-    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_buffer_map(mh, h, out))
+    check_restoring(s) do
+        GC.@preserve s @gcsafe LibKmm.unchecked_kmm_buffer_map(mh, h, out)
+    end
     out[]
 end
 

@@ -114,7 +114,10 @@ function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::
     atoms = count_arg("compression_basis", :atoms, atoms)
     p = as_params(params, manager)
     natoms = size(p, 2)
-    pick = unique(round.(Int, range(1, natoms; length = min(atoms, natoms))))
+    # evenly spaced atoms, first to last (one atom: the first; Julia 1.5's range refuses a
+    # length of 1 between distinct endpoints)
+    k = min(atoms, natoms)
+    pick = k == 1 ? [1] : unique(round.(Int, range(1, natoms; length = k)))
     sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
     d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
     try

@@ -18,7 +18,7 @@ function CartesianTrajectory(k0::AbstractVector, dk::AbstractVector; nsamples::I
     length(k0) == length(dk) >= 1 || throw(DimensionMismatch(
         "CartesianTrajectory: $(length(k0)) starts k0 and $(length(dk)) steps dk; need one of each per readout"))
     nsamples >= 1 || throw(ArgumentError("CartesianTrajectory: nsamples = $nsamples must be >= 1"))
-    isfinite(dt) && dt > 0 || throw(ArgumentError("CartesianTrajectory: dt = $dt must be finite and > 0 (s)"))
+    check_dt("CartesianTrajectory", dt)
     CartesianTrajectory(kvec(k0), kvec(dk), Int(nsamples), Float32(dt))
 end
 
@@ -33,11 +33,18 @@ struct SpiralTrajectory
     dt::Float32
 end
 function SpiralTrajectory(k::AbstractMatrix; dt::Real)
-    isfinite(dt) && dt > 0 || throw(ArgumentError("SpiralTrajectory: dt = $dt must be finite and > 0 (s)"))
+    check_dt("SpiralTrajectory", dt)
     SpiralTrajectory(reshape(kvec(vec(k)), size(k)), Float32(dt))
 end
 
 kvec(k) = ComplexF32[p isa Tuple ? complex(p[1], p[2]) : p for p in k]
+
+# Stored as a Float32: 1e-50 would be 0 and 1e39 Inf.
+@noinline function check_dt(what, dt)
+    d = Float32(dt)
+    isfinite(d) && d > 0 && dt > 0 || throw(ArgumentError(
+        "$what: dt = $dt must be finite and > 0 (s) as a Float32 ($(floatmin(Float32)) to $(floatmax(Float32)))"))
+end
 
 nreadouts(t::CartesianTrajectory) = length(t.k0)
 nreadouts(t::SpiralTrajectory) = size(t.k, 2)
@@ -114,16 +121,24 @@ function magnetization(seq::FISPSequence, params; derivatives::Bool = true,
                        manager::KmmManager = default_manager_of(params))
     p = as_params(params, manager)
     n = size(p, 2)
-    output() = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
-    m = output()
-    d1, d2 = derivatives ? (output(), output()) : (nothing, nothing)
-    h(a) = a === nothing ? UInt64(0) : handles(a.storage)[2]
-    GC.@preserve seq p m d1 d2 begin
-        cs = Ref(cstruct(seq))
-        mh, ph = handles(p.storage)
-        LibKmm.kmm_qmri_fisp_derivatives(mh, cs, ph, UInt64(0), UInt64(n), h(m), h(d1), h(d2), UInt32(0))
+    made = KmmArray[]
+    output() = push!(made, KmmArray{ComplexF32}(undef, length(seq), n; manager = manager))[end]
+    try
+        m = output()
+        d1, d2 = derivatives ? (output(), output()) : (nothing, nothing)
+        h(a) = a === nothing ? UInt64(0) : handles(a.storage)[2]
+        GC.@preserve seq p m d1 d2 begin
+            cs = Ref(cstruct(seq))
+            mh, ph = handles(p.storage)
+            LibKmm.kmm_qmri_fisp_derivatives(mh, cs, ph, UInt64(0), UInt64(n), h(m), h(d1), h(d2), UInt32(0))
+        end
+        return (m, d1, d2)
+    catch
+        foreach(Kmm.unsafe_free!, made)                # a call that fails frees what it made
+        rethrow()
+    finally
+        release_made(p, params)
     end
-    (m, d1, d2)
 end
 
 function check_magnetization(model::MRSTATModel, m::KmmArray)

@@ -83,6 +83,11 @@ end
 `4 x n` atom parameters from per-atom values (vectors of one length, or scalars repeated).
 """
 function tissue_parameters(T1, T2, B1 = 1.0, B0 = 0.0; manager::KmmManager = default_manager())
+    for (name, v) in zip((:T1, :T2, :B1, :B0), (T1, T2, B1, B0))
+        # (a String iterates as characters, which would convert to numbers)
+        v isa Real || (v isa Union{AbstractArray,Tuple} && all(x -> x isa Real, v)) || throw(ArgumentError(
+            "tissue_parameters: $name = $(repr(v)) must be a real number or an array or tuple of them"))
+    end
     cols = map(v -> v isa Real ? nothing : collect(v), (T1, T2, B1, B0))
     lens = [length(c) for c in cols if c !== nothing]
     n = isempty(lens) ? 1 : lens[1]
@@ -104,9 +109,11 @@ function check_params(p::AbstractMatrix)
     size(p, 2) >= 1 || throw(ArgumentError("the dictionary is empty: parameters have 0 atoms"))
     for j in 1:size(p, 2)
         t1, t2, b1, b0 = p[1, j], p[2, j], p[3, j], p[4, j]
-        t1 > 0 || throw(ArgumentError("atom $j has T1 = $t1 s; T1 must be > 0 (Inf allowed)"))
-        t2 > 0 || throw(ArgumentError("atom $j has T2 = $t2 s; T2 must be > 0 (Inf allowed)"))
-        isfinite(b1) && isfinite(b0) || throw(ArgumentError("atom $j has B1 = $b1, B0 = $b0; both must be finite"))
+        # as the Float32 values the library gets (1e-50 would be 0, 1e39 Inf)
+        Float32(t1) > 0 || throw(ArgumentError("atom $j has T1 = $t1 s; T1 must be > 0 as a Float32 (Inf allowed)"))
+        Float32(t2) > 0 || throw(ArgumentError("atom $j has T2 = $t2 s; T2 must be > 0 as a Float32 (Inf allowed)"))
+        isfinite(Float32(b1)) && isfinite(Float32(b0)) || throw(ArgumentError(
+            "atom $j has B1 = $b1, B0 = $b0; both must be finite as Float32 values"))
     end
     nothing
 end

@@ -110,8 +110,8 @@ struct PSSFPSequence <: AbstractSequence
         1 <= length(z) <= MAX_POSITIONS || throw(ArgumentError(
             "PSSFPSequence: z has $(length(z)) positions; need 1 to $MAX_POSITIONS"))
         check_time("dt_ex", dt_ex); check_time("dt_inv", dt_inv); check_time("dt_pr", dt_pr)
-        isfinite(gz_ex) && isfinite(gz_pr) || throw(ArgumentError(
-            "PSSFPSequence: gz_ex = $gz_ex and gz_pr = $gz_pr must be finite"))
+        isfinite(Float32(gz_ex)) && isfinite(Float32(gz_pr)) || throw(ArgumentError(
+            "PSSFPSequence: gz_ex = $gz_ex and gz_pr = $gz_pr must be finite Float32 values"))
         check_finite("flip_angles", flip_angles); check_finite("phases", phases)
         check_finite("rf_shape", rf_shape); check_finite("z", z)
         new(Float32.(collect(flip_angles)), Float32.(collect(phases)), Float32.(collect(rf_shape)),
@@ -124,9 +124,13 @@ function PSSFPSequence(flip_angles::AbstractVector{<:Real}; phases = nothing, TR
                        dt_pr = nothing, gz_ex::Real = 0, gz_pr::Real = 0)
     ntr = length(flip_angles)
     ph = phases === nothing ? zeros(Float32, ntr) : phases
-    pr = dt_pr === nothing ? (TR - length(rf_shape) * dt_ex) / 2 : dt_pr
-    pr >= 0 || throw(ArgumentError(
-        "PSSFPSequence: the RF pulse ($(length(rf_shape)) x dt_ex = $(length(rf_shape) * dt_ex) s) is longer than TR = $TR s"))
+    pr = dt_pr
+    if dt_pr === nothing                # else the constructor checks the given dt_pr
+        check_time("TR", TR); check_time("dt_ex", dt_ex)
+        pr = (TR - length(rf_shape) * dt_ex) / 2
+        pr >= 0 || throw(ArgumentError(
+            "PSSFPSequence: the RF pulse ($(length(rf_shape)) x dt_ex = $(length(rf_shape) * dt_ex) s) is longer than TR = $TR s"))
+    end
     PSSFPSequence(flip_angles, ph, rf_shape, z, dt_ex, dt_inv, pr, gz_ex, gz_pr)
 end
 
@@ -135,13 +139,15 @@ function Base.show(io::IO, s::PSSFPSequence)
           s.dt_ex * 1e6, " µs, dt_pr = ", s.dt_pr * 1000, " ms, ", length(s.z), " slice positions)")
 end
 
+# The library takes Float32: a value is checked as it will be stored (1e39 is Inf32).
 @noinline function check_time(name, t)
-    isfinite(t) && t >= 0 || throw(ArgumentError("$name = $t s must be finite and >= 0"))
+    isfinite(Float32(t)) && t >= 0 || throw(ArgumentError(
+        "$name = $t s must be finite and >= 0 (and at most $(floatmax(Float32)), a Float32)"))
 end
 
 @noinline function check_finite(name, v)
-    i = findfirst(x -> !isfinite(x), v)
-    i === nothing || throw(ArgumentError("$name[$i] = $(v[i]) is not finite"))
+    i = findfirst(x -> !isfinite(Float32(x)), v)
+    i === nothing || throw(ArgumentError("$name[$i] = $(v[i]) is not finite as a Float32"))
 end
 
 # The C structs hold pointers into the Julia vectors: build and use them under GC.@preserve seq.

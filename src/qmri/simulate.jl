@@ -53,10 +53,17 @@ function simulate(seq::AbstractSequence, params; manager::KmmManager = default_m
                   check::Bool = true, workers = nothing, devices = nothing)
     workers === nothing || return simulate_on_workers(seq, params, manager, check, workers, devices)
     p = as_params(params, manager)
-    n = size(p, 2)
-    out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
-    simulate_raw!(out, seq, p, 0, n, check)
-    release_made(p, params)
+    out = nothing
+    try
+        n = size(p, 2)
+        out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
+        simulate_raw!(out, seq, p, 0, n, check)
+    catch
+        out === nothing || Kmm.unsafe_free!(out)      # a call that fails frees what it made
+        rethrow()
+    finally
+        release_made(p, params)
+    end
     out
 end
 
