@@ -227,3 +227,36 @@ fn wrap_borrows_or_adopts_foreign_memory() {
     }
     host_owned.clear();
 }
+
+#[test]
+fn a_buffer_handle_of_a_destroyed_manager_is_refused_by_the_next_manager_of_its_slot() {
+    // A later manager in the same registry slot started its handle generations at a seed of its
+    // own: after enough frees and allocations in one table slot it issued the very handle the
+    // destroyed manager had, and kmm_buffer_free(new manager, stale handle) freed a live buffer.
+    let m1 = Mgr::new();
+    let stale = m1.alloc(64, DEVICE);
+    let slot = m1.0 & 0xFFF;
+    drop(m1);
+    let mut m2 = None;
+    for _ in 0..20_000 {
+        let m = Mgr::new();
+        if m.0 & 0xFFF == slot {
+            m2 = Some(m);
+            break;
+        }
+    }
+    let m2 = m2.expect("the registry slot came back");
+    let mut cur = m2.alloc(64, DEVICE);
+    assert_ne!(cur, stale);
+    // As many frees and allocations of one table slot as the generations take to come around.
+    let distance = ((stale >> 28).wrapping_sub(cur >> 28) & 0xF_FFFF) as u32;
+    for _ in 0..distance {
+        m2.free(cur);
+        cur = m2.alloc(64, DEVICE);
+        assert_ne!(cur, stale, "the destroyed manager's handle was issued again");
+    }
+    expect_err(kmm_buffer_free(m2.0, stale, 0), KMM_ERROR_INVALID_HANDLE, &["not live"]);
+    let mut info = KmmBufferInfo::default();
+    ok(kmm_buffer_info(m2.0, cur, &mut info));
+    m2.free(cur);
+}

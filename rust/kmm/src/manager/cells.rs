@@ -9,7 +9,7 @@
 //! lane the manager uses holds `Some` from the manager's creation until the end of its teardown,
 //! which takes the states out; the cells may then serve a later manager.
 
-use super::handles::LANE_BITS;
+use super::handles::{History, LANE_BITS};
 use super::{AllocMode, MemoryKind, State};
 use crate::error::Result;
 use crate::fail;
@@ -20,10 +20,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 /// Lanes of a pool-mode manager (other modes use one: the driver's allocators lock anyway).
 pub const LANES: usize = 1 << LANE_BITS;
 
-/// A lane's state, and the blocks of its pool that other lanes' buffers held (see `lane`'s
-/// `Origin::Lent`) and gave back while it was busy: it takes them back at its next release.
+/// A lane's state; the blocks of its pool that other lanes' buffers held (see `lane`'s
+/// `Origin::Lent`) and gave back while it was busy: it takes them back at its next release; and
+/// the generations its last manager's buffer and event tables left, for the next manager's.
 #[repr(align(64))]
-struct Lane(parking_lot::Mutex<Option<State>>, parking_lot::Mutex<Vec<Block>>);
+struct Lane(parking_lot::Mutex<Option<State>>, parking_lot::Mutex<Vec<Block>>, parking_lot::Mutex<[History; 2]>);
 
 /// The lane cells of one manager at a time. The lanes sit inline, one pointer hop from an
 /// `Arc<LaneCells>` (as from the boxed slice the registry's slots once held); the mask sits on
@@ -46,7 +47,9 @@ impl LaneCells {
         LaneCells {
             lane_mask: AtomicUsize::new(0),
             frees_pending: AtomicBool::new(false),
-            lanes: std::array::from_fn(|_| Lane(parking_lot::Mutex::new(None), parking_lot::Mutex::new(Vec::new()))),
+            lanes: std::array::from_fn(|_| {
+                Lane(parking_lot::Mutex::new(None), parking_lot::Mutex::new(Vec::new()), parking_lot::Mutex::new(Default::default()))
+            }),
         }
     }
 
@@ -58,6 +61,14 @@ impl LaneCells {
     /// The blocks given back to `lane`'s pool by other lanes while it was busy.
     pub(super) fn inbox(&self, lane: usize) -> &parking_lot::Mutex<Vec<Block>> {
         &self.lanes[lane].1
+    }
+
+    /// The buffer and event tables' generations the last manager in these cells left in `lane`:
+    /// a new manager's tables go on from them, so no handle of an earlier manager of the same
+    /// owner id (the registry's slot) is issued again. A copy: a manager that fails to be made
+    /// leaves them for the next.
+    pub(super) fn history(&self, lane: usize) -> [History; 2] {
+        self.lanes[lane].2.lock().clone()
     }
 
     /// Puts a new manager's lane states in (`states[i]` into lane i) and sets its lane mask. All
@@ -81,7 +92,10 @@ impl LaneCells {
     /// back upstream).
     pub(super) fn vacate(&self) {
         for lane in self.lanes.iter() {
-            let state = lane.0.lock().take();
+            let mut state = lane.0.lock().take();
+            if let Some(st) = state.as_mut() {
+                *lane.2.lock() = [st.buffers.take_history(), st.events.take_history()];
+            }
             // Blocks of the pool dropped with the state.
             lane.1.lock().clear();
             drop(state);

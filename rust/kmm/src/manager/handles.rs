@@ -3,7 +3,9 @@
 //! generation, the 4-bit lane of the manager whose table issued it, and a 24-bit index. Stale
 //! (freed), foreign (another manager's), forged and mistyped handles all fail the lookup. A
 //! handle never comes back: a slot whose generation has gone once around (2^20 uses) is retired
-//! instead of reused.
+//! instead of reused, and a manager that takes over an owner id (the C ABI's registry slot)
+//! takes over its predecessor's tables' generations too (`History`), so no handle an earlier
+//! manager of that id issued is ever issued again.
 
 use crate::error::Result;
 use crate::fail;
@@ -53,9 +55,17 @@ pub fn owner_of(serial: u64) -> u16 {
 }
 
 struct Slot<T> {
+    /// The generation of the slot's live handle, or of its next one.
     generation: u32,
+    /// The generation of the slot's first handle, which it must not reach again.
+    first: u32,
     value: Option<T>,
 }
+
+/// What a torn-down table leaves for the next table of the same tag, owner and lane: per slot,
+/// its next generation and its first one, or None for a retired slot.
+#[derive(Default, Clone)]
+pub struct History(Vec<Option<(u32, u32)>>);
 
 pub struct HandleTable<T> {
     tag: u64,
@@ -72,9 +82,43 @@ impl<T> HandleTable<T> {
     /// (one that used the same registry slot) is unlikely to match a live one.
     /// `lane` is below 2^LANE_BITS.
     pub fn new(tag: u64, owner: u16, lane: usize, seed: u32) -> Self {
+        Self::resume(tag, owner, lane, seed, History::default())
+    }
+
+    /// A table that goes on from `history`, the `take_history` of the last table of this tag,
+    /// owner and lane: its slots issue only generations that table never issued. Slots past the
+    /// history start at `seed`.
+    pub fn resume(tag: u64, owner: u16, lane: usize, seed: u32, history: History) -> Self {
         debug_assert!(lane < 1 << LANE_BITS);
         let fixed = (tag << 60) | ((owner as u64 & 0xFFF) << 48) | ((lane as u64) << INDEX_BITS);
-        HandleTable { tag, fixed, seed: seed & GEN_MASK, slots: Vec::new(), free: Vec::new(), live: 0 }
+        let slots: Vec<Slot<T>> = history
+            .0
+            .iter()
+            .map(|h| match *h {
+                Some((generation, first)) => Slot { generation, first, value: None },
+                None => Slot { generation: 0, first: 0, value: None },
+            })
+            .collect();
+        // The lowest index on top, as in a table that has just been filled and emptied.
+        let free = (0..slots.len() as u32).rev().filter(|&i| history.0[i as usize].is_some()).collect();
+        HandleTable { tag, fixed, seed: seed & GEN_MASK, slots, free, live: 0 }
+    }
+
+    /// Empties the table for good: every live handle counts as removed (its slot's generation
+    /// moves on), and the slots' generations go to the next table of this tag, owner and lane.
+    /// Every slot has issued a handle, so one back at its first generation is retired.
+    pub fn take_history(&mut self) -> History {
+        self.free.clear();
+        self.live = 0;
+        History(
+            std::mem::take(&mut self.slots)
+                .into_iter()
+                .map(|s| {
+                    let generation = if s.value.is_some() { (s.generation + 1) & GEN_MASK } else { s.generation };
+                    (generation != s.first).then_some((generation, s.first))
+                })
+                .collect(),
+        )
     }
 
     fn encode(&self, index: u32, generation: u32) -> u64 {
@@ -94,7 +138,7 @@ impl<T> HandleTable<T> {
                         self.live
                     );
                 }
-                self.slots.push(Slot { generation: self.seed, value: None });
+                self.slots.push(Slot { generation: self.seed, first: self.seed, value: None });
                 (self.slots.len() - 1) as u32
             }
         };
@@ -157,7 +201,7 @@ impl<T> HandleTable<T> {
         let slot = &mut self.slots[i];
         slot.generation = slot.generation.wrapping_add(1) & GEN_MASK;
         // Back at the generation it started with, the slot would issue its first handle again.
-        if slot.generation != self.seed {
+        if slot.generation != slot.first {
             self.free.push(i as u32);
         }
         self.live -= 1;
@@ -239,6 +283,34 @@ mod tests {
         assert!(t.get(0).is_err());
         assert!(t.get(u64::MAX).is_err());
         assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn a_resumed_table_never_issues_its_predecessors_handles() {
+        let mut t = HandleTable::new(TAG_BUFFER, 5, 2, 100);
+        let freed = t.insert(0u8).unwrap();
+        let live = t.insert(1u8).unwrap();
+        t.remove(freed).unwrap();
+        let history = t.take_history();
+        assert!(t.is_empty() && t.get(live).is_err());
+        // Another seed, as a later manager of the owner id has: its slots go on regardless.
+        let mut next = HandleTable::resume(TAG_BUFFER, 5, 2, 7, history);
+        let mut issued = Vec::new();
+        for _ in 0..64 {
+            let h = next.insert(2u8).unwrap();
+            assert!(h != freed && h != live, "an earlier table's handle came back");
+            issued.push(h);
+            next.remove(h).unwrap();
+        }
+        assert!(next.get(live).is_err() && next.get(freed).is_err());
+        // A slot that retired stays retired in the next table.
+        let mut t = HandleTable::new(TAG_BUFFER, 1, 0, 9);
+        for _ in 0..(1u32 << GEN_BITS) {
+            let h = t.insert(0u8).unwrap();
+            t.remove(h).unwrap();
+        }
+        let mut next = HandleTable::resume(TAG_BUFFER, 1, 0, 9, t.take_history());
+        assert_eq!(next.insert(0u8).unwrap() & INDEX_MASK, 1, "slot 0 retired");
     }
 
     #[test]

@@ -153,9 +153,10 @@ impl Manager {
             );
             let pinned = Box::new(Deferred::new(pinned_pool, backend.clone(), stream.clone()));
             let adopted = |up: &Arc<dyn Upstream>| Deferred::new(DirectResource::new(up.clone(), 1), backend.clone(), stream.clone());
+            let [buffer_history, event_history] = cells.history(lane);
             lanes.push(State {
-                buffers: HandleTable::new(TAG_BUFFER, owner, lane, seed),
-                events: HandleTable::new(TAG_EVENT, owner, lane, seed),
+                buffers: HandleTable::resume(TAG_BUFFER, owner, lane, seed, buffer_history),
+                events: HandleTable::resume(TAG_EVENT, owner, lane, seed, event_history),
                 resources: [device, pinned],
                 reuse: [device_reuse, Reuse::Completed],
                 adopted: [adopted(&adopted_upstreams[0]), adopted(&adopted_upstreams[1])],
