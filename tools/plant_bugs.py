@@ -25,6 +25,12 @@ PLANTS = [
      "    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {\n        if self.buffers.get(handle).is_err() {\n            return Ok(());\n        }\n",
      ["trust_model", "trust_stress"]),
     # The manager's bytes in use are a Gauge the lanes share (the lane's UsageCounters::in_use is
+    # A manager made in a registry slot starts its buffer handles afresh, at its own seed: a
+    # destroyed predecessor's handles come back after enough reuses of one table slot.
+    ("handle-history-dropped", "rust/kmm/src/manager/mod.rs",
+     "                buffers: HandleTable::resume(TAG_BUFFER, owner, lane, seed, buffer_history),\n",
+     "                buffers: HandleTable::new(TAG_BUFFER, owner, lane, seed),\n",
+     ["abi_buffers"]),
     # no longer what stats report): the free forgets to take its bytes off.
     ("stats-not-decremented", "rust/kmm/src/manager/lane.rs",
      "        self.in_use[k].sub(resident);\n",
@@ -89,7 +95,7 @@ PLANTS = [
      ["abi_stream_order", "stream_model"]),
     # A handle slot is reused after its generation came round: a freed handle lives again.
     ("handle-slot-never-retired", "rust/kmm/src/manager/handles.rs",
-     "        if slot.generation != self.seed {\n            self.free.push(i as u32);\n        }\n",
+     "        if slot.generation != slot.first {\n            self.free.push(i as u32);\n        }\n",
      "        self.free.push(i as u32);\n",
      ["abi_stream_order", "lib"]),
     # A lane grows instead of taking another lane's free chunk.
@@ -389,10 +395,10 @@ PLANTS = [
     # blocking copy instead of queueing it and polling.
     ("jl-copies-block", [
         ("src/array.jl",
-         "    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(offset), Ptr{Cvoid}(ptr), UInt64(bytes), ev))\n    try\n        order_host_memory!(s.manager, host)\n    finally\n        wait_event(s.manager, ev[])\n    end\n",
+         "    check_restoring(s) do\n        GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_device_async(mh, h, UInt64(offset), Ptr{Cvoid}(ptr), UInt64(bytes), ev)\n    end\n    try\n        order_host_memory!(s.manager, host)\n    finally\n        wait_event(s.manager, ev[])\n    end\n",
          "    GC.@preserve s LibKmm.kmm_copy_to_device(mh, h, offset, ptr, bytes)\n    order_host_memory!(s.manager, host)\n"),
         ("src/array.jl",
-         "    check_status(GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(ptr), h, UInt64(offset), UInt64(bytes), ev))\n    try\n        order_host_memory!(s.manager, host)\n    finally\n        wait_event(s.manager, ev[])\n    end\n",
+         "    check_restoring(s) do\n        GC.@preserve s @gcsafe LibKmm.unchecked_kmm_copy_to_host_async(mh, Ptr{Cvoid}(ptr), h, UInt64(offset), UInt64(bytes), ev)\n    end\n    try\n        order_host_memory!(s.manager, host)\n    finally\n        wait_event(s.manager, ev[])\n    end\n",
          "    GC.@preserve s LibKmm.kmm_copy_to_host(mh, ptr, h, offset, bytes)\n    order_host_memory!(s.manager, host)\n"),
      ], ["jl:safety.jl"]),
     # A wait that finds its manager's handle gone returns before close's destroy has drained
@@ -413,6 +419,17 @@ PLANTS = [
      "        try\n            # waits for what is left (work queued meanwhile), frees every buffer\n            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))\n        finally\n            m.destroyed[] = true\n",
      "        m.destroyed[] = true\n        lock(() -> empty!(m.pending), m.lock)\n        try\n            check_status(@gcsafe LibKmm.unchecked_kmm_manager_destroy(h, UInt32(0)))\n        finally\n",
      ["jl:safety.jl"]),
+    # A copy, fill or map of a spilled array that finds no memory for its restore fails at once,
+    # where an allocation would have collected garbage and trimmed first.
+    ("jl-restore-no-oom-retry", "src/storage.jl",
+     "    st == LibKmm.KMM_OK || retry_out_of_memory(call, st, s.manager, s.bytes)\n",
+     "    st == LibKmm.KMM_OK || throw_kmm_error(st)\n",
+     ["jl:adversarial_round3.jl"]),
+    # A simulation that fails leaves its output array allocated until the next collection.
+    ("jl-failed-simulate-keeps-output", "src/qmri/simulate.jl",
+     "        out === nothing || Kmm.unsafe_free!(out)      # a call that fails frees what it made\n",
+     "",
+     ["jl:adversarial_round3.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
      "    if !finished_pending(m)\n        finalizer(finalize_manager, m)\n        return nothing\n    end\n",
