@@ -25,6 +25,11 @@ PLANTS = [
      "    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {\n        if self.buffers.get(handle).is_err() {\n            return Ok(());\n        }\n",
      ["trust_model", "trust_stress"]),
     # The manager's bytes in use are a Gauge the lanes share (the lane's UsageCounters::in_use is
+    # The FISP profile's size is multiplied in 32 bits: 2^20 TRs x 4096 positions is 0 values.
+    ("fisp-profile-size-wraps", "rust/kmm/src/ffi/qmri.rs",
+     "self.ntr as usize * self.nprofile as usize",
+     "self.ntr.wrapping_mul(self.nprofile) as usize",
+     ["qmri_errors"]),
     # A manager made in a registry slot starts its buffer handles afresh, at its own seed: a
     # destroyed predecessor's handles come back after enough reuses of one table slot.
     ("handle-history-dropped", "rust/kmm/src/manager/mod.rs",

@@ -46,6 +46,20 @@ fn bad_fisp_sequences_are_invalid_arguments() {
 }
 
 #[test]
+fn a_profile_of_2_pow_32_values_is_not_taken_for_none() {
+    // ntr * nprofile was multiplied in 32 bits: 2^20 TRs x 4096 positions wrapped to 0 values,
+    // and the profile (here NULL) was silently ignored.
+    let m = Mgr::new();
+    let ntr = 1u32 << 20;
+    let spec = FispSpec::constant(ntr as usize, 0.3);
+    let p = upload(&m, &[atom(1.0, 0.1, 1.0, 0.0)]);
+    let out = m.alloc(8 * ntr as u64, DEVICE);
+    let mut s = spec.raw();
+    s.nprofile = 4096;
+    expect_err(sim(&m, &s, p, 1, out), KMM_ERROR_NULL_POINTER, &["seq.profile", "4294967296"]);
+}
+
+#[test]
 fn bad_atoms_and_short_buffers_are_rejected() {
     let m = Mgr::new();
     let spec = FispSpec::constant(10, 0.3);

@@ -108,17 +108,24 @@ pub struct KmmPssfpSequence {
 }
 
 /// Reads `n` values from C; NULL is allowed only when `n` is 0 or `or_zeros` is set.
-unsafe fn floats(ptr: *const f32, n: u32, name: &str, or_zeros: bool) -> Result<Vec<f32>> {
+unsafe fn floats(ptr: *const f32, n: usize, name: &str, or_zeros: bool) -> Result<Vec<f32>> {
     if n == 0 {
         return Ok(Vec::new());
     }
-    if ptr.is_null() {
-        if or_zeros {
-            return Ok(vec![0.0; n as usize]);
-        }
+    if ptr.is_null() && !or_zeros {
         fail!(KMM_ERROR_NULL_POINTER, "{name} is NULL but holds {n} values");
     }
-    Ok(std::slice::from_raw_parts(ptr, n as usize).to_vec())
+    // A profile may be 2^32 values (16 GiB): a host that lacks the memory gets an error, not an abort.
+    let mut v = Vec::new();
+    if v.try_reserve_exact(n).is_err() {
+        fail!(KMM_ERROR_OUT_OF_MEMORY, "{name}: no host memory for a copy of its {n} values");
+    }
+    if ptr.is_null() {
+        v.resize(n, 0.0);
+    } else {
+        v.extend_from_slice(std::slice::from_raw_parts(ptr, n));
+    }
+    Ok(v)
 }
 
 impl KmmFispSequence {
@@ -149,13 +156,13 @@ impl KmmFispSequence {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "seq.nprofile = {} must be in 0..={}", self.nprofile, qmri::MAX_POSITIONS);
         }
         let fisp = Fisp {
-            flip: floats(self.flip_angle, self.ntr, "seq.flip_angle", false)?,
-            phase: floats(self.phase, self.ntr, "seq.phase", true)?,
+            flip: floats(self.flip_angle, self.ntr as usize, "seq.flip_angle", false)?,
+            phase: floats(self.phase, self.ntr as usize, "seq.phase", true)?,
             tr: self.tr,
             te: self.te,
             ti: self.ti,
             max_state: self.max_state,
-            profile: floats(self.profile, self.ntr * self.nprofile, "seq.profile", false)?,
+            profile: floats(self.profile, self.ntr as usize * self.nprofile as usize, "seq.profile", false)?,
         };
         fisp.validate()?;
         Ok(fisp)
@@ -190,10 +197,10 @@ impl KmmPssfpSequence {
             }
         }
         let p = Pssfp {
-            flip: floats(self.flip_angle, self.ntr, "seq.flip_angle", false)?,
-            phase: floats(self.phase, self.ntr, "seq.phase", true)?,
-            rf_shape: floats(self.rf_shape, self.nrf, "seq.rf_shape", false)?,
-            z: floats(self.z, self.nz, "seq.z", false)?,
+            flip: floats(self.flip_angle, self.ntr as usize, "seq.flip_angle", false)?,
+            phase: floats(self.phase, self.ntr as usize, "seq.phase", true)?,
+            rf_shape: floats(self.rf_shape, self.nrf as usize, "seq.rf_shape", false)?,
+            z: floats(self.z, self.nz as usize, "seq.z", false)?,
             dt_ex: self.dt_ex,
             dt_inv: self.dt_inv,
             dt_pr: self.dt_pr,
