@@ -295,11 +295,9 @@ mod tests {
         assert!(t.is_empty() && t.get(live).is_err());
         // Another seed, as a later manager of the owner id has: its slots go on regardless.
         let mut next = HandleTable::resume(TAG_BUFFER, 5, 2, 7, history);
-        let mut issued = Vec::new();
         for _ in 0..64 {
             let h = next.insert(2u8).unwrap();
             assert!(h != freed && h != live, "an earlier table's handle came back");
-            issued.push(h);
             next.remove(h).unwrap();
         }
         assert!(next.get(live).is_err() && next.get(freed).is_err());
