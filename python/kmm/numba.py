@@ -19,7 +19,7 @@ from numba import cuda
 from numba.cuda.cudadrv import driver as _driver
 
 from . import _args, _lib
-from ._errors import BufferMappedError, NotSupportedError, OutOfMemoryError, error
+from ._errors import BufferMappedError, InvalidHandleError, NotSupportedError, OutOfMemoryError, error
 from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -31,6 +31,7 @@ __all__ = ["KmmNumbaMemoryManager", "configure", "_numba_memory_manager"]
 
 _calls.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(_lib.lib.kmm_plugin_free))
 _OOM = OutOfMemoryError.status
+_INVALID_HANDLE = InvalidHandleError.status
 
 if getattr(_driver, "USE_NV_BINDING", True):
     _devptr = _driver.binding.CUdeviceptr
@@ -121,7 +122,10 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
                 self._allocator.manager = self._manager._handle
             manager = self._manager
         if created and _SizeNotSet is not None and self.deallocations.memory_capacity is _SizeNotSet:
-            self.deallocations.memory_capacity = self.get_memory_info().total
+            try:
+                self.deallocations.memory_capacity = self._memory_info(manager).total
+            except InvalidHandleError:  # closed on another thread meanwhile: the next one sets it
+                pass
         return manager
 
     def initialize(self):
@@ -136,18 +140,35 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         hands this method the rest: the first allocation (which creates the manager), empty
         ones, and failures (out of memory: the frees `defer_cleanup` holds back happen, then
         one retry)."""
-        if self._manager is None or self._manager.closed:
-            self._create()
         a = self._allocator
         size = _args.nbytes(size, "size")  # no bool (True would allocate 1 byte) or float
         if not size:  # nothing to allocate or free
+            if self._manager is None or self._manager.closed:
+                self._create()
             return _driver.MemoryPointer(a.context, _devptr(0), 0)
-        pointer = a.allocate(size)
-        if pointer is None and _lib.lib.kmm_last_status() == _OOM and self._deferral.flush():
-            pointer = a.allocate(size)
-        if pointer is None:
-            raise error(_lib.lib.kmm_last_status())
-        return pointer
+        retried_oom = False
+        for _ in range(8):
+            if self._manager is None or self._manager.closed or not a.manager:
+                # No manager yet, or one closed, or a close in progress on another thread (it
+                # detached the allocator): _create waits for the close's lock, then makes a
+                # manager if the close went through.
+                self._create()
+                if not a.manager:
+                    continue
+            try:
+                pointer = a.allocate(size)
+            except RuntimeError:  # detached by a close between the test and the call
+                continue
+            status = _lib.lib.kmm_last_status() if pointer is None else 0
+            if status == _INVALID_HANDLE:  # its manager was closed meanwhile: serve from the next
+                continue
+            if status == _OOM and not retried_oom and self._deferral.flush():
+                retried_oom = True
+                continue
+            if pointer is None:
+                raise error(status)
+            return pointer
+        raise error(_lib.lib.kmm_last_status())
 
     @contextlib.contextmanager
     def defer_cleanup(self):
@@ -162,7 +183,9 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
                 self._deferral.exit()
 
     def get_memory_info(self):
-        m = self.manager
+        return self._memory_info(self.manager)
+
+    def _memory_info(self, m):
         free, total = m.memory_info()
         s = m.stats("device")
         cached = s["reserved"] - s["in_use"]

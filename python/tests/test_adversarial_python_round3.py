@@ -306,3 +306,40 @@ def test_shape_given_as_a_1d_ndarray_is_a_sequence_of_dimensions():
     assert m.empty(np.array([2, 3])).shape == (2, 3)
     assert m.empty((2, 3)).reshape(np.array([3, 2])).shape == (3, 2)
     m.close()
+
+
+def test_numba_allocations_on_other_threads_survive_a_close_of_the_plugins_manager():
+    # The close detached the compiled allocator while it counted live buffers; an allocation on
+    # another thread meanwhile failed with "manager is 0", even when the close was refused.
+    import threading
+
+    kn = _numba()
+    kn.configure(backend=BACKEND)
+    try:
+        p = kn.KmmNumbaMemoryManager(context=None)
+        held = p.memalloc(64)                  # keeps every close refused
+        errors, stop = [], threading.Event()
+
+        def allocate():
+            while not stop.is_set():
+                try:
+                    p.memalloc(256).free()
+                except Exception as e:  # noqa: BLE001 - any failure is the defect
+                    errors.append(repr(e))
+                    return
+
+        t = threading.Thread(target=allocate)
+        t.start()
+        m = p.manager
+        try:
+            for _ in range(5000):
+                with pytest.raises(kmm.BufferMappedError):
+                    m.close()
+        finally:
+            stop.set()
+            t.join()
+        assert errors == [] and p.manager is m and not m.closed
+        del held
+        p.reset()
+    finally:
+        kn.configure()
