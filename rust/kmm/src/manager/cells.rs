@@ -94,7 +94,10 @@ impl LaneCells {
         for lane in self.lanes.iter() {
             let mut state = lane.0.lock().take();
             if let Some(st) = state.as_mut() {
-                *lane.2.lock() = [st.buffers.take_history(), st.events.take_history()];
+                let mut history = lane.2.lock();
+                // Dropped first: the tables then update the history they share in place.
+                *history = Default::default();
+                *history = [st.buffers.take_history(), st.events.take_history()];
             }
             // Blocks of the pool dropped with the state.
             lane.1.lock().clear();

@@ -10,6 +10,7 @@
 use crate::error::Result;
 use crate::fail;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 pub const TAG_MANAGER: u64 = 0xA;
 pub const TAG_BUFFER: u64 = 0xB;
@@ -63,9 +64,10 @@ struct Slot<T> {
 }
 
 /// What a torn-down table leaves for the next table of the same tag, owner and lane: per slot,
-/// its next generation and its first one, or None for a retired slot.
+/// its next generation and its first one (equal: the slot retired). Shared, and read by the next
+/// table only as it grows into those slots: a manager never pays for its predecessor's peak.
 #[derive(Default, Clone)]
-pub struct History(Vec<Option<(u32, u32)>>);
+pub struct History(Arc<Vec<(u32, u32)>>);
 
 pub struct HandleTable<T> {
     tag: u64,
@@ -75,6 +77,8 @@ pub struct HandleTable<T> {
     slots: Vec<Slot<T>>,
     free: Vec<u32>,
     live: usize,
+    /// The last table's slots: slot `i` starts from `history[i]` when the table grows to it.
+    history: History,
 }
 
 impl<T> HandleTable<T> {
@@ -91,34 +95,27 @@ impl<T> HandleTable<T> {
     pub fn resume(tag: u64, owner: u16, lane: usize, seed: u32, history: History) -> Self {
         debug_assert!(lane < 1 << LANE_BITS);
         let fixed = (tag << 60) | ((owner as u64 & 0xFFF) << 48) | ((lane as u64) << INDEX_BITS);
-        let slots: Vec<Slot<T>> = history
-            .0
-            .iter()
-            .map(|h| match *h {
-                Some((generation, first)) => Slot { generation, first, value: None },
-                None => Slot { generation: 0, first: 0, value: None },
-            })
-            .collect();
-        // The lowest index on top, as in a table that has just been filled and emptied.
-        let free = (0..slots.len() as u32).rev().filter(|&i| history.0[i as usize].is_some()).collect();
-        HandleTable { tag, fixed, seed: seed & GEN_MASK, slots, free, live: 0 }
+        HandleTable { tag, fixed, seed: seed & GEN_MASK, slots: Vec::new(), free: Vec::new(), live: 0, history }
     }
 
     /// Empties the table for good: every live handle counts as removed (its slot's generation
-    /// moves on), and the slots' generations go to the next table of this tag, owner and lane.
-    /// Every slot has issued a handle, so one back at its first generation is retired.
+    /// moves on), and the slots' generations, with the history's slots the table never reached,
+    /// go to the next table of this tag, owner and lane. Every slot has issued a handle, so one
+    /// back at its first generation is retired. In place when no one else holds the history.
     pub fn take_history(&mut self) -> History {
         self.free.clear();
         self.live = 0;
-        History(
-            std::mem::take(&mut self.slots)
-                .into_iter()
-                .map(|s| {
-                    let generation = if s.value.is_some() { (s.generation + 1) & GEN_MASK } else { s.generation };
-                    (generation != s.first).then_some((generation, s.first))
-                })
-                .collect(),
-        )
+        let mut history = std::mem::take(&mut self.history);
+        let entries = Arc::make_mut(&mut history.0);
+        for (i, s) in std::mem::take(&mut self.slots).into_iter().enumerate() {
+            let generation = if s.value.is_some() { (s.generation + 1) & GEN_MASK } else { s.generation };
+            let entry = (generation, s.first);
+            match entries.get_mut(i) {
+                Some(e) => *e = entry,
+                None => entries.push(entry),
+            }
+        }
+        history
     }
 
     fn encode(&self, index: u32, generation: u32) -> u64 {
@@ -130,16 +127,15 @@ impl<T> HandleTable<T> {
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
-                if self.slots.len() as u64 > INDEX_MASK {
+                let Some(i) = self.grow() else {
                     fail!(
                         KMM_ERROR_OUT_OF_MEMORY,
                         "no {} handle left in this lane of the manager: {} live, the other slots retired after 2^20 uses each",
                         tag_name(self.tag),
                         self.live
                     );
-                }
-                self.slots.push(Slot { generation: self.seed, first: self.seed, value: None });
-                (self.slots.len() - 1) as u32
+                };
+                i
             }
         };
         let slot = &mut self.slots[index as usize];
@@ -147,6 +143,21 @@ impl<T> HandleTable<T> {
         let generation = slot.generation;
         self.live += 1;
         Ok(self.encode(index, generation))
+    }
+
+    /// A new slot, where the history says it goes on (past its retired slots), or at the seed;
+    /// None when the lane has no index left.
+    #[cold]
+    fn grow(&mut self) -> Option<u32> {
+        while self.slots.len() as u64 <= INDEX_MASK {
+            let i = self.slots.len();
+            let (generation, first) = self.history.0.get(i).copied().unwrap_or((self.seed, self.seed));
+            self.slots.push(Slot { generation, first, value: None });
+            if i >= self.history.0.len() || generation != first {
+                return Some(i as u32);
+            }
+        }
+        None
     }
 
     fn index_of(&self, handle: u64) -> Result<usize> {
