@@ -75,7 +75,7 @@ def _reentrant_allocations(alloc, extra=2):
         outers = [alloc() for _ in range(50)]
     finally:
         gc.set_threshold(700)
-    made = outers + [b for b in inner if isinstance(b, kmm.Buffer)]
+    made = outers + [b for b in inner if not isinstance(b, list)]
     inner.clear()
     return made
 
@@ -112,31 +112,12 @@ def test_cupy_python_path_finalizer_allocating_during_an_allocation_does_not_sha
     kc._clear_managers()
     try:
         m = kc.manager(0)
-        inner = []
-
-        class Bomb:
-            def __init__(self):
-                self.me = self
-
-            def __del__(self):
-                if len(inner) < 100:
-                    inner.append(kc.pinned_allocator(64))
-                    inner.append([[], []])
-                    Bomb()
-
-        Bomb()
-        gc.set_threshold(1)
-        try:
-            outers = [kc.pinned_allocator(64) for _ in range(50)]
-        finally:
-            gc.set_threshold(700)
-        pointers = outers + [x for x in inner if not isinstance(x, list)]
-        inner.clear()
+        pointers = _reentrant_allocations(lambda: kc.pinned_allocator(64))
         buffers = [p.mem.buffer for p in pointers]
         live = m.stats("pinned")["live_buffers"]
         assert len(set(buffers)) == len(buffers), "%d pinned pointers share %d buffers" % (len(buffers), len(set(buffers)))
         assert live == len(buffers)
-        del pointers, outers, buffers
+        del pointers, buffers
         gc.collect()
         assert m.stats("pinned")["live_buffers"] == 0, "buffers leaked"
     finally:
