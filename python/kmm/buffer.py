@@ -33,14 +33,19 @@ class _ExportToken(NotCopyable):
         self._release()
 
 
-def _scratch(manager):
-    """Two uint64 out-slots per manager and thread, reused by every allocation."""
-    local = manager._local
-    s = getattr(local, "scratch", None)
-    if s is None:
-        s = local.scratch = (ctypes.c_uint64 * 2)()
-        local.addr = ctypes.addressof(s)
-    return s, local.addr
+def take_slots(local):
+    """Two uint64 out-slots for one allocation, as (array, address), from the thread's spares in
+    `local` (put them back in `local.spares` once read). Never shared by two allocations in
+    flight: a collection may run a finalizer that allocates between any two bytecodes (Python
+    3.12 runs it there), even between a call and the reads of its out-slots."""
+    try:
+        spares = local.spares
+    except AttributeError:
+        spares = local.spares = []
+    if spares:
+        return spares.pop()
+    s = (ctypes.c_uint64 * 2)()
+    return s, ctypes.addressof(s)
 
 
 def host_address(obj, writable, name):
@@ -79,11 +84,12 @@ class Buffer(NotCopyable):
 
     @classmethod
     def _alloc(cls, manager, nbytes, kind):
-        scratch, addr = _scratch(manager)
+        local = manager._local
+        slots = take_slots(local)
+        scratch, addr = slots
         status = _plugin_alloc(manager._live(), nbytes, kind, manager._stream, addr, addr + 8)
-        # Read at once: the slots are this thread's for every allocation, and a collection
-        # (started by any object made below) may run a finalizer that allocates on this thread.
         handle, ptr = scratch[0], scratch[1]
+        local.spares.append(slots)
         if status:
             e = error(status)
             if isinstance(e, OutOfMemoryError):

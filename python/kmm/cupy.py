@@ -28,6 +28,7 @@ import cupy
 
 from . import _args, _lib
 from ._errors import BufferMappedError, InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
+from .buffer import take_slots
 from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -133,14 +134,6 @@ def _serving(device):
     return m
 
 
-def _scratch():
-    s = getattr(_local, "scratch", None)
-    if s is None:
-        s = _local.scratch = (ctypes.c_uint64 * 2)()
-        _local.addr = ctypes.addressof(s)
-    return s, _local.addr
-
-
 class _Allocation(NotCopyable):
     """Owner of one Kmm buffer; frees it (ordered after `stream`) when CuPy drops it."""
 
@@ -167,16 +160,14 @@ def _raise(status, m, nbytes, kind):
 def _alloc(nbytes, kind, device):
     nbytes = _args.nbytes(nbytes)
     stream = _get_current_stream().ptr
-    try:
-        scratch, addr = _local.scratch, _local.addr
-    except AttributeError:
-        scratch, addr = _scratch()
+    slots = take_slots(_local)
+    scratch, addr = slots
     with _lock:  # the call releases the GIL: a close() meanwhile would not count this buffer
         m = _serving(device)
         handle = m._handle
         status = _plugin_alloc(handle, nbytes, kind, stream, addr, addr + 8)
-        # At once: a finalizer run by a collection below may allocate on this thread's slots.
         buffer, ptr = scratch[0], scratch[1]
+    _local.spares.append(slots)
     if status:
         _raise(status, m, nbytes, kind)
     a = _Allocation()
