@@ -113,7 +113,7 @@ function trace_start!(m::KmmManager = default_manager(); capacity::Integer = 0, 
                       rmm_only::Bool = false)
     limit = Int(LibKmm.KMM_TRACE_MAX_RECORDS)
     !(capacity isa Bool) && 0 <= capacity <= limit || throw_kmm_error(LibKmm.KMM_ERROR_INVALID_ARGUMENT,
-        "trace_start!: capacity = $capacity must be an integer (not a Bool) in 0..$limit (0: $(Int(LibKmm.KMM_TRACE_DEFAULT_RECORDS)))")
+        "trace_start!: capacity = $capacity must be in 0..$limit, an integer and not a Bool (0: $(Int(LibKmm.KMM_TRACE_DEFAULT_RECORDS)))")
     if path === nothing
         rmm_only && throw(ArgumentError("trace_start!: rmm_only applies to a file trace; give a path"))
         GC.@preserve m LibKmm.kmm_manager_trace_start(handle(m), capacity, C_NULL, 0)
