@@ -47,6 +47,8 @@ def _run(code, env=None):
     import sys
 
     e = dict(os.environ)
+    # the kmm under test, wherever pytest runs from (it may not be installed)
+    e["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(kmm.__file__)), e.get("PYTHONPATH")]))
     e.update(env or {})
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=e)
     return p.returncode, p.stdout + p.stderr
