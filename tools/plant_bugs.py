@@ -121,8 +121,8 @@ PLANTS = [
      ["py:test_adversarial_python_round3.py"]),
     # Python: the Numba plugin's manager closes with Numba's memory live.
     ("py-numba-close-frees-live-memory", "python/kmm/numba.py",
-     "                held = 0 if force else sum(",
-     "                held = 0 and sum(",
+     "                if not force:\n                    m._refuse_close_while_held(",
+     "                if False:\n                    m._refuse_close_while_held(",
      ["py:test_adversarial_python_round3.py"]),
     # Python: a DLPack export no longer holds the memory, so close() frees it under the consumer.
     ("py-dlpack-export-not-held", "python/kmm/dlpack.py",

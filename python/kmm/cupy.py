@@ -27,7 +27,7 @@ import threading
 import cupy
 
 from . import _args, _lib
-from ._errors import BufferMappedError, InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
+from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
 from .buffer import take_slots
 from .manager import Manager, make_config
 
@@ -89,12 +89,9 @@ class _CupyManager(Manager):
             if serving:
                 _set_manager(device, None)
             try:
-                held = 0 if force else sum(self.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
-                if held:
-                    raise BufferMappedError(
-                        "kmm.cupy's manager of device %d holds %d live buffers (CuPy arrays, blocks a CuPy "
-                        "memory pool caches, or Kmm buffers made on it): drop them before close(), or "
-                        "close(force=True)" % (device, held))
+                if not force:
+                    self._refuse_close_while_held("kmm.cupy's manager", "CuPy arrays, blocks a CuPy memory "
+                                                  "pool caches, or Kmm buffers made on it")
             except BaseException:
                 if serving:
                     _set_manager(device, self)  # as it was

@@ -4,7 +4,7 @@ import ctypes
 import threading
 
 from . import _args, _lib
-from ._errors import InvalidHandleError, NotCopyable, check
+from ._errors import BufferMappedError, InvalidHandleError, NotCopyable, check
 from .buffer import KIND_NAMES, KINDS, Buffer, _export_lock
 
 _lib_ = _lib.lib
@@ -265,6 +265,14 @@ class Manager(NotCopyable):
                 return
         if h:
             check(_lib_.kmm_manager_destroy(h, 0))
+
+    def _refuse_close_while_held(self, whose, users):
+        """For plugins' managers: raises `BufferMappedError` (naming `whose` manager and its
+        `users`) while the manager holds live buffers of either kind."""
+        held = sum(self.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
+        if held:
+            raise BufferMappedError("%s of device %d holds %d live buffers (%s): drop them before close(), "
+                                    "or close(force=True)" % (whose, self._device, held, users))
 
     def _end_deferred_close(self):
         """After an export ended: destroys a closed manager once no export is left."""

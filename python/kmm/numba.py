@@ -19,7 +19,7 @@ from numba import cuda
 from numba.cuda.cudadrv import driver as _driver
 
 from . import _args, _lib
-from ._errors import BufferMappedError, InvalidHandleError, NotSupportedError, OutOfMemoryError, error
+from ._errors import InvalidHandleError, NotSupportedError, OutOfMemoryError, error
 from .manager import Manager, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
@@ -226,12 +226,9 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
                 # for this lock and then makes a new manager.
                 self._allocator.manager = 0
             try:
-                held = 0 if force else sum(m.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
-                if held:
-                    raise BufferMappedError(
-                        "the Numba plugin's manager of device %d holds %d live buffers (Numba's device "
-                        "arrays, ones defer_cleanup holds back, or Kmm buffers made on it): drop them "
-                        "before close(), or close(force=True)" % (m.device, held))
+                if not force:
+                    m._refuse_close_while_held("the Numba plugin's manager", "Numba's device arrays, ones "
+                                               "defer_cleanup holds back, or Kmm buffers made on it")
             except BaseException:
                 if serving:
                     self._allocator.manager = m._handle  # as it was
