@@ -30,6 +30,17 @@ PLANTS = [
      "self.ntr as usize * self.nprofile as usize",
      "self.ntr.wrapping_mul(self.nprofile) as usize",
      ["qmri_errors"]),
+    # A trace start stops the trace before it checks that the new one can be had: a refused
+    # start (a file that cannot be made) leaves no trace recording.
+    ("trace-start-stops-first", "rust/kmm/src/manager/observe.rs",
+     "        let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;\n        let tracer = Arc::new(Tracer::start(",
+     "        let _ = self.trace_stop();\n        let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;\n        let tracer = Arc::new(Tracer::start(",
+     ["observe"]),
+    # A pool that cannot grow by a whole chunk (a limit below the chunk size) tries no smaller one.
+    ("pool-grows-whole-chunks-only", "rust/kmm/src/pool/pooled.rs",
+     "            least if least < chunk && e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.grow(least).map_err(|_| e),\n",
+     "",
+     ["abi_manager"]),
     # A manager made in a registry slot starts its buffer handles afresh, at its own seed: a
     # destroyed predecessor's handles come back after enough reuses of one table slot.
     ("handle-history-dropped", "rust/kmm/src/manager/mod.rs",

@@ -248,3 +248,37 @@ fn version_and_status_names() {
     assert_eq!(name(3001), "KMM_ERROR_OUT_OF_MEMORY");
     assert_eq!(name(42), "KMM_UNKNOWN_STATUS");
 }
+
+#[test]
+fn a_limit_below_the_chunk_size_still_serves_what_fits_under_it() {
+    // The pool grows by the least chunk that serves a request when a whole chunk would pass the
+    // limit: every pool suballocator, and the pinned pool under pinned_limit.
+    for (name, edit) in modes().into_iter().filter(|(n, _)| n.starts_with("pool/")) {
+        let m = Mgr::with(|c| {
+            edit(c);
+            c.alloc_mode = POOL;
+            c.chunk_size = 64 << 20;
+            c.hard_limit = 4 << 20;
+            c.pinned_chunk_size = 32 << 20;
+            c.pinned_limit = 4 << 20;
+        });
+        let small = m.alloc(1024, DEVICE);
+        let big = m.alloc(1 << 20, DEVICE);
+        let pinned = m.alloc(1024, PINNED);
+        let data = pattern(1024, 7);
+        m.upload(small, 0, &data);
+        assert_eq!(m.download(small, 0, 1024), data, "{name}");
+        let s = m.stats(DEVICE);
+        assert!(s.reserved <= 4 << 20, "{name}: reserved {} past the limit", s.reserved);
+        assert!(m.stats(PINNED).reserved <= 4 << 20, "{name}: pinned past its limit");
+        // What cannot fit under the limit is still refused, and nothing stored is lost.
+        let mut b = 0;
+        if name != "pool/fixed" {
+            expect_err(kmm_buffer_alloc(m.0, 8 << 20, DEVICE, &mut b), KMM_ERROR_OUT_OF_MEMORY, &["limit"]);
+        }
+        assert_eq!(m.download(small, 0, 1024), data, "{name}");
+        for b in [small, big, pinned] {
+            m.free(b);
+        }
+    }
+}

@@ -595,3 +595,37 @@ fn the_csv_reader_refuses_what_the_writer_never_writes() {
     }
     assert!(csv::read("Thread,Time\n").unwrap_err().message.starts_with("line 1:"));
 }
+
+#[test]
+fn a_trace_start_that_fails_leaves_the_trace_before_recording() {
+    // A ring trace, then a file that cannot be made: the ring records on.
+    let m = pool_manager();
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    m.free(m.alloc(100, DEVICE));
+    let bad = CString::new("/nonexistent-kmm-dir/t.csv").unwrap();
+    expect_err(kmm_manager_trace_start(m.0, 0, bad.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["path = /nonexistent-kmm-dir/t.csv"]);
+    expect_err(kmm_manager_trace_start(m.0, 1 << 40, std::ptr::null(), 0), KMM_ERROR_INVALID_ARGUMENT, &["capacity"]);
+    m.free(m.alloc(100, DEVICE));
+    assert_eq!(records(&m).0.len(), 4, "the ring trace went on recording after the refused starts");
+    // A file trace, then the same refusals: the file records on, and a new start into the same
+    // file (its trace stops and flushes first) leaves only the new trace's rows.
+    let (path, cpath) = temp_path("kept.csv");
+    ok(kmm_manager_trace_start(m.0, 0, cpath.as_ptr(), 0));
+    m.free(m.alloc(100, DEVICE));
+    expect_err(kmm_manager_trace_start(m.0, 0, bad.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["path ="]);
+    m.free(m.alloc(200, DEVICE));
+    ok(kmm_manager_trace_start(m.0, 0, cpath.as_ptr(), 0));
+    m.free(m.alloc(300, DEVICE));
+    ok(kmm_manager_trace_stop(m.0));
+    let rows = csv::read(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(rows.iter().map(|r| r.bytes).collect::<Vec<_>>(), [300, 300], "only the last trace's rows, once");
+    std::fs::remove_file(&path).unwrap();
+    ok(kmm_manager_trace_start(m.0, 0, cpath.as_ptr(), 0));
+    m.free(m.alloc(100, DEVICE));
+    expect_err(kmm_manager_trace_start(m.0, 0, bad.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["path ="]);
+    m.free(m.alloc(200, DEVICE));
+    ok(kmm_manager_trace_stop(m.0));
+    let rows = csv::read(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert_eq!(rows.iter().map(|r| r.bytes).collect::<Vec<_>>(), [100, 100, 200, 200], "the file trace went on after the refused start");
+    std::fs::remove_file(path).unwrap();
+}

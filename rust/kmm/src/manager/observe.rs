@@ -137,14 +137,18 @@ impl Manager {
 
     /// Starts a trace into `sink`, replacing the last one (a trace still recording is stopped
     /// first; a write error of its file is `trace_stop`'s to report, and is dropped here). Every
-    /// lane records into it from its next event on.
+    /// lane records into it from its next event on. A start that fails (a file that cannot be
+    /// made, a ring that cannot be had) changes nothing: the trace before records on.
     pub fn trace_start(&self, sink: Sink) -> Result<()> {
-        let _ = self.trace_stop();
         let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;
         let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool, self.raw_stream())?);
         // Every lane's ring first: a ring that cannot be had starts no part of the trace.
         let traces = self.lanes().map(|_| LaneTrace::new(&tracer)).collect::<Result<Vec<_>>>()?;
         let mut slot = lock(&self.trace);
+        if let Some(before) = self.stop_recording(&mut slot) {
+            let _ = before.finish();
+        }
+        tracer.begin()?;
         for (lane, trace) in self.lanes().zip(traces) {
             self.lane(lane).trace = Some(trace);
         }
@@ -156,8 +160,16 @@ impl Manager {
     /// until the next start. Stopping with no trace recording does nothing.
     pub fn trace_stop(&self) -> Result<()> {
         let mut slot = lock(&self.trace);
+        let stopped = self.stop_recording(&mut slot);
+        drop(slot);
+        stopped.map_or(Ok(()), |tracer| tracer.finish())
+    }
+
+    /// Takes the recording trace out of every lane (under the trace's lock, `slot`): the trace,
+    /// for the caller to finish, or `None` when none was recording.
+    fn stop_recording(&self, slot: &mut TraceSlot) -> Option<Arc<Tracer>> {
         if !slot.recording {
-            return Ok(());
+            return None;
         }
         for lane in self.lanes() {
             if let Some(lane_trace) = self.lane(lane).trace.take() {
@@ -169,8 +181,7 @@ impl Manager {
         if !tracer.is_ring() {
             slot.tracer = None;
         }
-        drop(slot);
-        tracer.finish()
+        Some(tracer)
     }
 
     /// The records of the ring trace (recording or stopped), oldest first, with the counts;

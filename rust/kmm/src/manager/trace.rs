@@ -333,7 +333,14 @@ impl Tracer {
                 (capacity, None)
             }
             Sink::File { path, rmm_only } => {
-                let file = File::create(&path)
+                // Opened, not yet truncated: a trace still recording may write this very file
+                // until it stops, and a start that fails leaves the file as it was (`begin`
+                // truncates it once the trace before has stopped).
+                let file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(&path)
                     .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot create the trace file: {e}", path.display()))?;
                 let mut out = BufWriter::new(file);
                 let writer = csv::Writer::new(rmm_only);
@@ -444,6 +451,21 @@ impl Tracer {
 
     /// Flushes and closes a file trace; the first write error, if any, names the file's
     /// problem (as a bad `path`, the argument that chose the file).
+    /// Empties a file trace's file, for the header and records to come: the last step of a
+    /// start, once the trace before it has stopped (and flushed, perhaps into the same file).
+    pub(super) fn begin(&self) -> Result<()> {
+        if let Some(file) = &self.file {
+            let f = file.lock();
+            let file = f.out.get_ref();
+            // Only a regular file has a length to cut (`/dev/null` and pipes have none).
+            if file.metadata().is_ok_and(|m| m.is_file()) {
+                file.set_len(0)
+                    .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot truncate the trace file: {e}", f.path.display()))?;
+            }
+        }
+        Ok(())
+    }
+
     pub(super) fn finish(&self) -> Result<()> {
         if let Some(file) = &self.file {
             let mut f = file.lock();

@@ -171,11 +171,18 @@ impl MemoryResource for PoolResource {
                 return Ok(block);
             }
         }
-        match self.grow(chunk) {
+        // Past the hard limit or out of device memory, the least chunk that serves the request
+        // may still fit where a whole chunk does not (a limit below the chunk size, the last
+        // megabytes of a device).
+        let grown = self.grow(chunk).or_else(|e| match self.sub.chunk_for(size, 0) {
+            least if least < chunk && e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.grow(least).map_err(|_| e),
+            _ => Err(e),
+        });
+        match grown {
             Ok(()) => self
                 .sub
                 .alloc_movable(size, owner)
-                .ok_or_else(|| err!(KMM_ERROR_INTERNAL, "a fresh chunk of {chunk} bytes did not serve {size}")),
+                .ok_or_else(|| err!(KMM_ERROR_INTERNAL, "a fresh chunk did not serve {size} bytes")),
             // Out of device memory or past the hard limit: moving blocks may still make room.
             Err(e) if !past_ratio && e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => {
                 self.compact(size, owner, relocator).ok_or(e)
