@@ -9,6 +9,7 @@ module Kmm
 
 using Libdl
 import Pkg.Artifacts
+import Serialization
 
 export KmmManager, KmmArray, PinnedArray, KmmCopyTask, KmmError, KmmOutOfMemoryError,
        memory_status, trim!, copyto_async!
@@ -24,6 +25,7 @@ include("devices.jl")
 include("scalar.jl")
 include("pinned.jl")
 include("async.jl")
+include("copying.jl")   # deepcopy copies data; serialization is refused
 include("qmri/QMRI.jl")    # Kmm.QMRI: MRF simulation and matching (not exported)
 
 function __init__()

@@ -362,6 +362,16 @@ PLANTS = [
      "    Kmm.signal_stream(Kmm.manager(x), s)       # work on s sees what Kmm queued on x\n",
      "",
      ["jl:ext.jl"]),
+    # deepcopy of a KmmArray copies its fields: a second owner of the same buffer handle.
+    ("jl-deepcopy-second-owner", "src/copying.jl",
+     "Base.deepcopy_internal(x::KmmArray{T,N}, dict::IdDict) where {T,N} =\n",
+     "_unused_deepcopy(x::KmmArray{T,N}, dict::IdDict) where {T,N} =\n",
+     ["jl:adversarial_round4.jl"]),
+    # A KmmArray serializes its raw handles: in another process they name that process's buffers.
+    ("jl-serialize-ships-handles", "src/copying.jl",
+     "Serialization.serialize(::Serialization.AbstractSerializer, ::KmmArray) =",
+     "_unused_serialize(::Serialization.AbstractSerializer, ::KmmArray) =",
+     ["jl:adversarial_round4.jl"]),
     # A copy on manager A that reads or writes a PinnedArray of manager B leaves B's stream
     # unordered: B's stream-ordered free, and close(B), may come while the copy runs.
     ("jl-pinned-of-another-manager-not-ordered", "src/pinned.jl",
