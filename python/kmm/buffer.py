@@ -277,12 +277,16 @@ class Buffer(NotCopyable):
         return self
 
     def host_view(self):
-        """A writable memoryview of pinned memory (or of any memory on the host backend). It holds
-        the memory: a `close()` meanwhile frees it once the view (and every array made from it)
-        is released or collected."""
+        """A writable memoryview of pinned memory (or of any memory on the host backend), made
+        once the work queued on the manager's stream has run (a CPU reader reads at once, as a
+        DLPack export to the CPU does): it shows what `fill`, `copy_from` and the copies wrote.
+        Work queued after that is read after `manager.synchronize()`. The view holds the memory:
+        a `close()` meanwhile frees it once the view (and every array made from it) is released
+        or collected."""
         if self._kind != _lib.KMM_MEMORY_PINNED and self._manager.backend != "host":
             raise TypeError("only pinned buffers (or buffers of the host backend) are host-addressable")
         self._live()
+        self._manager.synchronize()
         if self.nbytes == 0:
             return memoryview(bytearray())
         memory = (ctypes.c_ubyte * self.nbytes).from_address(self._ptr)

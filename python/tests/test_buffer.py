@@ -119,3 +119,25 @@ def test_dlpack_records_the_consumers_stream(manager):
     assert dlpack.consumer_stream(manager, cuda, -1) is None  # the consumer asked for no ordering
     assert dlpack.consumer_stream(manager, cuda, manager.stream) is None
     assert dlpack.consumer_stream(manager, dlpack.kDLCPU, None) is None
+
+
+@pytest.mark.parametrize("kind", ["pinned", "device"])
+def test_host_view_shows_the_work_queued_before_it(manager, kind):
+    # fill and copy_from are queued on the manager's stream; a host view is read at once, so it
+    # is made after that work has run (a queue of fills long enough that a view made without
+    # waiting reads the old bytes; round 4 of the adversarial tests).
+    n = 64 << 20
+    b = manager.alloc(n, kind=kind)
+    b.fill(b"\x00")
+    manager.synchronize()
+    for i in range(4):
+        b.fill(bytes([i + 1]))
+    b.fill(b"\x07")
+    assert int(np.asarray(b.host_view())[-1]) == 7
+    src = manager.alloc(n)
+    src.fill(b"\x05")
+    for _ in range(4):
+        b.copy_from(src)
+    assert int(np.asarray(b.host_view())[-1]) == 5
+    for x in (b, src):
+        x.close()
