@@ -629,3 +629,29 @@ fn a_trace_start_that_fails_leaves_the_trace_before_recording() {
     assert_eq!(rows.iter().map(|r| r.bytes).collect::<Vec<_>>(), [100, 100, 200, 200], "the file trace went on after the refused start");
     std::fs::remove_file(path).unwrap();
 }
+
+#[test]
+fn the_out_of_memory_message_names_the_setting_that_refused() {
+    // A pinned request past pinned_limit names pinned_limit, not the (device) hard limit.
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.hard_limit = 64 << 20;
+        c.pinned_limit = 4 << 20;
+    });
+    let mut b = 0;
+    assert_eq!(kmm_buffer_alloc(m.0, 8 << 20, PINNED, &mut b), KMM_ERROR_OUT_OF_MEMORY);
+    let msg = last_error();
+    assert!(msg.contains("pinned limit (pinned_limit)") && msg.contains("pinned limit (KmmConfig.pinned_limit) 4.00 MiB"), "{msg}");
+    assert!(!msg.contains("hard limit"), "a pinned refusal blamed the hard limit:\n{msg}");
+    // A pool that could move buffers but was told not to names compaction_ratio_pct.
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
+        c.compaction_ratio_pct = 0;
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 4 << 20;
+    });
+    assert_eq!(kmm_buffer_alloc(m.0, 8 << 20, DEVICE, &mut b), KMM_ERROR_OUT_OF_MEMORY);
+    let msg = last_error();
+    assert!(msg.contains("no compaction (KmmConfig.compaction_ratio_pct is 0)"), "{msg}");
+}

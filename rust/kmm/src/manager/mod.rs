@@ -94,7 +94,10 @@ impl Manager {
         let stream = backend.create_stream()?;
         let home = stream.raw();
         // One limit and one upstream for every lane: the hard limit counts the manager.
-        let limits = [Arc::new(Limit::new(config.hard_limit)), Arc::new(Limit::new(config.pinned_limit))];
+        let limits = [
+            Arc::new(Limit::new(config.hard_limit, "hard limit")),
+            Arc::new(Limit::new(config.pinned_limit, "pinned limit (pinned_limit)")),
+        ];
         let upstreams: [Arc<dyn Upstream>; 2] = [
             Arc::new(LimitedUpstream { inner: Arc::new(DeviceUpstream(backend.clone())), limit: limits[0].clone() }),
             Arc::new(LimitedUpstream { inner: Arc::new(PinnedUpstream(backend.clone())), limit: limits[1].clone() }),

@@ -319,11 +319,11 @@ impl Manager {
         let (chunk_bytes, held, top) = self.holdings(kind);
         let name = format!("{kind:?}").to_lowercase();
         let mut text = format!("allocating {} ({bytes} bytes) of {name} memory failed: {cause}\n", human_bytes(bytes));
-        let limit = match kind {
-            MemoryKind::Device => self.config.hard_limit,
-            MemoryKind::Pinned => self.config.pinned_limit,
+        let (limit, limit_name) = match kind {
+            MemoryKind::Device => (self.config.hard_limit, "hard limit"),
+            MemoryKind::Pinned => (self.config.pinned_limit, "pinned limit (KmmConfig.pinned_limit)"),
         };
-        let limit = if limit == 0 { "no hard limit".to_string() } else { format!("hard limit {}", human_bytes(limit)) };
+        let limit = if limit == 0 { format!("no {limit_name}") } else { format!("{limit_name} {}", human_bytes(limit)) };
         let device = match (kind, self.backend.memory_info()) {
             (MemoryKind::Device, Ok((free, total))) => format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)),
             _ => String::new(),
@@ -369,6 +369,11 @@ impl Manager {
             let moved_bytes = stats.resource.relocated_bytes.saturating_sub(before.relocated_bytes);
             let compaction = if kind == MemoryKind::Device && self.pools_compact {
                 format!("compaction (moved {} into place, {moved} allocation(s) served so)", human_bytes(moved_bytes))
+            } else if kind == MemoryKind::Device
+                && self.config.compaction_ratio_pct == 0
+                && matches!(self.config.suballocator, crate::pool::SuballocatorKind::Binned | crate::pool::SuballocatorKind::Heap)
+            {
+                "no compaction (KmmConfig.compaction_ratio_pct is 0)".to_string()
             } else {
                 "no compaction (this pool does not move buffers)".to_string()
             };

@@ -607,7 +607,7 @@ mod tests {
     use super::*;
 
     fn tracer(sink: Sink) -> Tracer {
-        let limits = [Arc::new(Limit::new(0)), Arc::new(Limit::new(0))];
+        let limits = [Arc::new(Limit::new(0, "hard limit")), Arc::new(Limit::new(0, "pinned limit"))];
         Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false, 0).unwrap()
     }
 

@@ -11,19 +11,22 @@ use std::sync::Arc;
 pub struct Limit {
     max: u64,
     used: Gauge,
+    /// What the limit is called in messages: "hard limit", "pinned limit (pinned_limit)".
+    name: &'static str,
 }
 
 impl Limit {
     /// `max == 0` means no limit.
-    pub fn new(max: u64) -> Self {
-        Limit { max: if max == 0 { u64::MAX } else { max }, used: Gauge::default() }
+    pub fn new(max: u64, name: &'static str) -> Self {
+        Limit { max: if max == 0 { u64::MAX } else { max }, used: Gauge::default(), name }
     }
 
     pub fn acquire(&self, bytes: u64) -> Result<()> {
         if let Err(before) = self.used.add_within(bytes, self.max) {
             fail!(
                 KMM_ERROR_OUT_OF_MEMORY,
-                "hard limit: {bytes} more bytes would exceed the limit of {} bytes ({before} held)",
+                "{}: {bytes} more bytes would exceed the limit of {} bytes ({before} held)",
+                self.name,
                 self.max
             );
         }
