@@ -54,6 +54,17 @@ def nbytes(value, name="nbytes"):
     return integer(value, name, 0, U64_MAX, SizeOverflowError)
 
 
+def kind(value, name="kind"):
+    """A memory kind: a name ("device", "pinned") as given, or its integer code (Python or
+    NumPy, not a bool) as an int; the caller looks it up."""
+    if isinstance(value, (str, bool, np.bool_)):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value  # not an integer: refused by the lookup, which names it
+
+
 def stream(value, name="stream"):
     """A raw stream handle (a CUstream as an int, or a host-backend stream id)."""
     return integer(value, name)
@@ -123,11 +134,18 @@ def strides(value, name="strides"):
 
 
 def array_bytes(dims, dtype, name="shape"):
-    """Bytes of a C-contiguous array of `dims` and `dtype`, at most 2^48."""
-    n = dtype.itemsize
+    """Bytes of a C-contiguous array of `dims` and `dtype`, at most 2^48. Its C strides (and
+    NumPy's size check) count a dimension of 0 as 1: that product must stay within int64 too,
+    even where a 0 makes the array empty ((0, 2, 2^62) bytes would have a stride of 2^63, which
+    an export as int64 wraps negative and NumPy refuses)."""
+    n = span = dtype.itemsize
     for d in dims:
         n *= d
+        span *= max(d, 1)
     if n > MAX_BUFFER_BYTES:
         raise SizeOverflowError("%s = %s of %s is %d bytes, more than the largest buffer (2^48 bytes)"
                                 % (name, dims, dtype, n))
+    if span > I64_MAX:
+        raise SizeOverflowError("%s = %s of %s has C strides past int64: the item size times each dimension "
+                                "(a 0 counted as 1) is %d bytes, more than 2^63 - 1" % (name, dims, dtype, span))
     return n

@@ -2,6 +2,7 @@
 Kmm `Buffer`, exchanged without copies through `__cuda_array_interface__` (v3) and DLPack."""
 
 import math
+import warnings
 
 import numpy as np
 
@@ -51,6 +52,22 @@ def _stores_as_given(host, dtype):
         # into int32 or uint8, not -1 into uint8).
         return bool(np.array_equal(host.astype(dtype).astype(host.dtype), host))
     return False
+
+
+def _refuse_integers_past_float_range(host, dtype):
+    """ValueError where an integer of `host` is beyond the finite range of the float (or
+    complex) `dtype`: NumPy would store it as inf (70000 into float16), with a warning only."""
+    if host.dtype.kind not in "iu" or dtype.kind not in "fc" or host.size == 0:
+        return
+    big = float(np.finfo(dtype).max)
+    with np.errstate(over="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        stored = host.astype(dtype)
+    bad = ~np.isfinite(stored)
+    if bad.any():
+        value = int(host[bad].flat[0])
+        raise ValueError("host holds the integer %d, which %s cannot hold: it would be stored as inf "
+                         "(%s's finite range is -%g..%g)" % (value, dtype, dtype, big, big))
 
 
 def _refuse_read_only(why):
@@ -127,6 +144,7 @@ class DeviceArray:
             raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
         dtype = _args.plain_dtype(cai["typestr"], "typestr")
         shape = _args.shape(cai["shape"], "shape")
+        _args.array_bytes(shape, dtype)  # before anything waits or is wrapped
         strides = cai.get("strides")
         strides = c_strides(shape, dtype.itemsize) if strides is None else _args.strides(strides)
         data = cai["data"]
@@ -186,6 +204,7 @@ class DeviceArray:
         if ndim and not t.shape:
             raise BufferError("the DLPack tensor's shape is NULL (ndim = %d)" % ndim)
         shape = _args.shape([t.shape[i] for i in range(ndim)], "the DLPack tensor's shape")
+        _args.array_bytes(shape, dtype, "the DLPack tensor's shape")
         if t.strides:
             strides = _args.strides([t.strides[i] * dtype.itemsize for i in range(ndim)],
                                     "the DLPack tensor's byte strides")
@@ -262,6 +281,13 @@ class DeviceArray:
             raise TypeError("len() of a 0-d array")
         return self.shape[0]
 
+    def __bool__(self):
+        # As NumPy: a 0-d array is true when its one element is (read from the memory, after the
+        # work queued on it). Other arrays keep their length's truth (__len__).
+        if not self.shape:
+            return bool(self.get())
+        return len(self) > 0
+
     def __array__(self, dtype=None, copy=None):
         # As CuPy: device memory is never copied to the host behind the caller's back (NumPy
         # would otherwise make a 0-d object array holding this object).
@@ -297,6 +323,7 @@ class DeviceArray:
             # 1.7 would be stored as 1, 2**40 wrapped into int32.
             raise TypeError("host = array of %s cannot be stored as %s without changing values "
                             "(cast it first, e.g. host.astype(%r))" % (host.dtype, self.dtype, self.dtype.str))
+        _refuse_integers_past_float_range(host, self.dtype)
         host = np.require(host, dtype=self.dtype, requirements="C")
         if host.shape != self.shape:
             raise ValueError("shape %s does not match %s" % (host.shape, self.shape))

@@ -70,6 +70,13 @@ def configure(**config):
 class _CupyManager(Manager):
     """The manager CuPy allocates from on one device (`manager(device)`)."""
 
+    def __init__(self, **config):
+        super().__init__(**config)
+        # The limits it was made with (`configure` later changes only managers made later):
+        # what an out-of-memory error reports as CuPy's limit.
+        c = make_config(**config)
+        self.hard_limit, self.pinned_limit = c.hard_limit, c.pinned_limit
+
     def close(self, force=False):
         """As `Manager.close`, refused (`kmm.BufferMappedError`, nothing changed) while the
         manager holds live buffers: CuPy's arrays (or blocks a `cupy.cuda.MemoryPool` over this
@@ -143,12 +150,22 @@ class _Allocation(NotCopyable):
         self._free(self.handle, self.buffer, self.stream)
 
 
+def _oom_limit(m, kind):
+    """The limit an out-of-memory error reports: the manager's own (hard_limit, pinned_limit)
+    where it has one, else the device's total memory (device) or none (0, pinned)."""
+    if kind == _DEVICE:
+        total = m.memory_info()[1]
+        limit = getattr(m, "hard_limit", 0)
+        return min(total, limit) if limit else total
+    return getattr(m, "pinned_limit", 0)
+
+
 def _raise(status, m, nbytes, kind):
     e = error(status)
     if status == _OOM:
         total = m.stats("device" if kind == _DEVICE else "pinned")["reserved"]
         try:
-            raise cupy.cuda.memory.OutOfMemoryError(nbytes, total, m.memory_info()[1]) from e
+            raise cupy.cuda.memory.OutOfMemoryError(nbytes, total, _oom_limit(m, kind)) from e
         except TypeError:
             raise cupy.cuda.memory.OutOfMemoryError(str(e)) from e
     raise e

@@ -238,8 +238,22 @@ def consumer_stream(manager, device_type, stream):
     return None if stream == manager.stream else stream
 
 
+def _max_version(value):
+    """`__dlpack__`'s max_version: None or a (major, minor) tuple of integers."""
+    if value is None:
+        return None
+    try:
+        major, minor = value
+    except (TypeError, ValueError):
+        raise TypeError("max_version = %r must be None or a (major, minor) tuple of integers, e.g. (1, 0)"
+                        % (value,)) from None
+    return (_args.integer(major, "max_version[0]", 0, _args.U32_MAX),
+            _args.integer(minor, "max_version[1]", 0, _args.U32_MAX))
+
+
 def export(array, stream=None, max_version=None, dl_device=None, copy=None):
     """A DLPack capsule for a DeviceArray (the DeviceArray stays alive until the consumer deletes it)."""
+    max_version = _max_version(max_version)
     buffer = array.buffer
     dev_type, dev_id = device_of(buffer)
     if dl_device is not None and tuple(dl_device) != (dev_type, dev_id):
@@ -259,7 +273,7 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
         if s % itemsize:
             raise BufferError("stride %d is not a multiple of the item size %d" % (s, itemsize))
     strides = (c_int64 * max(ndim, 1))(*[s // itemsize for s in array.strides])
-    versioned = max_version is not None and tuple(max_version) >= VERSION
+    versioned = max_version is not None and max_version >= VERSION
     t = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     dl = t.dl_tensor
     dl.data = buffer._ptr or None

@@ -25,7 +25,8 @@ def _name(table, value):
 
 
 def kind_code(kind):
-    """"device" | "pinned" (or the KmmMemoryKind integer) -> the integer."""
+    """"device" | "pinned" (or the KmmMemoryKind integer, Python or NumPy) -> the integer."""
+    kind = _args.kind(kind)
     if isinstance(kind, int) and not isinstance(kind, bool) and kind in KIND_NAMES:
         return kind
     try:
