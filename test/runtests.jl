@@ -22,6 +22,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "safety" begin include("safety.jl") end
     @testset "adversarial" begin include("adversarial.jl") end
     @testset "adversarial, third run" begin include("adversarial_round3.jl") end
+    @testset "adversarial, fourth run (qMRI)" begin include("adversarial_round4_qmri.jl") end
     @testset "adversarial, fourth run" begin include("adversarial_round4.jl") end
     @testset "garbage collection" begin include("gc.jl") end
     @testset "out of memory" begin include("oom.jl") end

@@ -368,6 +368,11 @@ PLANTS = [
      "    Kmm.signal_stream(Kmm.manager(x), s)       # work on s sees what Kmm queued on x\n",
      "",
      ["jl:ext.jl"]),
+    # MR-STAT's residual leaves the signal it computed allocated until the next collection.
+    ("jl-residual-keeps-signal", "src/qmri/mrstat.jl",
+     "        Kmm.unsafe_free!(sk)                          # the signal is this call's temporary\n",
+     "        nothing\n",
+     ["jl:adversarial_round4_qmri.jl"]),
     # deepcopy of a KmmArray copies its fields: a second owner of the same buffer handle.
     ("jl-deepcopy-second-owner", "src/copying.jl",
      "Base.deepcopy_internal(x::KmmArray{T,N}, dict::IdDict) where {T,N} =\n",

@@ -27,20 +27,28 @@ const DICTIONARY_BLOCK_BYTES = 256 * 2^20
 
 function Dictionary(seq::AbstractSequence, params; manager::KmmManager = default_manager_of(params),
                     block_atoms::Union{Nothing,Integer} = nothing, check::Bool = true)
-    p = as_params(params, manager)
-    natoms, ntr = size(p, 2), length(seq)
-    check && check_params(Array(p))
+    ntr = length(seq)
     nb = block_atoms === nothing ? max(1, DICTIONARY_BLOCK_BYTES ÷ (8 * ntr)) :
                                    count_arg("Dictionary", :block_atoms, block_atoms)
+    p = as_params(params, manager)
     blocks, firsts = KmmArray{ComplexF32,2}[], Int[]
-    for first in 0:nb:natoms-1
-        n = min(nb, natoms - first)
-        d = KmmArray{ComplexF32}(undef, ntr, n; manager = manager)
-        simulate_raw!(d, seq, p, first, n, false)
-        push!(blocks, d)
-        push!(firsts, first)
+    try
+        natoms = size(p, 2)
+        check && check_params(Array(p))
+        for first in 0:nb:natoms-1
+            n = min(nb, natoms - first)
+            d = KmmArray{ComplexF32}(undef, ntr, n; manager = manager)
+            push!(blocks, d)
+            push!(firsts, first)
+            simulate_raw!(d, seq, p, first, n, false)
+        end
+        return Dictionary(seq, p, blocks, firsts, natoms)
+    catch
+        # a call that fails frees what it made: the blocks, and the upload or copy of params
+        foreach(Kmm.unsafe_free!, blocks)
+        release_made(p, params)
+        rethrow()
     end
-    Dictionary(seq, p, blocks, firsts, natoms)
 end
 
 Base.length(d::Dictionary) = d.natoms

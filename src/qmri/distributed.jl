@@ -126,9 +126,11 @@ end
 
 function remote_simulate(seq, p::Matrix{Float32}, device::Int, check::Bool)
     d = simulate(seq, p; manager = default_manager(device), check = check)
-    part = Array(d)
-    Kmm.unsafe_free!(d)
-    part
+    try
+        Array(d)
+    finally
+        Kmm.unsafe_free!(d)                           # also when the copy back fails
+    end
 end
 
 function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager, check::Bool,
@@ -177,8 +179,11 @@ function remote_match(seq, p::Matrix{Float32}, first_atom::Int, shipped::Shipped
               batch_atoms = batch_atoms, max_bytes = max_bytes, manager = default_manager(device),
               check = false, timings = timings)
     maps = (r.index, r.score, r.PD, r.pd_normalized, r.T1, r.T2, r.B1, r.B0)
-    idx, score, PD, pdn, T1, T2, B1, B0 = map(x -> vec(Array(x)), maps)
-    foreach(Kmm.unsafe_free!, maps)
+    idx, score, PD, pdn, T1, T2, B1, B0 = try
+        map(x -> vec(Array(x)), maps)
+    finally
+        foreach(Kmm.unsafe_free!, maps)               # also when a copy back fails
+    end
     idx .= ifelse.(idx .> 0, idx .+ Int32(first_atom - 1), Int32(0))
     PartialMatch(idx, score, PD, pdn, vcat(T1', T2', B1', B0'), r.batches, r.seconds)
 end
@@ -198,8 +203,11 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         if u === nothing && 0 < rank < ntr
             u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = manager)
         end
-        hu = u === nothing ? nothing : Array(u)
-        release_made(u, basis)
+        hu = try
+            u === nothing ? nothing : Array(u)
+        finally
+            release_made(u, basis)
+        end
     end
     parts = with_shipped_signals(host_signals) do shipped, write_file
         on_workers("match", ws, devs, ranges,
@@ -209,7 +217,8 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
                    sent = write_file)
     end
     best = reduce_matches(parts)
-    up(a) = KmmArray(reshape(a, vdims); manager = manager)
+    made = KmmArray[]           # the maps: freed if a later one cannot be made
+    up(a) = push!(made, KmmArray(reshape(a, vdims); manager = manager))[end]
     seconds = Dict{Symbol,Float64}()
     if timings    # the slowest worker's times: the workers run at once
         for part in parts, (k, v) in part.seconds
@@ -217,9 +226,14 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         end
         seconds[:basis] = tbasis
     end
-    MatchResult{length(vdims)}(up(best.index), up(best.score), up(best.PD), up(best.pd_normalized),
-                               (up(best.params[r, :]) for r in 1:4)..., size(p, 2),
-                               sum(part.batches for part in parts), seconds)
+    try
+        MatchResult{length(vdims)}(up(best.index), up(best.score), up(best.PD), up(best.pd_normalized),
+                                   (up(best.params[r, :]) for r in 1:4)..., size(p, 2),
+                                   sum(part.batches for part in parts), seconds)
+    catch
+        foreach(Kmm.unsafe_free!, made)
+        rethrow()
+    end
 end
 
 """

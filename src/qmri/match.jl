@@ -38,16 +38,6 @@ function Base.show(io::IO, r::MatchResult)
           r.batches, r.batches == 1 ? " batch)" : " batches)")
 end
 
-"""
-A count keyword `name` of `fname` (atoms per batch or block, a byte budget) as an `Int` >= 1: an
-`ArgumentError` naming it and the bound otherwise, never an `InexactError` from `Int(v)`.
-"""
-function count_arg(fname::AbstractString, name::Symbol, v::Integer)
-    (!(v isa Bool) && 1 <= v <= typemax(Int)) ||
-        throw(ArgumentError("$fname: $name = $(repr(v)) must be an integer in 1..$(typemax(Int))"))
-    Int(v)
-end
-
 # Raw outputs of kmm_qmri_match: one entry per voxel, on the signals' manager.
 struct RawOutputs
     index::KmmArray{Int32,1}
@@ -56,10 +46,17 @@ struct RawOutputs
     params::Union{Nothing,KmmArray{Float32,2}}
 end
 
-RawOutputs(m::KmmManager, nvox::Int, with_params::Bool) =
-    RawOutputs(KmmArray{Int32}(undef, nvox; manager = m), KmmArray{Float32}(undef, nvox; manager = m),
-               KmmArray{ComplexF32}(undef, nvox; manager = m),
-               with_params ? KmmArray{Float32}(undef, 4, nvox; manager = m) : nothing)
+function RawOutputs(m::KmmManager, nvox::Int, with_params::Bool)
+    made = KmmArray[]
+    new_array(T, dims...) = push!(made, KmmArray{T}(undef, dims...; manager = m))[end]
+    try
+        RawOutputs(new_array(Int32, nvox), new_array(Float32, nvox), new_array(ComplexF32, nvox),
+                   with_params ? new_array(Float32, 4, nvox) : nothing)
+    catch
+        foreach(Kmm.unsafe_free!, made)                # those made before an allocation failed
+        rethrow()
+    end
+end
 
 function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms::Int, offset::Int,
                     signals::KmmArray{ComplexF32}, nvox::Int, rank::Int,
@@ -97,35 +94,49 @@ dictionary is sampled: `atoms` atoms evenly spaced over the columns of `params` 
 when there are fewer) are simulated and the basis is theirs. Pass it to `match(...; basis)`
 to match many dictionaries or batches in one basis.
 """
+# The rank of a compression basis: an integer in 1:ntr, not a Bool (true is no rank 1).
+check_basis_rank(rank, ntr) = (!(rank isa Bool) && 1 <= rank <= ntr) || throw(ArgumentError(
+    "rank = $(repr(rank)) must be an integer in 1:ntr ($ntr)$(rank isa Bool ? ", not a Bool," : "") for a compression basis"))
+
 function compression_basis(dict::KmmArray{ComplexF32,2}; rank::Integer)
     ntr, natoms = size(dict)
     natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
-    1 <= rank <= ntr || throw(ArgumentError("rank = $rank must be in 1:ntr ($ntr) for a compression basis"))
+    check_basis_rank(rank, ntr)
     m = Kmm.manager(dict)
-    d = whole_buffer(dict)
-    u = KmmArray{ComplexF32}(undef, ntr, Int(rank); manager = m)
-    GC.@preserve d u LibKmm.kmm_qmri_compression_basis(handles(d.storage)..., UInt64(ntr), UInt64(natoms),
-                                                       UInt32(rank), handles(u.storage)[2])
-    u
+    d = u = nothing
+    try
+        d = whole_buffer(dict)
+        u = KmmArray{ComplexF32}(undef, ntr, Int(rank); manager = m)
+        GC.@preserve d u LibKmm.kmm_qmri_compression_basis(handles(d.storage)..., UInt64(ntr), UInt64(natoms),
+                                                           UInt32(rank), handles(u.storage)[2])
+        return u
+    catch
+        u === nothing || Kmm.unsafe_free!(u)          # a call that fails frees what it made
+        rethrow()
+    finally
+        release_made(d, dict)                         # the copy of a view, in stream order
+    end
 end
 
 function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::Integer = 2000,
                            manager::KmmManager = default_manager_of(params))
     atoms = count_arg("compression_basis", :atoms, atoms)
+    check_basis_rank(rank, length(seq))
     p = as_params(params, manager)
-    natoms = size(p, 2)
-    # evenly spaced atoms, first to last (one atom: the first; Julia 1.5's range refuses a
-    # length of 1 between distinct endpoints)
-    k = min(atoms, natoms)
-    pick = k == 1 ? [1] : unique(round.(Int, range(1, natoms; length = k)))
-    sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
-    d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
+    sample = d = nothing
     try
+        natoms = size(p, 2)
+        # evenly spaced atoms, first to last (one atom: the first; Julia 1.5's range refuses a
+        # length of 1 between distinct endpoints)
+        k = min(atoms, natoms)
+        pick = k == 1 ? [1] : unique(round.(Int, range(1, natoms; length = k)))
+        sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
+        d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
         simulate_raw!(d, seq, sample, 0, length(pick), false)
         compression_basis(d; rank = rank)
     finally
-        Kmm.unsafe_free!(d)
-        sample === p || Kmm.unsafe_free!(sample)
+        d === nothing || Kmm.unsafe_free!(d)
+        sample === nothing || sample === p || Kmm.unsafe_free!(sample)
         release_made(p, params)
     end
 end
@@ -185,8 +196,8 @@ function signal_shape(dims::Tuple, ntr::Int)
     (vdims, nvox)
 end
 
-check_rank(rank, ntr) = 0 <= rank <= ntr || throw(ArgumentError(
-    "rank = $rank must be in 0:ntr ($ntr); 0 matches without compression"))
+check_rank(rank, ntr) = (!(rank isa Bool) && 0 <= rank <= ntr) || throw(ArgumentError(
+    "rank = $(repr(rank)) must be an integer in 0:ntr ($ntr)$(rank isa Bool ? ", not a Bool" : ""); 0 matches without compression"))
 
 "The basis a match uses: the given one, or none (rank 0 or ntr, or `own` for the dictionary's own)."
 function choose_basis(basis, rank::Integer, ntr::Int, m::KmmManager)
@@ -400,10 +411,14 @@ end
 function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vector{Int}, u = nothing)
     ph = Array(p)
     sub = KmmArray(ph[:, idx .+ 1]; manager = Kmm.manager(p))
-    d = simulate_raw!(KmmArray{ComplexF32}(undef, length(seq), length(idx); manager = Kmm.manager(p)),
-                      seq, sub, 0, length(idx), false)
-    sig = Array(d)
-    foreach(Kmm.unsafe_free!, (sub, d))
+    d = nothing
+    sig = try
+        d = KmmArray{ComplexF32}(undef, length(seq), length(idx); manager = Kmm.manager(p))
+        Array(simulate_raw!(d, seq, sub, 0, length(idx), false))
+    finally
+        Kmm.unsafe_free!(sub)                         # temporaries, also when the call fails
+        d === nothing || Kmm.unsafe_free!(d)
+    end
     U = host_basis(u)
     [atom_norm(view(sig, :, k), U) for k in 1:length(idx)]
 end
@@ -419,14 +434,20 @@ function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of
     normof = Dict(zip(atoms, norms))
     PD = ComplexF32[(nd = get(normof, j, 0.0); nd > 0 ? pdn[v] / nd : zero(ComplexF32))
                     for (v, j) in enumerate(idx0)]
-    up(a) = KmmArray(reshape(a, vdims); manager = m)
+    made = KmmArray[]           # the maps made here: freed if a later one fails (the caller frees o)
+    up(a) = push!(made, KmmArray(reshape(a, vdims); manager = m))[end]
     shape(x::KmmArray) = reshape(x, vdims)
-    T1 = T2 = B1 = B0 = nothing
-    if o.params !== nothing
-        rec = Array(o.params)
-        Kmm.unsafe_free!(o.params)
-        T1, T2, B1, B0 = (up(rec[r, :]) for r in 1:4)
+    try
+        T1 = T2 = B1 = B0 = nothing
+        if o.params !== nothing
+            rec = Array(o.params)
+            Kmm.unsafe_free!(o.params)
+            T1, T2, B1, B0 = (up(rec[r, :]) for r in 1:4)
+        end
+        MatchResult{length(vdims)}(up(idx0 .+ Int32(1)), shape(o.score), up(PD), shape(o.pd),
+                                   T1, T2, B1, B0, natoms, batches, seconds)
+    catch
+        foreach(Kmm.unsafe_free!, made)
+        rethrow()
     end
-    MatchResult{length(vdims)}(up(idx0 .+ Int32(1)), shape(o.score), up(PD), shape(o.pd),
-                               T1, T2, B1, B0, natoms, batches, seconds)
 end

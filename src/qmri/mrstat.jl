@@ -13,13 +13,27 @@ struct CartesianTrajectory
     dk::Vector{ComplexF32}
     nsamples::Int
     dt::Float32
+    # Every way of making one checks it: the library's counts are 1 .. 2^31-1.
+    function CartesianTrajectory(k0::AbstractVector, dk::AbstractVector, nsamples::Integer, dt::Real)
+        length(k0) == length(dk) >= 1 || throw(DimensionMismatch(
+            "CartesianTrajectory: $(length(k0)) starts k0 and $(length(dk)) steps dk; need one of each per readout"))
+        check_mrstat_count("CartesianTrajectory", "readouts (entries of k0)", length(k0))
+        ns = count_arg("CartesianTrajectory", :nsamples, nsamples, MAX_MRSTAT_COUNT)
+        check_dt("CartesianTrajectory", dt)
+        new(kvec(k0), kvec(dk), ns, Float32(dt))
+    end
 end
-function CartesianTrajectory(k0::AbstractVector, dk::AbstractVector; nsamples::Integer, dt::Real)
-    length(k0) == length(dk) >= 1 || throw(DimensionMismatch(
-        "CartesianTrajectory: $(length(k0)) starts k0 and $(length(dk)) steps dk; need one of each per readout"))
-    nsamples >= 1 || throw(ArgumentError("CartesianTrajectory: nsamples = $nsamples must be >= 1"))
-    check_dt("CartesianTrajectory", dt)
-    CartesianTrajectory(kvec(k0), kvec(dk), Int(nsamples), Float32(dt))
+CartesianTrajectory(k0::AbstractVector, dk::AbstractVector; nsamples::Integer, dt::Real) =
+    CartesianTrajectory(k0, dk, nsamples, dt)
+
+"The most of each count of an MR-STAT model (voxels, readouts, samples, coils) the library takes."
+const MAX_MRSTAT_COUNT = Int(typemax(Int32))
+
+# A count the library takes in 1 .. 2^31-1 that comes from a shape (not an argument of its own).
+@noinline function check_mrstat_count(what, name, n::Int)
+    1 <= n <= MAX_MRSTAT_COUNT || throw(ArgumentError(
+        "$what: $n $name; the library takes 1..$MAX_MRSTAT_COUNT"))
+    n
 end
 
 """
@@ -31,11 +45,14 @@ kx + i·ky), `dt` seconds apart.
 struct SpiralTrajectory
     k::Matrix{ComplexF32}
     dt::Float32
+    function SpiralTrajectory(k::AbstractMatrix, dt::Real)
+        check_mrstat_count("SpiralTrajectory", "rows of k (nsamples, samples per readout)", size(k, 1))
+        check_mrstat_count("SpiralTrajectory", "columns of k (readouts)", size(k, 2))
+        check_dt("SpiralTrajectory", dt)
+        new(reshape(kvec(vec(k)), size(k)), Float32(dt))
+    end
 end
-function SpiralTrajectory(k::AbstractMatrix; dt::Real)
-    check_dt("SpiralTrajectory", dt)
-    SpiralTrajectory(reshape(kvec(vec(k)), size(k)), Float32(dt))
-end
+SpiralTrajectory(k::AbstractMatrix; dt::Real) = SpiralTrajectory(k, dt)
 
 kvec(k) = ComplexF32[p isa Tuple ? complex(p[1], p[2]) : p for p in k]
 
@@ -79,15 +96,23 @@ function MRSTATModel(x, y, T2, B0, ρ, coils::AbstractMatrix, traj::Union{Cartes
                      manager::KmmManager = default_manager())
     n = length(x)
     n >= 1 || throw(ArgumentError("MRSTATModel: no voxels"))
+    check_mrstat_count("MRSTATModel", "voxels (entries of x)", n)
     for (name, a) in (("y", y), ("T2", T2), ("B0", B0), ("ρ", ρ))
         length(a) == n || throw(DimensionMismatch("MRSTATModel: $name has $(length(a)) entries, x has $n"))
     end
     size(coils, 1) == n || throw(DimensionMismatch("MRSTATModel: coils has $(size(coils, 1)) rows; need one per voxel ($n)"))
+    check_mrstat_count("MRSTATModel", "coils (columns of coils)", size(coils, 2))
     rec = Float32[f for v in 1:n for f in (x[v], y[v], T2[v], B0[v], real(ρ[v]), imag(ρ[v]))]
-    MRSTATModel(n, nreadouts(traj), nsamples(traj), size(coils, 2),
-                KmmArray(reshape(rec, 6, n); manager = manager),
-                KmmArray{ComplexF32}(Matrix{ComplexF32}(coils); manager = manager),
-                KmmArray(kspace_data(traj); manager = manager), traj)
+    c = Matrix{ComplexF32}(coils)
+    made = KmmArray[]
+    up(a) = push!(made, KmmArray(a; manager = manager))[end]
+    try
+        MRSTATModel(n, nreadouts(traj), nsamples(traj), size(coils, 2), up(reshape(rec, 6, n)), up(c),
+                    up(kspace_data(traj)), traj)
+    catch
+        foreach(Kmm.unsafe_free!, made)                # a call that fails frees what it made
+        rethrow()
+    end
 end
 
 Kmm.manager(model::MRSTATModel) = Kmm.manager(model.voxels)
@@ -158,10 +183,18 @@ The k-space signal (`nsamples x nreadouts x ncoils`) of the magnetization `m`
 """
 function signal(model::MRSTATModel, m::KmmArray{ComplexF32,2})
     mm = check_magnetization(model, m)
-    out = KmmArray{ComplexF32}(undef, signal_size(model)...; manager = Kmm.manager(model))
-    GC.@preserve model mm out LibKmm.kmm_qmri_mrstat_signal(handles(model.voxels.storage)[1], Ref(cmodel(model)),
-                                                             handles(mm.storage)[2], handles(out.storage)[2])
-    out
+    out = nothing
+    try
+        out = KmmArray{ComplexF32}(undef, signal_size(model)...; manager = Kmm.manager(model))
+        GC.@preserve model mm out LibKmm.kmm_qmri_mrstat_signal(handles(model.voxels.storage)[1], Ref(cmodel(model)),
+                                                                 handles(mm.storage)[2], handles(out.storage)[2])
+        return out
+    catch
+        out === nothing || Kmm.unsafe_free!(out)      # a call that fails frees what it made
+        rethrow()
+    finally
+        release_made(mm, m)                           # the copy of a view, in stream order
+    end
 end
 
 """
@@ -177,8 +210,19 @@ struct Jacobian
     m::KmmArray{ComplexF32,2}
     dT1::KmmArray{ComplexF32,2}
     dT2::KmmArray{ComplexF32,2}
+    # J keeps the copies of views it makes (the calls take whole buffers); a failure frees them.
     function Jacobian(model::MRSTATModel, m, dT1, dT2)
-        new(model, check_magnetization(model, m), check_magnetization(model, dT1), check_magnetization(model, dT2))
+        args = (m, dT1, dT2)
+        made = Any[nothing, nothing, nothing]
+        try
+            for i in 1:3
+                made[i] = check_magnetization(model, args[i])
+            end
+            new(model, made...)
+        catch
+            foreach(release_made, made, args)
+            rethrow()
+        end
     end
 end
 
@@ -194,40 +238,65 @@ Base.size(J::Union{Jacobian,AdjointJacobian}, d::Integer) = size(J)[d]
 Base.show(io::IO, J::Jacobian) = print(io, "Jacobian(", join(signal_size(J.model), "x"), " signal, ",
                                        J.model.nvoxels, " voxels x (T1, T2, Re ρ, Im ρ))")
 
+# The input as a whole buffer (a view is copied: free it with `release_made(x2, x)`) once the
+# operands are checked, so that a bad call makes nothing.
 function operands(J::Jacobian, x::KmmArray, xlen::Int, y::KmmArray, ylen::Int)
     length(x) == xlen || throw(DimensionMismatch("the input has $(length(x)) entries; need $xlen"))
     length(y) == ylen || throw(DimensionMismatch("the output has $(length(y)) entries; need $ylen"))
     m = Kmm.manager(J.model)
     Kmm.manager(x) === m && Kmm.manager(y) === m || throw(ArgumentError("the arrays must be on the model's manager"))
-    whole_buffer(x), y
+    y.offset == 0 || throw(ArgumentError("mul!: the output must start at the start of its buffer (not a view)"))
+    whole_buffer(x)
 end
 
 function LinearAlgebra.mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::KmmArray{Float32})
-    vv, _ = operands(J, v, 4 * J.model.nvoxels, y, size(J, 1))
-    y.offset == 0 || throw(ArgumentError("mul!: the output must start at the start of its buffer (not a view)"))
-    GC.@preserve J vv y LibKmm.kmm_qmri_jacobian_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
-        handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
-        handles(vv.storage)[2], handles(y.storage)[2])
+    vv = operands(J, v, 4 * J.model.nvoxels, y, size(J, 1))
+    try
+        GC.@preserve J vv y LibKmm.kmm_qmri_jacobian_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
+            handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
+            handles(vv.storage)[2], handles(y.storage)[2])
+    finally
+        release_made(vv, v)                           # the copy of a view, in stream order
+    end
     y
 end
 
 function LinearAlgebra.mul!(g::KmmArray{Float32}, A::AdjointJacobian, w::KmmArray{ComplexF32})
     J = A.J
-    ww, _ = operands(J, w, size(J, 1), g, 4 * J.model.nvoxels)
-    g.offset == 0 || throw(ArgumentError("mul!: the output must start at the start of its buffer (not a view)"))
-    GC.@preserve J ww g LibKmm.kmm_qmri_jacobian_adjoint_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
-        handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
-        handles(ww.storage)[2], handles(g.storage)[2])
+    ww = operands(J, w, size(J, 1), g, 4 * J.model.nvoxels)
+    try
+        GC.@preserve J ww g LibKmm.kmm_qmri_jacobian_adjoint_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
+            handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
+            handles(ww.storage)[2], handles(g.storage)[2])
+    finally
+        release_made(ww, w)
+    end
     g
 end
 
+"`mul!(out, A, x)` into `out`, a new array of this call's, freed when the call fails."
+function mul_new(out::KmmArray, A, x)
+    try
+        LinearAlgebra.mul!(out, A, x)
+    catch
+        Kmm.unsafe_free!(out)
+        rethrow()
+    end
+end
+
 Base.:*(J::Jacobian, v::KmmArray{Float32}) =
-    LinearAlgebra.mul!(KmmArray{ComplexF32}(undef, signal_size(J.model)...; manager = Kmm.manager(J.model)), J, v)
+    mul_new(KmmArray{ComplexF32}(undef, signal_size(J.model)...; manager = Kmm.manager(J.model)), J, v)
 Base.:*(A::AdjointJacobian, w::KmmArray{ComplexF32}) =
-    LinearAlgebra.mul!(KmmArray{Float32}(undef, 4, A.J.model.nvoxels; manager = Kmm.manager(A.J.model)), A, w)
-Base.:*(J::Jacobian, v::AbstractArray{<:Real}) = J * KmmArray{Float32}(Array{Float32}(v); manager = Kmm.manager(J.model))
-Base.:*(A::AdjointJacobian, w::AbstractArray{<:Complex}) =
-    A * KmmArray{ComplexF32}(Array{ComplexF32}(w); manager = Kmm.manager(A.J.model))
+    mul_new(KmmArray{Float32}(undef, 4, A.J.model.nvoxels; manager = Kmm.manager(A.J.model)), A, w)
+# A host operand is uploaded for the call and freed (in stream order) when it returns or throws.
+function Base.:*(J::Jacobian, v::AbstractArray{<:Real})
+    length(v) == size(J, 2) || throw(DimensionMismatch("the input has $(length(v)) entries; need $(size(J, 2))"))
+    with_upload(x -> J * x, KmmArray{Float32}(Array{Float32}(v); manager = Kmm.manager(J.model)))
+end
+function Base.:*(A::AdjointJacobian, w::AbstractArray{<:Complex})
+    length(w) == size(A, 2) || throw(DimensionMismatch("the input has $(length(w)) entries; need $(size(A, 2))"))
+    with_upload(x -> A * x, KmmArray{ComplexF32}(Array{ComplexF32}(w); manager = Kmm.manager(A.J.model)))
+end
 
 """
     residual(model, m, data) -> (r, ‖r‖²)
@@ -235,9 +304,14 @@ Base.:*(A::AdjointJacobian, w::AbstractArray{<:Complex}) =
 The residual `signal(model, m) - data` (a signal-shaped KmmArray) and its squared norm.
 """
 function residual(model::MRSTATModel, m::KmmArray{ComplexF32,2}, data)
-    s = Array(signal(model, m))
     d = data isa KmmArray ? Array(data) : data
-    size(d) == size(s) || throw(DimensionMismatch("data is $(size(d)); the signal is $(size(s))"))
+    size(d) == signal_size(model) || throw(DimensionMismatch("data is $(size(d)); the signal is $(signal_size(model))"))
+    sk = signal(model, m)
+    s = try
+        Array(sk)
+    finally
+        Kmm.unsafe_free!(sk)                          # the signal is this call's temporary
+    end
     r = s .- ComplexF32.(d)
     (KmmArray(r; manager = Kmm.manager(model)), sum(abs2, ComplexF64.(r)))
 end

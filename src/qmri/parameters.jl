@@ -15,8 +15,7 @@ function log_grid(lo::Real, hi::Real, n::Integer)
     0 < lo < Inf && 0 < hi < Inf ||
         throw(ArgumentError("log_grid: the ends must be finite and > 0, got $lo and $hi"))
     # n * 8 bytes must not wrap: Julia 1.5 allocates a wrapped size and the fill segfaults.
-    1 <= n <= MAX_GRID_VALUES ||
-        throw(ArgumentError("log_grid: n = $n must be in 1..$MAX_GRID_VALUES"))
+    count_arg("log_grid", :n, n, MAX_GRID_VALUES)
     n == 1 && return [Float64(lo)]
     a, b = log(Float64(lo)), log(Float64(hi))
     [exp(a + (b - a) * (i - 1) / (n - 1)) for i in 1:n]
@@ -25,9 +24,9 @@ end
 # The values of one `parameter_grid` keyword (`name`), whose errors name it.
 function grid_values(name::Symbol, v::Tuple{Real,Real,Integer})
     lo, hi, n = v
-    0 < lo < Inf && 0 < hi < Inf && 1 <= n <= MAX_GRID_VALUES ||
+    0 < lo < Inf && 0 < hi < Inf && !(n isa Bool) && 1 <= n <= MAX_GRID_VALUES ||
         throw(ArgumentError("parameter_grid: $name = $v; a log grid (lo, hi, n) needs finite " *
-                            "lo > 0 and hi > 0 and n >= 1 (n in 1..$MAX_GRID_VALUES)"))
+                            "lo > 0 and hi > 0 and n >= 1 (n an integer in 1..$MAX_GRID_VALUES, not a Bool)"))
     log_grid(lo, hi, n)
 end
 grid_values(name::Symbol, v::AbstractVector{<:Real}) = Float64.(collect(v))

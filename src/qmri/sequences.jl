@@ -11,6 +11,18 @@ const MAX_POSITIONS = 4096
 abstract type AbstractSequence end
 
 """
+A count `name` of `fname` (atoms per batch or block, a byte budget, EPG states, samples per
+readout) as an `Int` in 1..`most`: an `ArgumentError` naming it and the bound otherwise (a
+`Bool` too), never an `InexactError` from `Int(v)`.
+"""
+function count_arg(fname::AbstractString, name::Symbol, v::Integer, most::Integer = typemax(Int))
+    (!(v isa Bool) && 1 <= v <= most) ||
+        throw(ArgumentError("$fname: $name = $(repr(v)) must be an integer in 1..$most" *
+                            (v isa Bool ? ", not a Bool" : "")))
+    Int(v)
+end
+
+"""
     FISPSequence(flip_angles; phases = zeros, TR, TE = TR / 2, TI = 0, Ns = 32, profile = nothing)
 
 A gradient-spoiled FISP (FISP2D of BlochSimulators.jl) MR-fingerprinting train with an
@@ -41,8 +53,7 @@ struct FISPSequence <: AbstractSequence
         1 <= ntr <= MAX_TRS || throw(ArgumentError("FISPSequence: $ntr flip angles; need 1 to $MAX_TRS"))
         length(phases) == ntr || throw(ArgumentError(
             "FISPSequence: $(length(phases)) phases for $ntr flip angles; they must have the same length"))
-        1 <= Ns <= MAX_STATES || throw(ArgumentError(
-            "FISPSequence: Ns = $Ns EPG states is not allowed; Ns must be in 1:$MAX_STATES"))
+        count_arg("FISPSequence", :Ns, Ns, MAX_STATES)
         check_time("TR", TR); check_time("TE", TE); check_time("TI", TI)
         TE <= TR || throw(ArgumentError("FISPSequence: TE = $TE s must be at most TR = $TR s"))
         size(profile, 2) == 0 || size(profile, 1) == ntr || throw(ArgumentError(
