@@ -551,6 +551,8 @@ typedef struct {
   uint64_t alignment;
   /**
    * Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
+   * Where a whole chunk would pass `hard_limit` or the device's free memory, the pool grows by
+   * the least chunk that serves the request.
    */
   uint64_t chunk_size;
   /**
@@ -571,7 +573,8 @@ typedef struct {
    */
   uint64_t release_threshold;
   /**
-   * Bytes the pinned pool grows by (default 32 MiB).
+   * Bytes the pinned pool grows by (default 32 MiB; less where a whole chunk would pass
+   * `pinned_limit`, as for `chunk_size`).
    */
   uint64_t pinned_chunk_size;
   /**
@@ -1608,6 +1611,9 @@ KmmStatus kmm_torch_live_allocations(uint64_t *out);
 /**
  * Starts recording every allocation, free, map, unmap, move, spill, restore, trim and failed allocation of the
  * manager (a trace already recording is stopped first; the last trace's records are dropped).
+ * A start that fails (a file that cannot be made, a ring that cannot be reserved, a bad
+ * argument) changes nothing: a trace recording goes on, and an existing file at `path` is
+ * emptied only once the start succeeds.
  * With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
  * `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
  * parallel, and one for the manager's own events (each reserves `capacity` x 64 bytes of

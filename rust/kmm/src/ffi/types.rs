@@ -108,6 +108,8 @@ pub struct KmmConfig {
     /// Alignment of every block in bytes: a power of two up to 2 MiB (default 256).
     pub alignment: u64,
     /// Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
+    /// Where a whole chunk would pass `hard_limit` or the device's free memory, the pool grows by
+    /// the least chunk that serves the request.
     pub chunk_size: u64,
     /// Bytes reserved when the manager is created (default 0); in pool mode, in the lane of the
     /// creating thread.
@@ -118,7 +120,8 @@ pub struct KmmConfig {
     pub hard_limit: u64,
     /// Cached device bytes kept across `kmm_manager_synchronize`; UINT64_MAX keeps all (default).
     pub release_threshold: u64,
-    /// Bytes the pinned pool grows by (default 32 MiB).
+    /// Bytes the pinned pool grows by (default 32 MiB; less where a whole chunk would pass
+    /// `pinned_limit`, as for `chunk_size`).
     pub pinned_chunk_size: u64,
     /// Most pinned bytes the manager may reserve; 0 means no limit (default 0).
     pub pinned_limit: u64,
