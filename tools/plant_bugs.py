@@ -38,8 +38,8 @@ PLANTS = [
      ["observe"]),
     # A pool that cannot grow by a whole chunk (a limit below the chunk size) tries no smaller one.
     ("pool-grows-whole-chunks-only", "rust/kmm/src/pool/pooled.rs",
-     "            least if least < chunk && e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.grow(least).map_err(|_| e),\n",
-     "",
+     "        let grown = self.grow(chunk).or_else(|e| self.grow_less(size, chunk, e));\n",
+     "        let grown = self.grow(chunk);\n",
      ["abi_manager"]),
     # A manager made in a registry slot starts its buffer handles afresh, at its own seed: a
     # destroyed predecessor's handles come back after enough reuses of one table slot.
@@ -375,13 +375,15 @@ PLANTS = [
      ["jl:adversarial_round4_qmri.jl"]),
     # deepcopy of a KmmArray copies its fields: a second owner of the same buffer handle.
     ("jl-deepcopy-second-owner", "src/copying.jl",
-     "Base.deepcopy_internal(x::KmmArray{T,N}, dict::IdDict) where {T,N} =\n",
-     "_unused_deepcopy(x::KmmArray{T,N}, dict::IdDict) where {T,N} =\n",
+     "function Base.deepcopy_internal(s::KmmStorage, dict::IdDict)\n",
+     "function _unused_deepcopy(s::KmmStorage, dict::IdDict)\n",
      ["jl:adversarial_round4.jl"]),
     # A KmmArray serializes its raw handles: in another process they name that process's buffers.
     ("jl-serialize-ships-handles", "src/copying.jl",
-     "Serialization.serialize(::Serialization.AbstractSerializer, ::KmmArray) =",
-     "_unused_serialize(::Serialization.AbstractSerializer, ::KmmArray) =",
+     "Serialization.serialize(::Serialization.AbstractSerializer, ::KmmArray) = refuse_serialize(\"KmmArray\", _SHIP_ADVICE)\n"
+     "Serialization.serialize(::Serialization.AbstractSerializer, ::PinnedArray) = refuse_serialize(\"PinnedArray\", _SHIP_ADVICE)\n"
+     "Serialization.serialize(::Serialization.AbstractSerializer, ::KmmStorage) = refuse_serialize(\"KmmStorage\", _SHIP_ADVICE)\n",
+     "",
      ["jl:adversarial_round4.jl"]),
     # A copy on manager A that reads or writes a PinnedArray of manager B leaves B's stream
     # unordered: B's stream-ordered free, and close(B), may come while the copy runs.

@@ -281,4 +281,37 @@ fn a_limit_below_the_chunk_size_still_serves_what_fits_under_it() {
             m.free(b);
         }
     }
+    // Limits below 2 MiB, and what is left of one: the pool grows by the room the limit leaves.
+    for (name, edit) in modes().into_iter().filter(|(n, _)| n.starts_with("pool/")) {
+        for (limit, chunk, request) in [(1u64 << 20, 64u64 << 20, 1024u64), (3 << 20, 8 << 20, 9 << 18), (1 << 20, 1 << 20, 1024)] {
+            let request = if name == "pool/fixed" { request.min(1 << 20) } else { request };
+            let m = Mgr::with(|c| {
+                edit(c);
+                c.alloc_mode = POOL;
+                c.chunk_size = chunk;
+                c.hard_limit = limit;
+                c.pinned_chunk_size = chunk;
+                c.pinned_limit = limit;
+            });
+            let bufs = [m.alloc(request, DEVICE), m.alloc(1024, PINNED)];
+            assert!(m.stats(DEVICE).reserved <= limit && m.stats(PINNED).reserved <= limit, "{name}");
+            for b in bufs {
+                m.free(b);
+            }
+        }
+    }
+    // Small fixed blocks under a limit still pool: the pool grows by the room left, not by one
+    // block at a time.
+    let m = Mgr::with(|c| {
+        c.alloc_mode = POOL;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_FIXED as u32;
+        c.fixed_block_size = 256;
+        c.chunk_size = 8 << 20;
+        c.hard_limit = 4 << 20;
+    });
+    let bufs: Vec<u64> = (0..4096).map(|_| m.alloc(256, DEVICE)).collect();
+    assert!(m.stats(DEVICE).upstream_allocs <= 2, "{} upstream allocations for 4096 blocks", m.stats(DEVICE).upstream_allocs);
+    for b in bufs {
+        m.free(b);
+    }
 }

@@ -641,7 +641,7 @@ fn the_out_of_memory_message_names_the_setting_that_refused() {
     let mut b = 0;
     assert_eq!(kmm_buffer_alloc(m.0, 8 << 20, PINNED, &mut b), KMM_ERROR_OUT_OF_MEMORY);
     let msg = last_error();
-    assert!(msg.contains("pinned limit (pinned_limit)") && msg.contains("pinned limit (KmmConfig.pinned_limit) 4.00 MiB"), "{msg}");
+    assert!(msg.contains("pinned limit (KmmConfig.pinned_limit): ") && msg.contains("pinned limit (KmmConfig.pinned_limit) 4.00 MiB"), "{msg}");
     assert!(!msg.contains("hard limit"), "a pinned refusal blamed the hard limit:\n{msg}");
     // A pool that could move buffers but was told not to names compaction_ratio_pct.
     let m = Mgr::with(|c| {
@@ -654,4 +654,44 @@ fn the_out_of_memory_message_names_the_setting_that_refused() {
     assert_eq!(kmm_buffer_alloc(m.0, 8 << 20, DEVICE, &mut b), KMM_ERROR_OUT_OF_MEMORY);
     let msg = last_error();
     assert!(msg.contains("no compaction (KmmConfig.compaction_ratio_pct is 0)"), "{msg}");
+}
+
+/// A regular file that cannot be truncated (a memfd sealed against shrinking), holding `content`.
+fn unshrinkable_file(content: &[u8]) -> (CString, i32) {
+    // SAFETY: plain system calls on a descriptor this function makes.
+    unsafe {
+        let fd = libc::memfd_create(c"kmm-observe".as_ptr(), libc::MFD_ALLOW_SEALING);
+        assert!(fd >= 0);
+        assert_eq!(libc::write(fd, content.as_ptr().cast(), content.len()), content.len() as isize);
+        assert_eq!(libc::fcntl(fd, libc::F_ADD_SEALS, libc::F_SEAL_SHRINK), 0);
+        (CString::new(format!("/proc/self/fd/{fd}")).unwrap(), fd)
+    }
+}
+
+#[test]
+fn a_start_refused_at_the_file_writes_nothing_and_stops_nothing() {
+    // The new file cannot be emptied: the start is refused before the trace recording stops,
+    // and nothing (not even a header) is written into the file it refused.
+    let content = b"precious bytes a refused start must leave alone\n".repeat(4);
+    for ring in [true, false] {
+        let m = pool_manager();
+        let (kept, ckept) = temp_path(&format!("kept-{ring}.csv"));
+        ok(kmm_manager_trace_start(m.0, 0, if ring { std::ptr::null() } else { ckept.as_ptr() }, 0));
+        m.free(m.alloc(100, DEVICE));
+        let (bad, fd) = unshrinkable_file(&content);
+        expect_err(kmm_manager_trace_start(m.0, 0, bad.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["cannot truncate"]);
+        m.free(m.alloc(200, DEVICE));
+        let sizes: Vec<u64> = if ring {
+            records(&m).0.iter().map(|r| r.bytes).collect()
+        } else {
+            ok(kmm_manager_trace_stop(m.0));
+            let rows = csv::read(&std::fs::read_to_string(&kept).unwrap()).unwrap();
+            std::fs::remove_file(&kept).unwrap();
+            rows.iter().map(|r| r.bytes).collect()
+        };
+        assert_eq!(sizes, [100, 100, 200, 200], "the trace recording went on (ring: {ring})");
+        assert_eq!(std::fs::read(format!("/proc/self/fd/{fd}")).unwrap(), content, "the refused file was written");
+        // SAFETY: the descriptor unshrinkable_file made.
+        unsafe { libc::close(fd) };
+    }
 }

@@ -96,7 +96,7 @@ impl Manager {
         // One limit and one upstream for every lane: the hard limit counts the manager.
         let limits = [
             Arc::new(Limit::new(config.hard_limit, "hard limit")),
-            Arc::new(Limit::new(config.pinned_limit, "pinned limit (pinned_limit)")),
+            Arc::new(Limit::new(config.pinned_limit, "pinned limit (KmmConfig.pinned_limit)")),
         ];
         let upstreams: [Arc<dyn Upstream>; 2] = [
             Arc::new(LimitedUpstream { inner: Arc::new(DeviceUpstream(backend.clone())), limit: limits[0].clone() }),

@@ -145,10 +145,18 @@ impl Manager {
         // Every lane's ring first: a ring that cannot be had starts no part of the trace.
         let traces = self.lanes().map(|_| LaneTrace::new(&tracer)).collect::<Result<Vec<_>>>()?;
         let mut slot = lock(&self.trace);
+        // The new file is emptied before the trace recording stops, so that a refusal changes
+        // nothing; unless that trace writes the same file: then once it has flushed.
+        let shares_file = slot.recording && slot.tracer.as_ref().is_some_and(|before| tracer.shares_file_with(before));
+        if !shares_file {
+            tracer.begin()?;
+        }
         if let Some(before) = self.stop_recording(&mut slot) {
             let _ = before.finish();
         }
-        tracer.begin()?;
+        if shares_file {
+            tracer.begin()?;
+        }
         for (lane, trace) in self.lanes().zip(traces) {
             self.lane(lane).trace = Some(trace);
         }
@@ -160,9 +168,8 @@ impl Manager {
     /// until the next start. Stopping with no trace recording does nothing.
     pub fn trace_stop(&self) -> Result<()> {
         let mut slot = lock(&self.trace);
-        let stopped = self.stop_recording(&mut slot);
-        drop(slot);
-        stopped.map_or(Ok(()), |tracer| tracer.finish())
+        // Flushed under the trace's lock: a start into the same file empties it only after.
+        self.stop_recording(&mut slot).map_or(Ok(()), |tracer| tracer.finish())
     }
 
     /// Takes the recording trace out of every lane (under the trace's lock, `slot`): the trace,

@@ -238,6 +238,8 @@ impl Ring {
 struct FileStore {
     out: BufWriter<File>,
     path: std::path::PathBuf,
+    /// The file's device and inode: whether two traces write one file (by any path).
+    id: Option<(u64, u64)>,
     writer: csv::Writer,
     failed: Option<String>,
     /// Set when the trace stops: a record made by a call still holding the trace is dropped,
@@ -333,21 +335,21 @@ impl Tracer {
                 (capacity, None)
             }
             Sink::File { path, rmm_only } => {
-                // Opened, not yet truncated: a trace still recording may write this very file
-                // until it stops, and a start that fails leaves the file as it was (`begin`
-                // truncates it once the trace before has stopped).
+                // Opened, not yet truncated and nothing written: a trace still recording may
+                // write this very file until it stops, and a start that fails leaves the file as
+                // it was (`begin` empties it and writes the header).
                 let file = std::fs::OpenOptions::new()
                     .write(true)
                     .create(true)
                     .truncate(false)
                     .open(&path)
                     .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot create the trace file: {e}", path.display()))?;
-                let mut out = BufWriter::new(file);
-                let writer = csv::Writer::new(rmm_only);
-                writer
-                    .header(&mut out)
-                    .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot write the trace file: {e}", path.display()))?;
-                (0, Some(Mutex::new(FileStore { out, path, writer, failed: None, closed: false })))
+                let id = file.metadata().ok().map(|m| {
+                    use std::os::unix::fs::MetadataExt;
+                    (m.dev(), m.ino())
+                });
+                let (out, writer) = (BufWriter::new(file), csv::Writer::new(rmm_only));
+                (0, Some(Mutex::new(FileStore { out, path, id, writer, failed: None, closed: false })))
             }
         };
         Ok(Tracer {
@@ -455,15 +457,25 @@ impl Tracer {
     /// start, once the trace before it has stopped (and flushed, perhaps into the same file).
     pub(super) fn begin(&self) -> Result<()> {
         if let Some(file) = &self.file {
-            let f = file.lock();
-            let file = f.out.get_ref();
+            let mut f = file.lock();
+            let FileStore { out, path, writer, .. } = &mut *f;
             // Only a regular file has a length to cut (`/dev/null` and pipes have none).
+            let file = out.get_ref();
             if file.metadata().is_ok_and(|m| m.is_file()) {
                 file.set_len(0)
-                    .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot truncate the trace file: {e}", f.path.display()))?;
+                    .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot truncate the trace file: {e}", path.display()))?;
             }
+            writer
+                .header(out)
+                .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot write the trace file: {e}", path.display()))?;
         }
         Ok(())
+    }
+
+    /// Whether both traces write one file (whatever paths named it).
+    pub(super) fn shares_file_with(&self, other: &Tracer) -> bool {
+        let id = |t: &Tracer| t.file.as_ref().and_then(|f| f.lock().id);
+        id(self).is_some_and(|a| Some(a) == id(other))
     }
 
     pub(super) fn finish(&self) -> Result<()> {
@@ -608,7 +620,9 @@ mod tests {
 
     fn tracer(sink: Sink) -> Tracer {
         let limits = [Arc::new(Limit::new(0, "hard limit")), Arc::new(Limit::new(0, "pinned limit"))];
-        Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false, 0).unwrap()
+        let t = Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false, 0).unwrap();
+        t.begin().unwrap();
+        t
     }
 
     #[test]

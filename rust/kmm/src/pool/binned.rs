@@ -114,6 +114,11 @@ impl Suballocator for BinnedSuballocator {
         true
     }
 
+    /// A small request needs a slab of its class from the heap.
+    fn least_chunk(&self, size: u64) -> u64 {
+        self.bin_for(size).map_or(size, |bin| self.slab_size(bin))
+    }
+
     /// A small request makes room for a slab of its class.
     fn make_room(&mut self, size: u64, owner: Owner, mover: &mut dyn Relocator) -> Option<Block> {
         let Some(bin) = self.bin_for(size) else {

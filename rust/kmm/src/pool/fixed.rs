@@ -96,4 +96,8 @@ impl Suballocator for FixedSuballocator {
     fn chunk_for(&self, _size: u64, chunk_size: u64) -> u64 {
         super::round_up(chunk_size.max(self.block), self.block)
     }
+
+    fn least_chunk(&self, _size: u64) -> u64 {
+        self.block
+    }
 }

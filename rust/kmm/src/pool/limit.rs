@@ -49,6 +49,10 @@ pub struct LimitedUpstream {
 }
 
 impl Upstream for LimitedUpstream {
+    fn headroom(&self) -> u64 {
+        self.limit.max.saturating_sub(self.limit.used.current()).min(self.inner.headroom())
+    }
+
     fn allocate(&self, bytes: u64) -> Result<u64> {
         self.limit.acquire(bytes)?;
         self.inner.allocate(bytes).inspect_err(|_| self.limit.release(bytes))

@@ -83,11 +83,20 @@ pub trait Suballocator: Send {
     fn chunk_for(&self, size: u64, chunk_size: u64) -> u64 {
         chunk_size.max(round_up(size, 2 << 20))
     }
+    /// The smallest chunk that serves a request of `size` bytes (before the pool's alignment):
+    /// what the pool grows by when a whole chunk does not fit.
+    fn least_chunk(&self, size: u64) -> u64 {
+        size
+    }
 }
 
 /// Hands out chunks of memory: the device, pinned host memory, or another resource.
 pub trait Upstream: Send + Sync {
     fn allocate(&self, bytes: u64) -> Result<u64>;
+    /// Bytes it may still hand out as far as it knows (a limit's room; else no bound known).
+    fn headroom(&self) -> u64 {
+        u64::MAX
+    }
     /// # Safety
     /// `addr` came from `allocate(bytes)` and nothing uses it any more.
     unsafe fn deallocate(&self, addr: u64, bytes: u64) -> Result<()>;

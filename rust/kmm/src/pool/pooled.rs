@@ -9,7 +9,7 @@
 //! (the caller's `Relocator` says which may move and queues the copies).
 
 use super::{round_up, Block, MemoryResource, Owner, Relocation, Relocator, ResourceCounters, Suballocator, Upstream};
-use crate::error::{KmmStatus, Result};
+use crate::error::{Error, KmmStatus, Result};
 use crate::{err, fail};
 use std::sync::Arc;
 
@@ -64,6 +64,29 @@ impl PoolResource {
         self.chunks.push((base, chunk));
         self.sub.add_chunk(base, chunk);
         Ok(())
+    }
+
+    /// After growing by a whole `chunk` for `size` bytes failed out of memory (`e`): grows by
+    /// what a limit still leaves room for (a chunk's worth at most, so that pooling goes on),
+    /// else by the least chunk that serves the request (a limit below the chunk size, the last
+    /// megabytes of a device). The error of the last try otherwise.
+    fn grow_less(&mut self, size: u64, chunk: u64, e: Error) -> Result<()> {
+        if e.status != KmmStatus::KMM_ERROR_OUT_OF_MEMORY {
+            return Err(e);
+        }
+        let least = round_up(self.sub.least_chunk(size), self.alignment);
+        let fit = (self.upstream.headroom() / self.alignment * self.alignment).min(chunk);
+        let mut last = e;
+        if least < fit && fit < chunk {
+            match self.grow(fit) {
+                Ok(()) => return Ok(()),
+                Err(e) => last = e,
+            }
+        }
+        if least < chunk {
+            return self.grow(least);
+        }
+        Err(last)
     }
 
     /// Whether growing by `chunk` for a request of `size` would take what the pool reserves past
@@ -171,13 +194,7 @@ impl MemoryResource for PoolResource {
                 return Ok(block);
             }
         }
-        // Past the hard limit or out of device memory, the least chunk that serves the request
-        // may still fit where a whole chunk does not (a limit below the chunk size, the last
-        // megabytes of a device).
-        let grown = self.grow(chunk).or_else(|e| match self.sub.chunk_for(size, 0) {
-            least if least < chunk && e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => self.grow(least).map_err(|_| e),
-            _ => Err(e),
-        });
+        let grown = self.grow(chunk).or_else(|e| self.grow_less(size, chunk, e));
         match grown {
             Ok(()) => self
                 .sub
