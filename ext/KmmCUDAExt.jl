@@ -207,6 +207,17 @@ end
 Base.copyto!(dest::AbstractArray, bc::Broadcast.Broadcasted{<:KmmStyle}) = copyto_views!(dest, bc)
 Base.copyto!(dest::AbstractArray, bc::Broadcast.Broadcasted{KmmStyle{0}}) = copyto_views!(dest, bc)
 
+# A 0-dimensional broadcast gives its one element, as Base's does (by `bc[]`, scalar indexing):
+# computed into a 0-dimensional KmmArray through the views, then read back (as GPUArrays does).
+function Base.copy(bc::Broadcast.Broadcasted{KmmStyle{0}})
+    dest = copyto!(similar(bc, Broadcast.combine_eltypes(bc.f, bc.args)), bc)
+    try
+        Array(dest)[]
+    finally
+        Kmm.unsafe_free!(dest)
+    end
+end
+
 function Base.map(f, x::KmmArray, xs::AbstractArray...)
     usable(x) && all(a -> usable(a) && size(a) == size(x), xs) && return broadcast(f, x, xs...)
     isempty(xs) ? invoke(map, Tuple{Any,AbstractArray}, f, x) :

@@ -578,7 +578,9 @@ typedef struct {
    */
   uint64_t pinned_chunk_size;
   /**
-   * Most pinned bytes the manager may reserve; 0 means no limit (default 0).
+   * Most pinned bytes the manager's pinned pool may reserve (pinned buffers and the pinned
+   * part of spilled data); 0 means no limit (default 0). The staging slots of pageable copies
+   * (`staging_chunk_size` x `staging_chunks`) are reserved apart from it.
    */
   uint64_t pinned_limit;
   /**

@@ -118,10 +118,11 @@ end
 Whether the memory of `x` is in host memory now (spilled under device pressure); its next use
 brings it back.
 """
-function is_spilled(x::KmmArray)
-    mh, h = handles(x.storage)
+is_spilled(x::KmmArray) = is_spilled(x.storage)
+function is_spilled(s::KmmStorage)
+    mh, h = handles(s)
     out = Ref{LibKmm.KmmBufferInfo}()
-    GC.@preserve x LibKmm.kmm_buffer_info(mh, h, out)
+    GC.@preserve s LibKmm.kmm_buffer_info(mh, h, out)
     return out[].spilled != 0
 end
 
@@ -286,7 +287,7 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs
         return copyto!(dest, doffs, tmp, 1, n)
     end
     # Between a host-backend and a CUDA manager the copy is synchronous, inside libkmm.
-    check_restoring(ds) do
+    check_restoring(ds, ss) do
         GC.@preserve ds ss @gcsafe LibKmm.unchecked_kmm_copy_buffer(dmh, dh, UInt64(doff), smh, sh, UInt64(soff), UInt64(bytes))
     end
     dest

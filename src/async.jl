@@ -73,7 +73,7 @@ end
 function register_task!(t::KmmCopyTask)
     t.event == 0 && return t
     m = t.manager
-    complete_pending!(m, false)
+    complete_pending!(m)
     lock(m.lock) do
         push!(m.pending, t)
     end
@@ -91,19 +91,20 @@ function finish!(t::KmmCopyTask)
 end
 
 """
-Completes the manager's pending copies that have run (all of them when `all`, after the stream
-was synchronized).
+Completes the manager's pending copies that have run: those found done, and those of `ran`,
+known to have run (the tasks pending before an event that has completed; never the tasks other
+threads queued after it).
 """
-function complete_pending!(m::KmmManager, all::Bool)
-    lock(() -> drop_finished!(m.pending, all), m.lock)
+function complete_pending!(m::KmmManager, ran = ())
+    lock(() -> drop_finished!(m.pending, ran), m.lock)
     nothing
 end
 
-"Finishes and drops the tasks of `pending` whose copies have run (all when `all`); the caller holds the manager's lock."
-function drop_finished!(pending::Vector{Any}, all::Bool)
+"Finishes and drops the tasks of `pending` whose copies have run (see `complete_pending!`); the caller holds the manager's lock."
+function drop_finished!(pending::Vector{Any}, ran = ())
     filter!(pending) do t
         t.event == 0 && return false
-        (all || isdone(t)) || return true
+        (t in ran || isdone(t)) || return true
         finish!(t)
         false
     end

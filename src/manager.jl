@@ -141,7 +141,7 @@ function finished_pending(m::KmmManager)
     islocked(m.lock) && return false
     trylock(m.lock) || return false
     try
-        return isempty(drop_finished!(m.pending, false))
+        return isempty(drop_finished!(m.pending))
     finally
         unlock(m.lock)
     end
@@ -292,12 +292,15 @@ Waits until all work queued on the manager's stream has run (then cached memory 
 release threshold is given back). Completes the manager's pending asynchronous copies.
 """
 function synchronize(m::KmmManager = default_manager())
+    # The copies queued before the event have run once it has; a copy another thread queues
+    # meanwhile may still be running when the wait returns.
+    before = lock(() -> Base.IdSet{Any}(m.pending), m.lock)
     ev = Ref{UInt64}(0)
     GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
     wait_event(m, ev[])
     # The stream has drained: this returns at once and gives cached memory back as configured.
     check_status(GC.@preserve m @gcsafe LibKmm.unchecked_kmm_manager_synchronize(handle(m)))
-    complete_pending!(m, true)
+    complete_pending!(m, before)
     return nothing
 end
 

@@ -118,6 +118,17 @@ function check_restoring(call, s::KmmStorage)
     nothing
 end
 
+# A copy between two storages, either of which may need restoring: out of memory is retried on
+# the source's manager when the source is what stayed spilled (the restore that failed), else on
+# the destination's, and reported with that storage's bytes and manager.
+function check_restoring(call, dest::KmmStorage, src::KmmStorage)
+    st = call()
+    st == LibKmm.KMM_OK && return nothing
+    failed = st == LibKmm.KMM_ERROR_OUT_OF_MEMORY && src !== dest && is_spilled(src) ? src : dest
+    retry_out_of_memory(call, st, failed.manager, failed.bytes)
+    nothing
+end
+
 """
 After `call()` (needing `bytes` of `m`'s memory) returned the status `st`: throws unless it is out
 of memory; else runs `GC.gc(false)`, `GC.gc(true)` and `trim!`, retrying after each, and returns

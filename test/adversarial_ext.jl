@@ -6,6 +6,17 @@ The extension's regressions; test/ext.jl runs them against its stand-ins for CUD
 with `task_stream(m)` the CuStream over a manager's stream.
 """
 function adversarial_ext_tests(CUDA, task_stream)
+    @testset "a 0-dimensional broadcast gives its element through the views, not scalar indexing" begin
+        # Base's copy of a 0-dimensional broadcast reads bc[]: view(x, 3) .+ 1 threw "scalar
+        # getindex of a KmmArray is disallowed" (round 5 of the adversarial tests).
+        m = KmmManager(backend = :host)
+        x = KmmArray(collect(1.0:4.0); manager = m)
+        live = Kmm.memory_stats(m).live_buffers
+        @test (view(x, 3) .+ 1) === 4.0
+        @test (view(x, 2) .* view(x, 4)) === 8.0
+        @test Kmm.memory_stats(m).live_buffers == live    # the 0-d result was freed
+        close(m)
+    end
     @testset "Kmm.record_stream(x, s) makes s wait for the manager's queued work" begin
         # It pinned x and recorded s but left s unordered: work launched on s after it (the
         # documented way to use x on a stream other than CUDA.stream()) could run before, or

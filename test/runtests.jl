@@ -24,6 +24,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "adversarial, third run" begin include("adversarial_round3.jl") end
     @testset "adversarial, fourth run (qMRI)" begin include("adversarial_round4_qmri.jl") end
     @testset "adversarial, fourth run" begin include("adversarial_round4.jl") end
+    @testset "adversarial, fifth run" begin include("adversarial_round5.jl") end
     @testset "garbage collection" begin include("gc.jl") end
     @testset "out of memory" begin include("oom.jl") end
     @testset "traces, maps and figures" begin include("observe.jl") end

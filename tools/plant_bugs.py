@@ -368,6 +368,12 @@ PLANTS = [
      "    Kmm.signal_stream(Kmm.manager(x), s)       # work on s sees what Kmm queued on x\n",
      "",
      ["jl:ext.jl"]),
+    # Kmm.synchronize finishes every pending copy task, also one another thread queued after its
+    # wait: that task's wait returns before its copy has run.
+    ("jl-synchronize-finishes-later-copies", "src/manager.jl",
+     "    complete_pending!(m, before)\n",
+     "    complete_pending!(m, lock(() -> Base.IdSet{Any}(m.pending), m.lock))\n",
+     ["jl:adversarial_round5.jl"]),
     # MR-STAT's residual leaves the signal it computed allocated until the next collection.
     ("jl-residual-keeps-signal", "src/qmri/mrstat.jl",
      "        Kmm.unsafe_free!(sk)                          # the signal is this call's temporary\n",

@@ -67,7 +67,7 @@ impl HostBackend {
             Some(b) => Ok(b.clone()),
             None => fail!(
                 KMM_ERROR_BACKEND_UNAVAILABLE,
-                "device {device} does not exist on the host backend: {count} device(s), 0..{count} (set KMM_HOST_DEVICES for more)"
+                "device {device} does not exist on the host backend: {count} device(s), numbered 0 to {} (set KMM_HOST_DEVICES for more)", count.saturating_sub(1)
             ),
         }
     }

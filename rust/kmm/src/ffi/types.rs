@@ -123,7 +123,9 @@ pub struct KmmConfig {
     /// Bytes the pinned pool grows by (default 32 MiB; less where a whole chunk would pass
     /// `pinned_limit`, as for `chunk_size`).
     pub pinned_chunk_size: u64,
-    /// Most pinned bytes the manager may reserve; 0 means no limit (default 0).
+    /// Most pinned bytes the manager's pinned pool may reserve (pinned buffers and the pinned
+    /// part of spilled data); 0 means no limit (default 0). The staging slots of pageable copies
+    /// (`staging_chunk_size` x `staging_chunks`) are reserved apart from it.
     pub pinned_limit: u64,
     /// Size of one staging slot for pageable copies (default 16 MiB; 4 KiB to 1 GiB).
     pub staging_chunk_size: u64,
