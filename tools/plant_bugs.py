@@ -384,12 +384,10 @@ PLANTS = [
      "function Base.deepcopy_internal(s::KmmStorage, dict::IdDict)\n",
      "function _unused_deepcopy(s::KmmStorage, dict::IdDict)\n",
      ["jl:adversarial_round4.jl"]),
-    # A KmmArray serializes its raw handles: in another process they name that process's buffers.
+    # A KmmArray serializes (nothing refuses it): its handles would name another process's buffers.
     ("jl-serialize-ships-handles", "src/copying.jl",
-     "Serialization.serialize(::Serialization.AbstractSerializer, ::KmmArray) = refuse_serialize(\"KmmArray\", _SHIP_ADVICE)\n"
-     "Serialization.serialize(::Serialization.AbstractSerializer, ::PinnedArray) = refuse_serialize(\"PinnedArray\", _SHIP_ADVICE)\n"
-     "Serialization.serialize(::Serialization.AbstractSerializer, ::KmmStorage) = refuse_serialize(\"KmmStorage\", _SHIP_ADVICE)\n",
-     "",
+     "    throw(ArgumentError(\"a $what cannot be serialized: its libkmm handle names memory of this \" *\n",
+     "    (ArgumentError(\"a $what cannot be serialized: its libkmm handle names memory of this \" *\n",
      ["jl:adversarial_round4.jl"]),
     # A copy on manager A that reads or writes a PinnedArray of manager B leaves B's stream
     # unordered: B's stream-ordered free, and close(B), may come while the copy runs.
