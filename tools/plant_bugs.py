@@ -41,6 +41,17 @@ PLANTS = [
      "        let grown = self.grow(chunk).or_else(|e| self.grow_less(size, chunk, e));\n",
      "        let grown = self.grow(chunk);\n",
      ["abi_manager"]),
+    # A destroyed manager's allocations stay in the by-address tables as its: a library's late
+    # free of such an address frees a new allocation there.
+    ("by-address-keeps-no-orphans", "rust/kmm/src/ffi/manager.rs",
+     "        super::by_address::orphan_everywhere(manager);\n",
+     "",
+     ["abi_stream_order"]),
+    # A plugin free on a host stream that has ended is refused: the buffer leaks for good.
+    ("plugin-free-refuses-an-ended-stream", "rust/kmm/src/manager/lane.rs",
+     "            if !self.backend.stream_ended(stream) {\n",
+     "            if true {\n",
+     ["abi_stream_order"]),
     # A manager made in a registry slot starts its buffer handles afresh, at its own seed: a
     # destroyed predecessor's handles come back after enough reuses of one table slot.
     ("handle-history-dropped", "rust/kmm/src/manager/mod.rs",

@@ -4,7 +4,7 @@
 //! `within`, which fails the test instead of hanging the suite.
 mod common;
 use common::*;
-use kmm::ffi::cupy::{kmm_cupy_live_allocations, kmm_cupy_malloc, kmm_cupy_set_manager};
+use kmm::ffi::cupy::{kmm_cupy_free, kmm_cupy_live_allocations, kmm_cupy_malloc, kmm_cupy_set_manager};
 use kmm::ffi::plugin::{kmm_plugin_alloc, kmm_plugin_free};
 use kmm::manager::cells::thread_lane;
 use std::collections::{BTreeSet, VecDeque};
@@ -447,10 +447,13 @@ fn host_register_checks() {
 
 /// CuPy asks for zero bytes at times; that must give NULL and hold nothing, not an empty buffer
 /// that is never freed (CuPy does not free NULL).
+/// The CuPy state is process-wide: the tests that use it take turns.
+static CUPY_STATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 #[test]
 fn cupy_malloc_zero_does_not_leak() {
+    let _turn = CUPY_STATE.lock().unwrap_or_else(|e| e.into_inner());
     let m = Mgr::new();
-    // The CuPy state is process-wide; no other test in this file touches it.
     ok(kmm_cupy_set_manager(0, m.0));
     for i in 0..1000 {
         assert!(kmm_cupy_malloc(null_mut(), 0, 0).is_null(), "call {i}: a zero-byte allocation has no address");
@@ -692,4 +695,63 @@ fn torch_record_stream_orders_the_free() {
     let message = last_error();
     assert_eq!(status, KmmStatus::KMM_ERROR_INVALID_ARGUMENT);
     assert!(message.contains("ptr = ") && message.contains("kmm_torch_malloc"), "{message}");
+}
+
+/// A manager closed (destroyed) while CuPy still held memory of it by address: CuPy's late free
+/// of that address must not free what a new manager allocated there since (it freed the new
+/// allocation, and the next one shared its memory).
+#[test]
+fn a_late_free_by_address_after_a_destroy_frees_no_new_allocation() {
+    let _turn = CUPY_STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut reused = 0;
+    for _ in 0..20 {
+        let m1 = Mgr::new();
+        ok(kmm_cupy_set_manager(0, m1.0));
+        let p = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert!(!p.is_null());
+        ok(kmm_cupy_set_manager(0, 0));
+        drop(m1); // destroyed with CuPy's allocation live (a forced close)
+        let m2 = Mgr::new();
+        ok(kmm_cupy_set_manager(0, m2.0));
+        let q = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert!(!q.is_null());
+        reused += usize::from(q == p);
+        kmm_cupy_free(null_mut(), p, 0); // CuPy drops the old array at last
+        let r = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert!(!r.is_null());
+        assert_ne!(r, q, "the late free of the old address freed the new allocation at it");
+        for x in [q, r] {
+            kmm_cupy_free(null_mut(), x, 0);
+        }
+        let mut live = u64::MAX;
+        ok(kmm_cupy_live_allocations(&mut live));
+        assert_eq!((live, m2.stats(DEVICE).live_buffers), (0, 0), "every allocation freed once");
+        ok(kmm_cupy_set_manager(0, 0));
+    }
+    // (Whether a new manager's memory lands at the old address is the allocator's choice; the
+    // test means something only where it does.)
+    eprintln!("{reused} of 20 new allocations would have been at the orphaned address");
+}
+
+/// A plugin buffer allocated for a host stream whose manager is destroyed before the free: the
+/// free goes on (that stream's work has run), where it was refused and the buffer leaked.
+#[test]
+fn a_plugin_free_on_a_stream_that_is_gone_frees() {
+    if gpu() {
+        return; // host streams: a destroyed CUDA stream cannot be told from one never made
+    }
+    let m = Mgr::new();
+    let other = Mgr::new();
+    let mut info = KmmManagerInfo::default();
+    ok(kmm_manager_info(other.0, &mut info));
+    let (mut b, mut p) = (0, 0);
+    ok(kmm_plugin_alloc(m.0, 4096, DEVICE, info.stream, &mut b, &mut p));
+    drop(other);
+    ok(kmm_plugin_free(m.0, b, info.stream));
+    assert_eq!(m.stats(DEVICE).live_buffers, 0, "the buffer leaked");
+    // A stream that never was is still refused where it is recorded for a live buffer.
+    let (mut b, mut p) = (0, 0);
+    ok(kmm_plugin_alloc(m.0, 4096, DEVICE, 0, &mut b, &mut p));
+    expect_err(kmm_buffer_record_stream(m.0, b, 0x7777_0001), KMM_ERROR_INVALID_ARGUMENT, &["not a live host-backend stream"]);
+    ok(kmm_plugin_free(m.0, b, 0));
 }

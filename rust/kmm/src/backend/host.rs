@@ -185,6 +185,10 @@ impl Backend for HostBackend {
     fn check_stream(&self, raw: u64) -> Result<()> {
         HostStream::find(raw).map(drop)
     }
+    fn stream_ended(&self, raw: u64) -> bool {
+        (FIRST_STREAM_ID..NEXT_STREAM_ID.load(Ordering::Relaxed)).contains(&raw)
+            && !matches!(HostStream::lookup(raw), Some(Found::Live(_)))
+    }
     fn create_async_pool(&self, release_threshold: u64, max_size: u64) -> Result<Box<dyn AsyncPool>> {
         Ok(Box::new(HostAsyncPool {
             inner: Arc::new(Mutex::new(AsyncPoolState::default())),
@@ -226,7 +230,8 @@ fn stream_registry() -> &'static Mutex<HashMap<u64, Known>> {
 }
 
 /// Raw ids start high so a small integer passed by mistake is not taken for a stream.
-static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(0x5000_0001);
+const FIRST_STREAM_ID: u64 = 0x5000_0001;
+static NEXT_STREAM_ID: AtomicU64 = AtomicU64::new(FIRST_STREAM_ID);
 
 impl HostStream {
     fn new() -> Result<Arc<HostStream>> {

@@ -60,6 +60,12 @@ pub trait Backend: Send + Sync {
         let _ = raw;
         Ok(())
     }
+    /// Whether `raw` named a stream of this backend that has ended since (its work has run, or
+    /// its last work is still known to the ordering): memory last used there may be freed.
+    fn stream_ended(&self, raw: u64) -> bool {
+        let _ = raw;
+        false
+    }
     /// The IPC handle (`cuIpcGetMemHandle`) of the device allocation holding `addr`, and `addr`'s
     /// offset from that allocation's base.
     fn ipc_handle(&self, addr: DevicePtr) -> Result<([u8; 64], u64)> {

@@ -43,11 +43,16 @@ pub(super) struct ByAddress {
     pub managers: HashMap<i32, u64>,
     /// Address -> (manager, buffer, stream it was allocated for) of every live allocation.
     pub live: U64Map<(u64, u64, u64)>,
+    /// Addresses of allocations whose manager was destroyed before the library freed them (a
+    /// forced close): the library's late free of such an address must not free a new
+    /// allocation there. A new allocation that lands on one is held back here until that late
+    /// free comes (and the request is served again elsewhere).
+    pub orphans: U64Map<Option<(u64, u64, u64)>>,
 }
 
 impl ByAddress {
     pub fn new() -> Mutex<ByAddress> {
-        Mutex::new(ByAddress { managers: HashMap::new(), live: U64Map::default() })
+        Mutex::new(ByAddress { managers: HashMap::new(), live: U64Map::default(), orphans: U64Map::default() })
     }
 }
 
@@ -57,9 +62,37 @@ pub(super) fn alloc_by_address(table: &Mutex<ByAddress>, mgr: u64, bytes: u64, s
     if bytes == 0 {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = 0: an empty allocation has no address to be freed by");
     }
-    let (b, p) = plugin_alloc(mgr, bytes, MemoryKind::Device, stream)?;
-    lock(table).live.insert(p, (mgr, b, stream));
-    Ok(p)
+    loop {
+        let (b, p) = plugin_alloc(mgr, bytes, MemoryKind::Device, stream)?;
+        let mut t = lock(table);
+        match t.orphans.get_mut(&p) {
+            // Each orphaned address holds back at most one allocation: the loop ends.
+            Some(held @ None) => *held = Some((mgr, b, stream)),
+            _ => {
+                t.live.insert(p, (mgr, b, stream));
+                return Ok(p);
+            }
+        }
+    }
+}
+
+/// `orphan` in the tables of every library that frees by address (CuPy's C function allocator,
+/// PyTorch's pluggable allocator, `kmm_plugin_malloc`).
+pub(super) fn orphan_everywhere(manager: u64) {
+    for table in [super::cupy::cupy_state(), super::torch::torch_state(), super::plugin::plugin_table()] {
+        orphan(table, manager);
+    }
+}
+
+/// At the destruction of `manager`, before its memory can be handed out again: its allocations
+/// the library has not freed become orphans (see `ByAddress::orphans`).
+pub(super) fn orphan(table: &Mutex<ByAddress>, manager: u64) {
+    let mut t = lock(table);
+    let dead: Vec<u64> = t.live.iter().filter(|(_, v)| v.0 == manager).map(|(&address, _)| address).collect();
+    for address in dead {
+        t.live.remove(&address);
+        t.orphans.insert(address, None);
+    }
 }
 
 /// Frees what `alloc_by_address` recorded at `ptr`, after the work queued so far on `stream`
@@ -75,6 +108,15 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
         }
     };
     let Some((mgr, b, alloc_stream)) = found else {
+        // The late free of an allocation of a destroyed manager: its memory went with it; an
+        // allocation held back at its address goes back now.
+        let orphan = lock(table).orphans.remove(&ptr);
+        if let Some(held) = orphan {
+            if let Some((mgr, b, stream)) = held {
+                let _ = plugin_free(mgr, b, stream);
+            }
+            return Ok(());
+        }
         fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
     };
     let freed = plugin_free(mgr, b, stream.unwrap_or(alloc_stream));

@@ -19,7 +19,7 @@ pub type KmmErrorHook = Option<unsafe extern "C" fn()>;
 static CUPY_STREAM_SOURCE: AtomicUsize = AtomicUsize::new(0);
 static CUPY_STREAM_ERROR_HOOK: AtomicUsize = AtomicUsize::new(0);
 
-fn cupy_state() -> &'static Mutex<ByAddress> {
+pub(super) fn cupy_state() -> &'static Mutex<ByAddress> {
     static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
     STATE.get_or_init(ByAddress::new)
 }

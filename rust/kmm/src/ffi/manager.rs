@@ -78,6 +78,9 @@ pub extern "C" fn kmm_manager_destroy(manager: KmmManager, flags: u32) -> KmmSta
     boundary(|| {
         check_flags(flags, KMM_DESTROY_DEFERRED, "flags")?;
         let m = registry::unregister(manager)?;
+        // Before the teardown frees its memory: a late free by address of what it held must
+        // not free a new allocation at that address.
+        super::by_address::orphan_everywhere(manager);
         if flags & KMM_DESTROY_DEFERRED != 0 {
             std::thread::Builder::new()
                 .name("kmm-manager-teardown".into())

@@ -73,7 +73,7 @@ pub extern "C" fn kmm_plugin_free(manager: KmmManager, buffer: KmmBuffer, stream
     boundary(|| plugin_free(manager, buffer, stream))
 }
 
-fn plugin_table() -> &'static Mutex<ByAddress> {
+pub(super) fn plugin_table() -> &'static Mutex<ByAddress> {
     static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
     STATE.get_or_init(ByAddress::new)
 }

@@ -21,7 +21,7 @@ pub const KMM_TORCH_OOM_NULL: u32 = 1;
 
 static TORCH_OOM_POLICY: AtomicU32 = AtomicU32::new(KMM_TORCH_OOM_ABORT);
 
-fn torch_state() -> &'static Mutex<ByAddress> {
+pub(super) fn torch_state() -> &'static Mutex<ByAddress> {
     static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
     STATE.get_or_init(ByAddress::new)
 }

@@ -530,7 +530,20 @@ impl State {
     /// use: its reuse waits for that stream too. A spilled buffer's streams were waited for
     /// before its copy out, and no stream can have used it since, so it is freed as it is.
     pub fn free_used_on(&mut self, handle: u64, stream: u64, force: bool) -> Result<()> {
-        self.record_stream(handle, self.stream_arg(stream))?;
+        let stream = self.stream_arg(stream);
+        if let Err(e) = self.record_stream(handle, stream) {
+            // A stream that has ended (its manager closed) has run its work, or the free's
+            // ordering waits for what it still runs (`order_free`): the free of memory last used
+            // there goes on, where refusing it would leak the buffer for good. A stream that
+            // never was is refused.
+            if !self.backend.stream_ended(stream) {
+                return Err(e);
+            }
+            let record = self.buffers.get_mut(handle)?;
+            if !record.is_spilled() {
+                record.users.insert(stream);
+            }
+        }
         self.free(handle, force)
     }
 
