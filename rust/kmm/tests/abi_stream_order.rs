@@ -715,7 +715,8 @@ fn a_late_free_by_address_after_a_destroy_frees_no_new_allocation() {
         ok(kmm_cupy_set_manager(0, m2.0));
         let q = kmm_cupy_malloc(null_mut(), 4096, 0);
         assert!(!q.is_null());
-        reused += usize::from(q == p);
+        // An allocation that landed on the old address is held back: a second live buffer.
+        reused += usize::from(q == p || m2.stats(DEVICE).live_buffers == 2);
         kmm_cupy_free(null_mut(), p, 0); // CuPy drops the old array at last
         let r = kmm_cupy_malloc(null_mut(), 4096, 0);
         assert!(!r.is_null());
@@ -730,7 +731,7 @@ fn a_late_free_by_address_after_a_destroy_frees_no_new_allocation() {
     }
     // (Whether a new manager's memory lands at the old address is the allocator's choice; the
     // test means something only where it does.)
-    eprintln!("{reused} of 20 new allocations would have been at the orphaned address");
+    eprintln!("{reused} of 20 new managers allocated at the orphaned address first");
 }
 
 /// A plugin buffer allocated for a host stream whose manager is destroyed before the free: the
