@@ -1220,6 +1220,13 @@ KmmStatus kmm_buffer_ipc_handle(KmmManager manager,
 KmmStatus kmm_config_default(KmmConfig *config);
 
 /**
+ * Checks `*config` as `kmm_manager_create` does, without making a manager: `KMM_OK`, or the
+ * status and a message naming the first option out of bounds. (Whether the backend and device
+ * exist is the creation's to find.)
+ */
+KmmStatus kmm_config_check(const KmmConfig *config);
+
+/**
  * Writes to `*count` how many devices `backend` (a `KmmBackend`) offers: the visible CUDA
  * devices, or the host backend's stand-ins (the `KMM_HOST_DEVICES` variable, 1 to 64, default
  * 1). `KMM_BACKEND_AUTO` follows `KMM_BACKEND`, then counts CUDA's devices when CUDA is usable,

@@ -437,6 +437,7 @@ const _fp_kmm_cupy_free = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_cupy_live_allocations = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_buffer_ipc_handle = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_config_default = Ref{Ptr{Cvoid}}(C_NULL)
+const _fp_kmm_config_check = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_device_count = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_device_can_access_peer = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_live_managers = Ref{Ptr{Cvoid}}(C_NULL)
@@ -486,7 +487,7 @@ const _fp_kmm_manager_memory_map = Ref{Ptr{Cvoid}}(C_NULL)
 const _fp_kmm_manager_figure_svg = Ref{Ptr{Cvoid}}(C_NULL)
 
 "The names of every exported function of the header."
-const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_never_spill, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_device_count, :kmm_device_can_access_peer, :kmm_live_managers, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations, :kmm_manager_trace_start, :kmm_manager_trace_stop, :kmm_manager_trace_records, :kmm_manager_trace_save, :kmm_trace_action_name, :kmm_manager_memory_map, :kmm_manager_figure_svg)
+const FUNCTIONS = (:kmm_version, :kmm_abi_version, :kmm_last_error, :kmm_last_status, :kmm_status_name, :kmm_buffer_alloc, :kmm_buffer_wrap, :kmm_buffer_free, :kmm_buffer_record_stream, :kmm_buffer_info, :kmm_buffer_never_spill, :kmm_buffer_map, :kmm_buffer_unmap, :kmm_host_register, :kmm_host_unregister, :kmm_copy_to_device, :kmm_copy_to_device_async, :kmm_copy_to_host, :kmm_copy_to_host_async, :kmm_copy_buffer, :kmm_fill, :kmm_cupy_set_manager, :kmm_cupy_set_stream_source, :kmm_cupy_malloc, :kmm_cupy_free, :kmm_cupy_live_allocations, :kmm_buffer_ipc_handle, :kmm_config_default, :kmm_config_check, :kmm_device_count, :kmm_device_can_access_peer, :kmm_live_managers, :kmm_manager_create, :kmm_manager_destroy, :kmm_manager_synchronize, :kmm_manager_info, :kmm_manager_stats, :kmm_manager_reset_peaks, :kmm_manager_trim, :kmm_manager_summary, :kmm_manager_memory_info, :kmm_manager_wait_stream, :kmm_manager_signal_stream, :kmm_manager_record_event, :kmm_event_query, :kmm_event_wait, :kmm_event_destroy, :kmm_module_compile, :kmm_module_launch, :kmm_module_destroy, :kmm_qmri_fisp_derivatives, :kmm_qmri_mrstat_signal, :kmm_qmri_jacobian_mul, :kmm_qmri_jacobian_adjoint_mul, :kmm_plugin_alloc, :kmm_plugin_free, :kmm_plugin_malloc, :kmm_plugin_free_address, :kmm_qmri_simulate_fisp, :kmm_qmri_simulate_pssfp, :kmm_qmri_match, :kmm_qmri_compression_basis, :kmm_qmri_match_in_basis, :kmm_torch_manager, :kmm_torch_set_oom_policy, :kmm_torch_malloc, :kmm_torch_free, :kmm_torch_record_stream, :kmm_torch_live_allocations, :kmm_manager_trace_start, :kmm_manager_trace_stop, :kmm_manager_trace_records, :kmm_manager_trace_save, :kmm_trace_action_name, :kmm_manager_memory_map, :kmm_manager_figure_svg)
 
 """
     load!(path) -> handle
@@ -524,6 +525,7 @@ function load!(path::AbstractString)
     _fp_kmm_cupy_live_allocations[] = something(Libdl.dlsym(lib, :kmm_cupy_live_allocations; throw_error = false), C_NULL)
     _fp_kmm_buffer_ipc_handle[] = something(Libdl.dlsym(lib, :kmm_buffer_ipc_handle; throw_error = false), C_NULL)
     _fp_kmm_config_default[] = something(Libdl.dlsym(lib, :kmm_config_default; throw_error = false), C_NULL)
+    _fp_kmm_config_check[] = something(Libdl.dlsym(lib, :kmm_config_check; throw_error = false), C_NULL)
     _fp_kmm_device_count[] = something(Libdl.dlsym(lib, :kmm_device_count; throw_error = false), C_NULL)
     _fp_kmm_device_can_access_peer[] = something(Libdl.dlsym(lib, :kmm_device_can_access_peer; throw_error = false), C_NULL)
     _fp_kmm_live_managers[] = something(Libdl.dlsym(lib, :kmm_live_managers; throw_error = false), C_NULL)
@@ -1182,6 +1184,29 @@ Throws a `KmmError` unless the status is `KMM_OK`.
 """
 @inline function kmm_config_default(config)
     check_status(unchecked_kmm_config_default(config))
+end
+
+"""
+Checks `*config` as `kmm_manager_create` does, without making a manager: `KMM_OK`, or the
+status and a message naming the first option out of bounds. (Whether the backend and device
+exist is the creation's to find.)
+
+Returns the status; `kmm_config_check` is the checked form.
+"""
+@inline function unchecked_kmm_config_check(config)
+    fp = _fp_kmm_config_check[]
+    fp == C_NULL && throw_missing(:kmm_config_check)
+    ccall(fp, KmmStatus, (Ptr{KmmConfig},), config)
+end
+"""
+Checks `*config` as `kmm_manager_create` does, without making a manager: `KMM_OK`, or the
+status and a message naming the first option out of bounds. (Whether the backend and device
+exist is the creation's to find.)
+
+Throws a `KmmError` unless the status is `KMM_OK`.
+"""
+@inline function kmm_config_check(config)
+    check_status(unchecked_kmm_config_check(config))
 end
 
 """

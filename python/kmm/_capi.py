@@ -338,6 +338,7 @@ FUNCTIONS = {
     "kmm_buffer_ipc_handle": (KmmStatus, [KmmManager, KmmBuffer, POINTER(c_uint8),
         POINTER(c_uint64)]),
     "kmm_config_default": (KmmStatus, [POINTER(KmmConfig)]),
+    "kmm_config_check": (KmmStatus, [POINTER(KmmConfig)]),
     "kmm_device_count": (KmmStatus, [c_uint32, POINTER(c_uint32)]),
     "kmm_device_can_access_peer": (KmmStatus, [c_uint32, c_int32, c_int32, POINTER(c_uint32)]),
     "kmm_live_managers": (KmmStatus, [POINTER(c_uint32)]),

@@ -141,11 +141,14 @@ class Allocator:
 
     def allocate(self, size):
         """A KmmPointer of size (>= 1) bytes, or None when libkmm failed (kmm_last_status says why)."""
-        if not self.manager:
+        # Read once: the call releases the GIL, and a close() on another thread may change it
+        # meanwhile (the pointer must name the manager that made the buffer, or it cannot free it).
+        manager, context = self.manager, self.context
+        if not manager:
             raise RuntimeError("Allocator.allocate: manager is 0 (no Kmm manager yet)")
         if not isinstance(size, int) or not 0 < size < 1 << 64:
             raise ValueError("size must be an int in [1, 2**64), got %r" % (size,))
         buffer, address = ctypes.c_uint64(), ctypes.c_uint64()
-        if _alloc(self.manager, size, KMM_MEMORY_DEVICE, _NUMBA_STREAM, buffer, address):
+        if _alloc(manager, size, KMM_MEMORY_DEVICE, _NUMBA_STREAM, buffer, address):
             return None
-        return self.pointer_type(self.context, self.manager, buffer.value, address.value, size, self.deferral)
+        return self.pointer_type(context, manager, buffer.value, address.value, size, self.deferral)

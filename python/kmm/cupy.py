@@ -29,7 +29,7 @@ import cupy
 from . import _args, _lib
 from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
 from .buffer import take_slots
-from .manager import Manager, make_config
+from .manager import Manager, checked_config, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
     from . import _plugin_calls as _compiled
@@ -62,7 +62,7 @@ _local = threading.local()
 def configure(**config):
     """Options (as for `kmm.Manager`) of the managers created from now on (call before the
     first allocation)."""
-    make_config(**config)  # a bad option raises here, not at CuPy's next allocation
+    checked_config(**config)  # a bad option raises here, not at CuPy's next allocation
     _config.clear()
     _config.update(config)
 

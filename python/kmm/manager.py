@@ -65,6 +65,15 @@ def make_config(**config):
     return c
 
 
+def checked_config(**config):
+    """`make_config`, then every option's bounds checked as a manager's creation checks them
+    (`kmm_config_check`): for options kept for managers made later (the plugins' `configure`),
+    so that a bad one raises at once."""
+    c = make_config(**config)
+    check(_lib_.kmm_config_check(ctypes.byref(c)))
+    return c
+
+
 class Manager(NotCopyable):
     """A Kmm manager: owns a stream and memory pools. Options are KmmConfig's fields:
     `backend` ("auto" | "host" | "cuda"), `device`, `alloc_mode` ("pool" | "cuda_async" |

@@ -20,7 +20,7 @@ from numba.cuda.cudadrv import driver as _driver
 
 from . import _args, _lib
 from ._errors import InvalidHandleError, NotSupportedError, OutOfMemoryError, error
-from .manager import Manager, make_config
+from .manager import Manager, checked_config, make_config
 
 try:  # compiled when the wheel was built with a C compiler and Python's headers
     from . import _plugin_calls as _calls
@@ -46,7 +46,7 @@ _config = {}
 
 def configure(**config):
     """Options (as for `kmm.Manager`) of the managers that plugins create from now on."""
-    make_config(**config)  # a bad option raises here, not at some later allocation
+    checked_config(**config)  # a bad option raises here, not at some later allocation
     _config.clear()
     _config.update(config)
 

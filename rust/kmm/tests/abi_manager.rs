@@ -315,3 +315,24 @@ fn a_limit_below_the_chunk_size_still_serves_what_fits_under_it() {
         m.free(b);
     }
 }
+
+#[test]
+fn a_config_is_checked_without_making_a_manager() {
+    // SAFETY: KmmConfig is plain data; kmm_config_default fills it.
+    let mut c: KmmConfig = unsafe { std::mem::zeroed() };
+    ok(kmm_config_default(&mut c));
+    ok(kmm_config_check(&c));
+    expect_err(kmm_config_check(std::ptr::null()), KMM_ERROR_NULL_POINTER, &["config"]);
+    for (edit, word) in [
+        (Box::new(|c: &mut KmmConfig| c.alignment = 3) as Box<dyn Fn(&mut KmmConfig)>, "alignment"),
+        (Box::new(|c: &mut KmmConfig| c.chunk_size = 0), "chunk_size"),
+        (Box::new(|c: &mut KmmConfig| c.staging_chunks = 0), "staging_chunks"),
+        (Box::new(|c: &mut KmmConfig| c.alloc_mode = 9), "alloc_mode"),
+    ] {
+        let mut bad = c;
+        edit(&mut bad);
+        expect_err(kmm_config_check(&bad), KMM_ERROR_INVALID_ARGUMENT, &[word]);
+        let mut m = 0;
+        expect_err(kmm_manager_create(&bad, &mut m), KMM_ERROR_INVALID_ARGUMENT, &[word]);
+    }
+}

@@ -16,6 +16,20 @@ pub extern "C" fn kmm_config_default(config: *mut KmmConfig) -> KmmStatus {
     boundary(|| write_out(config, "config", KmmConfig::from(&Config::default())))
 }
 
+/// Checks `*config` as `kmm_manager_create` does, without making a manager: `KMM_OK`, or the
+/// status and a message naming the first option out of bounds. (Whether the backend and device
+/// exist is the creation's to find.)
+#[no_mangle]
+pub extern "C" fn kmm_config_check(config: *const KmmConfig) -> KmmStatus {
+    boundary(|| {
+        if config.is_null() {
+            fail!(KMM_ERROR_NULL_POINTER, "config is NULL");
+        }
+        // SAFETY: non-null; the caller passes a KmmConfig.
+        Config::try_from(unsafe { &*config }).map(drop)
+    })
+}
+
 /// Writes to `*count` how many devices `backend` (a `KmmBackend`) offers: the visible CUDA
 /// devices, or the host backend's stand-ins (the `KMM_HOST_DEVICES` variable, 1 to 64, default
 /// 1). `KMM_BACKEND_AUTO` follows `KMM_BACKEND`, then counts CUDA's devices when CUDA is usable,
