@@ -71,6 +71,40 @@ def cupy_host(monkeypatch):
         del stream, device, hook
 
 
+# -- 1. fork ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call", ["b.copy_to_host()", "bytes(b.host_view()[:4])", "m.synchronize()", "m.close()"])
+def test_forked_child_using_the_parents_manager_does_not_hang(call):
+    """HANG. After os.fork() (multiprocessing's default start method on Linux before 3.14), any
+    call of the child that waits for the inherited manager's stream (copy_to_host, host_view,
+    DeviceArray.get, synchronize, close) blocks forever: the host backend's stream worker thread
+    does not exist in the child. Allocations and fills in the child return at once, so the child
+    only hangs at the first read. Expected: it works, or raises a KmmError (as CUDA reports
+    "initialization error" in a forked child) - never a hang."""
+    script = """
+        import os, signal, sys, numpy as np, kmm
+        m = kmm.Manager(backend="host")
+        b = m.alloc(4096)
+        b.copy_from_host(np.full(4096, 7, np.uint8))
+        m.synchronize()
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(5)         # the child is killed by SIGALRM if the call hangs
+            try:
+                %s
+            except kmm.KmmError as e:
+                print("child raised", type(e).__name__, e, flush=True)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("STATUS", status, os.WIFSIGNALED(status) and os.WTERMSIG(status), flush=True)
+    """ % call
+    r = _run(script)
+    line = [x for x in r.stdout.splitlines() if x.startswith("STATUS")]
+    assert line, r.stdout + r.stderr
+    _, status, signalled = line[0].split()
+    assert status == "0", "the forked child hung in %s (killed by signal %s after 5 s)" % (call, signalled)
+
+
 # -- 2. frees ordered on a stream that is gone -----------------------------------------------------
 
 def test_cupy_memory_freed_after_its_stream_is_gone_is_not_leaked(cupy_host):

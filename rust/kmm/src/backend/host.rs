@@ -208,6 +208,26 @@ pub struct HostStream {
     id: u64,
     queue: Mutex<Option<Sender<Work>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
+    /// The process generation (see `fork_generation`) the worker thread runs in.
+    generation: u64,
+}
+
+/// How many times this process is a forked child of a process that had host streams: a child
+/// has none of its parent's threads, so a stream of an earlier generation can run no work (a
+/// wait for it would never end). Such streams refuse work with an error instead, as a CUDA
+/// context refuses to be used after a fork.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+fn fork_generation() -> u64 {
+    static WATCH: std::sync::Once = std::sync::Once::new();
+    extern "C" fn in_child() {
+        FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+    }
+    // SAFETY: registers a handler that only increments an atomic (async-signal-safe).
+    WATCH.call_once(|| unsafe {
+        libc::pthread_atfork(None, None, Some(in_child));
+    });
+    FORK_GENERATION.load(Ordering::Relaxed)
 }
 
 /// What the registry knows of a stream id.
@@ -245,12 +265,31 @@ impl HostStream {
                 }
             })
             .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start a host stream thread: {e}"))?;
-        let stream = Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)) });
+        let generation = fork_generation();
+        let stream = Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)), generation });
         lock(stream_registry()).insert(id, Known::Live(Arc::downgrade(&stream)));
         Ok(stream)
     }
 
+    /// Whether this stream's worker runs in this process (not in the parent of a fork).
+    fn runs_here(&self) -> bool {
+        self.generation == FORK_GENERATION.load(Ordering::Relaxed)
+    }
+
+    /// An error unless this stream's worker runs in this process.
+    fn check_runs_here(&self) -> Result<()> {
+        if !self.runs_here() {
+            fail!(
+                KMM_ERROR_BACKEND,
+                "host stream {:#x} belongs to the process this one was forked from: its worker thread does not run here (make a new manager in the child)",
+                self.id
+            );
+        }
+        Ok(())
+    }
+
     fn enqueue(&self, work: Work) -> Result<()> {
+        self.check_runs_here()?;
         match lock(&self.queue).as_ref() {
             Some(tx) if tx.send(work).is_ok() => Ok(()),
             _ => fail!(KMM_ERROR_BACKEND, "host stream {:#x} has stopped", self.id),
@@ -314,8 +353,9 @@ impl Drop for HostStream {
         }
         lock(&self.queue).take();
         if let Some(worker) = lock(&self.worker).take() {
-            // The last reference can be dropped by the worker itself (inside queued work).
-            if worker.thread().id() != std::thread::current().id() {
+            // The last reference can be dropped by the worker itself (inside queued work); a
+            // forked child has no worker to join.
+            if worker.thread().id() != std::thread::current().id() && self.runs_here() {
                 let _ = worker.join();
             }
         }
@@ -370,9 +410,11 @@ impl Stream for HostStream {
     }
     fn record(&self, event: &dyn Event) -> Result<()> {
         let event = host_event(event)?;
+        self.check_runs_here()?;
         let target = {
             let mut st = lock(&event.0.state);
             st.recorded += 1;
+            st.generation = self.generation;
             st.recorded
         };
         let inner = event.0.clone();
@@ -382,7 +424,9 @@ impl Stream for HostStream {
         let event = host_event(event)?;
         let target = lock(&event.0.state).recorded;
         let inner = event.0.clone();
-        self.enqueue(Box::new(move || inner.wait_for(target)))
+        self.enqueue(Box::new(move || {
+            inner.wait_for(target);
+        }))
     }
     fn wait_raw_stream(&self, foreign: u64) -> Result<()> {
         if foreign == self.id {
@@ -413,6 +457,8 @@ impl Stream for HostStream {
 struct EventState {
     recorded: u64,
     completed: u64,
+    /// The process generation of the latest record: its work runs only there.
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -427,11 +473,17 @@ impl EventInner {
         st.completed = st.completed.max(target);
         self.done.notify_all();
     }
-    fn wait_for(&self, target: u64) {
+    /// Waits until the work before the `target`th record has run; false (at once) when that
+    /// work was queued in the parent of a fork and can never run here.
+    fn wait_for(&self, target: u64) -> bool {
         let mut st = lock(&self.state);
         while st.completed < target {
+            if st.generation != FORK_GENERATION.load(Ordering::Relaxed) {
+                return false;
+            }
             st = self.done.wait(st).unwrap_or_else(|e| e.into_inner());
         }
+        true
     }
 }
 
@@ -450,11 +502,16 @@ fn host_event(event: &dyn Event) -> Result<&HostEvent> {
 impl Event for HostEvent {
     fn query(&self) -> Result<bool> {
         let st = lock(&self.0.state);
+        if st.completed < st.recorded && st.generation != FORK_GENERATION.load(Ordering::Relaxed) {
+            fail!(KMM_ERROR_BACKEND, "the event's work was queued in the process this one was forked from: it never runs here");
+        }
         Ok(st.completed >= st.recorded)
     }
     fn synchronize(&self) -> Result<()> {
         let target = lock(&self.0.state).recorded;
-        self.0.wait_for(target);
+        if !self.0.wait_for(target) {
+            fail!(KMM_ERROR_BACKEND, "the event's work was queued in the process this one was forked from: it never runs here");
+        }
         Ok(())
     }
     fn as_any(&self) -> &dyn Any {
