@@ -118,13 +118,14 @@ function check_restoring(call, s::KmmStorage)
     nothing
 end
 
-# A copy between two storages, either of which may need restoring: out of memory is retried on
-# the source's manager when the source is what stayed spilled (the restore that failed), else on
-# the destination's, and reported with that storage's bytes and manager.
+# A copy between two storages, either of which may need restoring (libkmm restores the
+# destination first): out of memory is retried on the source's manager when the destination is
+# back and the source stayed spilled (its restore failed), else on the destination's, and
+# reported with that storage's bytes and manager.
 function check_restoring(call, dest::KmmStorage, src::KmmStorage)
     st = call()
     st == LibKmm.KMM_OK && return nothing
-    failed = st == LibKmm.KMM_ERROR_OUT_OF_MEMORY && src !== dest && is_spilled(src) ? src : dest
+    failed = st == LibKmm.KMM_ERROR_OUT_OF_MEMORY && src !== dest && !is_spilled(dest) && is_spilled(src) ? src : dest
     retry_out_of_memory(call, st, failed.manager, failed.bytes)
     nothing
 end

@@ -52,6 +52,18 @@ PLANTS = [
      "        super::by_address::orphan_everywhere(manager);\n",
      "",
      ["abi_stream_order"]),
+    # An allocation by address made while its manager is destroyed is recorded as live: its late
+    # free frees what a newer manager puts at that address.
+    ("by-address-records-after-destroy", "rust/kmm/src/ffi/by_address.rs",
+     "        if !super::registry::is_live(mgr) {\n",
+     "        if false {\n",
+     ["abi_stream_order"]),
+    # An allocation held back at an orphaned address keeps its entry when its manager is
+    # destroyed: the next one there is recorded as live, and the orphan's late free frees it.
+    ("by-address-held-back-outlives-its-manager", "rust/kmm/src/ffi/by_address.rs",
+     "            *held = None;\n",
+     "",
+     ["abi_stream_order"]),
     # A plugin free on a host stream that has ended is refused: the buffer leaks for good.
     ("plugin-free-refuses-an-ended-stream", "rust/kmm/src/manager/lane.rs",
      "            if !self.backend.stream_ended(stream) {\n",

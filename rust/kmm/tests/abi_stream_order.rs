@@ -756,3 +756,83 @@ fn a_plugin_free_on_a_stream_that_is_gone_frees() {
     expect_err(kmm_buffer_record_stream(m.0, b, 0x7777_0001), KMM_ERROR_INVALID_ARGUMENT, &["not a live host-backend stream"]);
     ok(kmm_plugin_free(m.0, b, 0));
 }
+
+fn cupy_live() -> u64 {
+    let mut n = u64::MAX;
+    ok(kmm_cupy_live_allocations(&mut n));
+    n
+}
+
+/// A destroy racing CuPy allocations on another thread: no allocation of the destroyed manager
+/// stays recorded as live (its late free would then free whatever a newer manager put at that
+/// address), and every pointer the thread got is an orphan its late free consumes.
+#[test]
+fn a_destroy_racing_allocations_by_address_leaves_no_live_entry() {
+    let _turn = CUPY_STATE.lock().unwrap_or_else(|e| e.into_inner());
+    for it in 0..300 {
+        let m = Mgr::new();
+        ok(kmm_cupy_set_manager(0, m.0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let allocator = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut ptrs = Vec::new();
+                while !stop.load(Relaxed) && ptrs.len() < 20_000 {
+                    let p = kmm_cupy_malloc(null_mut(), 256, 0);
+                    if p.is_null() {
+                        break;
+                    }
+                    ptrs.push(p as u64);
+                }
+                ptrs
+            })
+        };
+        for _ in 0..(it % 50) * 20 {
+            std::hint::spin_loop();
+        }
+        std::thread::yield_now();
+        let handle = m.0;
+        std::mem::forget(m);
+        ok(kmm_manager_destroy(handle, 0));
+        stop.store(true, Relaxed);
+        let ptrs = allocator.join().unwrap();
+        ok(kmm_cupy_set_manager(0, 0));
+        assert_eq!(cupy_live(), 0, "iteration {it}: an allocation of the destroyed manager is recorded as live");
+        for p in ptrs {
+            kmm_cupy_free(null_mut(), p as *mut c_void, 0); // the late frees
+        }
+    }
+}
+
+/// An allocation held back at an orphaned address whose manager is destroyed in turn: the orphan
+/// still waits for its late free, so a third manager's allocation there is held back again, and
+/// that late free frees nothing of the third manager's.
+#[test]
+fn an_orphan_outlives_the_manager_that_held_its_address_back() {
+    let _turn = CUPY_STATE.lock().unwrap_or_else(|e| e.into_inner());
+    let m1 = Mgr::new();
+    ok(kmm_cupy_set_manager(0, m1.0));
+    let p = kmm_cupy_malloc(null_mut(), 4096, 0);
+    assert!(!p.is_null());
+    ok(kmm_cupy_set_manager(0, 0));
+    drop(m1);
+    let m2 = Mgr::new();
+    ok(kmm_cupy_set_manager(0, m2.0));
+    let q = kmm_cupy_malloc(null_mut(), 4096, 0);
+    assert_ne!(q, p);
+    kmm_cupy_free(null_mut(), q, 0);
+    ok(kmm_cupy_set_manager(0, 0));
+    drop(m2);
+    let m3 = Mgr::new();
+    ok(kmm_cupy_set_manager(0, m3.0));
+    let a = kmm_cupy_malloc(null_mut(), 4096, 0);
+    assert!(!a.is_null() && a != p, "m3's allocation was handed out at the orphaned address");
+    kmm_cupy_free(null_mut(), p, 0); // m1's late free
+    let b = kmm_cupy_malloc(null_mut(), 4096, 0);
+    assert!(!b.is_null() && b != a, "m1's late free freed m3's allocation");
+    for x in [a, b] {
+        kmm_cupy_free(null_mut(), x, 0);
+    }
+    assert_eq!((cupy_live(), m3.stats(DEVICE).live_buffers), (0, 0));
+    ok(kmm_cupy_set_manager(0, 0));
+}

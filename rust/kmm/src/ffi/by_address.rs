@@ -46,13 +46,36 @@ pub(super) struct ByAddress {
     /// Addresses of allocations whose manager was destroyed before the library freed them (a
     /// forced close): the library's late free of such an address must not free a new
     /// allocation there. A new allocation that lands on one is held back here until that late
-    /// free comes (and the request is served again elsewhere).
+    /// free comes (and the request is served again elsewhere): one allocation per orphan at
+    /// most, of the size that was asked for.
     pub orphans: U64Map<Option<(u64, u64, u64)>>,
+    /// Entries of `live` and held-back allocations per manager: a destroy of a manager with
+    /// none here scans nothing.
+    held: U64Map<usize>,
 }
 
 impl ByAddress {
     pub fn new() -> Mutex<ByAddress> {
-        Mutex::new(ByAddress { managers: HashMap::new(), live: U64Map::default(), orphans: U64Map::default() })
+        Mutex::new(ByAddress { managers: HashMap::new(), live: U64Map::default(), orphans: U64Map::default(), held: U64Map::default() })
+    }
+
+    fn count(&mut self, manager: u64, delta: isize) {
+        let n = self.held.entry(manager).or_insert(0);
+        *n = n.saturating_add_signed(delta);
+        if *n == 0 {
+            self.held.remove(&manager);
+        }
+    }
+
+    fn insert_live(&mut self, address: u64, entry: (u64, u64, u64)) {
+        self.count(entry.0, 1);
+        self.live.insert(address, entry);
+    }
+
+    fn remove_live(&mut self, address: u64) -> Option<(u64, u64, u64)> {
+        let entry = self.live.remove(&address)?;
+        self.count(entry.0, -1);
+        Some(entry)
     }
 }
 
@@ -65,11 +88,21 @@ pub(super) fn alloc_by_address(table: &Mutex<ByAddress>, mgr: u64, bytes: u64, s
     loop {
         let (b, p) = plugin_alloc(mgr, bytes, MemoryKind::Device, stream)?;
         let mut t = lock(table);
+        // A destroy since the allocation: its teardown frees the buffer, and `orphan` (which
+        // runs after the manager is unregistered, under this lock) has passed or will not see
+        // this entry, so none is made. Checked under the lock: an entry made before that
+        // `orphan` runs is orphaned by it.
+        if !super::registry::is_live(mgr) {
+            fail!(KMM_ERROR_INVALID_HANDLE, "manager {mgr:#x} was destroyed during the allocation");
+        }
         match t.orphans.get_mut(&p) {
             // Each orphaned address holds back at most one allocation: the loop ends.
-            Some(held @ None) => *held = Some((mgr, b, stream)),
+            Some(held @ None) => {
+                *held = Some((mgr, b, stream));
+                t.count(mgr, 1);
+            }
             _ => {
-                t.live.insert(p, (mgr, b, stream));
+                t.insert_live(p, (mgr, b, stream));
                 return Ok(p);
             }
         }
@@ -88,10 +121,20 @@ pub(super) fn orphan_everywhere(manager: u64) {
 /// the library has not freed become orphans (see `ByAddress::orphans`).
 pub(super) fn orphan(table: &Mutex<ByAddress>, manager: u64) {
     let mut t = lock(table);
+    if t.held.remove(&manager).is_none() {
+        return;
+    }
     let dead: Vec<u64> = t.live.iter().filter(|(_, v)| v.0 == manager).map(|(&address, _)| address).collect();
     for address in dead {
         t.live.remove(&address);
         t.orphans.insert(address, None);
+    }
+    // Its held-back allocations go with its teardown: their orphans wait for their late frees
+    // as before.
+    for held in t.orphans.values_mut() {
+        if held.is_some_and(|(m, _, _)| m == manager) {
+            *held = None;
+        }
     }
 }
 
@@ -103,14 +146,21 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
     let found = {
         let mut t = lock(table);
         match t.live.get(&ptr) {
-            Some(&(mgr, _, _)) if manager.is_none_or(|m| m == mgr) => t.live.remove(&ptr),
+            Some(&(mgr, _, _)) if manager.is_none_or(|m| m == mgr) => t.remove_live(ptr),
             _ => None,
         }
     };
     let Some((mgr, b, alloc_stream)) = found else {
         // The late free of an allocation of a destroyed manager: its memory went with it; an
         // allocation held back at its address goes back now.
-        let orphan = lock(table).orphans.remove(&ptr);
+        let orphan = {
+            let mut t = lock(table);
+            let orphan = t.orphans.remove(&ptr);
+            if let Some(Some((mgr, _, _))) = orphan {
+                t.count(mgr, -1);
+            }
+            orphan
+        };
         if let Some(held) = orphan {
             if let Some((mgr, b, stream)) = held {
                 let _ = plugin_free(mgr, b, stream);
@@ -121,7 +171,7 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
     };
     let freed = plugin_free(mgr, b, stream.unwrap_or(alloc_stream));
     if freed.as_ref().is_err_and(|e| e.status != crate::KmmStatus::KMM_ERROR_INVALID_HANDLE) {
-        lock(table).live.insert(ptr, (mgr, b, alloc_stream));
+        lock(table).insert_live(ptr, (mgr, b, alloc_stream));
     }
     freed
 }

@@ -150,6 +150,12 @@ fn with_lane<R>(handle: u64, lane: impl FnOnce(usize) -> usize, f: impl FnOnce(&
     }
 }
 
+/// Whether `handle` names a live manager (not yet destroyed). Racy by itself: callers order it
+/// with what the destroy does after `unregister` (see `by_address`).
+pub fn is_live(handle: u64) -> bool {
+    decode(handle).is_ok_and(|(cell, generation)| cell.generation.load(Ordering::Acquire) == generation)
+}
+
 /// Runs `f` on the live manager `handle` names.
 pub fn with_manager<R>(handle: u64, f: impl FnOnce(&Manager) -> Result<R>) -> Result<R> {
     let (cell, generation) = decode(handle)?;
