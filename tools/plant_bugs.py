@@ -300,8 +300,8 @@ PLANTS = [
     # was allocated for, which the allocation already recorded; it takes a free on another stream
     # than the allocation's (with work queued there) to see it.
     ("plugin-free-ignores-its-stream", "rust/kmm/src/manager/lane.rs",
-     "        self.record_stream(handle, self.stream_arg(stream))?;\n        self.free(handle, force)\n",
-     "        let _ = stream;\n        self.free(handle, force)\n",
+     "        let stream = self.stream_arg(stream);\n        if let Err(e) = self.record_stream(handle, stream) {\n",
+     "        let stream = self.stream_arg(stream);\n        if let Err(e) = Ok::<(), crate::error::Error>(()) {\n",
      ["abi_stream_order"]),
     # A plugin allocation served by the caller's lane comes back unpinned: a compaction may move
     # it while the library that holds its address uses it.
