@@ -141,6 +141,8 @@ def test_cupy_pinned_memory_freed_after_its_stream_is_gone_is_not_leaked(cupy_ho
     assert m.stats("pinned")["live_buffers"] == 0, "pinned buffer leaked: %s" % L.kmm_last_error().decode()
 
 
+@pytest.mark.skipif(os.environ.get("KMM_TEST_GPU") == "1",
+                    reason="kmm.torch's manager is a CUDA one there, and a host stream id is no CUstream")
 def test_torch_memory_freed_on_a_stream_that_is_gone_is_not_leaked():
     """LEAK. kmm_torch_free (what CUDAPluggableAllocator calls) with the allocation's stream
     destroyed meanwhile: the free is refused, kmm.torch.live_allocations() and the manager's
