@@ -165,7 +165,7 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
             if let Some((mgr, b, stream)) = held {
                 let _ = plugin_free(mgr, b, stream);
             }
-            return Ok(());
+            fail!(KMM_ERROR_INVALID_HANDLE, "ptr = {ptr:#x} was allocated by a manager since destroyed: its memory went with it");
         }
         fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
     };
