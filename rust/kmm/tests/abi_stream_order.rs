@@ -810,29 +810,33 @@ fn a_destroy_racing_allocations_by_address_leaves_no_live_entry() {
 #[test]
 fn an_orphan_outlives_the_manager_that_held_its_address_back() {
     let _turn = CUPY_STATE.lock().unwrap_or_else(|e| e.into_inner());
-    let m1 = Mgr::new();
-    ok(kmm_cupy_set_manager(0, m1.0));
-    let p = kmm_cupy_malloc(null_mut(), 4096, 0);
-    assert!(!p.is_null());
-    ok(kmm_cupy_set_manager(0, 0));
-    drop(m1);
-    let m2 = Mgr::new();
-    ok(kmm_cupy_set_manager(0, m2.0));
-    let q = kmm_cupy_malloc(null_mut(), 4096, 0);
-    assert_ne!(q, p);
-    kmm_cupy_free(null_mut(), q, 0);
-    ok(kmm_cupy_set_manager(0, 0));
-    drop(m2);
-    let m3 = Mgr::new();
-    ok(kmm_cupy_set_manager(0, m3.0));
-    let a = kmm_cupy_malloc(null_mut(), 4096, 0);
-    assert!(!a.is_null() && a != p, "m3's allocation was handed out at the orphaned address");
-    kmm_cupy_free(null_mut(), p, 0); // m1's late free
-    let b = kmm_cupy_malloc(null_mut(), 4096, 0);
-    assert!(!b.is_null() && b != a, "m1's late free freed m3's allocation");
-    for x in [a, b] {
-        kmm_cupy_free(null_mut(), x, 0);
+    // Several rounds: where the next manager's memory lands is the allocator's choice (other
+    // tests allocate at the same time), and the check means something where it lands on p.
+    for round in 0..20 {
+        let m1 = Mgr::new();
+        ok(kmm_cupy_set_manager(0, m1.0));
+        let p = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert!(!p.is_null());
+        ok(kmm_cupy_set_manager(0, 0));
+        drop(m1);
+        let m2 = Mgr::new();
+        ok(kmm_cupy_set_manager(0, m2.0));
+        let q = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert_ne!(q, p);
+        kmm_cupy_free(null_mut(), q, 0);
+        ok(kmm_cupy_set_manager(0, 0));
+        drop(m2);
+        let m3 = Mgr::new();
+        ok(kmm_cupy_set_manager(0, m3.0));
+        let a = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert!(!a.is_null() && a != p, "round {round}: m3's allocation was handed out at the orphaned address");
+        kmm_cupy_free(null_mut(), p, 0); // m1's late free
+        let b = kmm_cupy_malloc(null_mut(), 4096, 0);
+        assert!(!b.is_null() && b != a, "round {round}: m1's late free freed m3's allocation");
+        for x in [a, b] {
+            kmm_cupy_free(null_mut(), x, 0);
+        }
+        assert_eq!((cupy_live(), m3.stats(DEVICE).live_buffers), (0, 0));
+        ok(kmm_cupy_set_manager(0, 0));
     }
-    assert_eq!((cupy_live(), m3.stats(DEVICE).live_buffers), (0, 0));
-    ok(kmm_cupy_set_manager(0, 0));
 }
