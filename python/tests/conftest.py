@@ -34,3 +34,22 @@ def expect_named(exc_types, name, fn, *args, **kwargs):
         fn(*args, **kwargs)
     assert name in str(info.value), "the error does not name %r: %s" % (name, info.value)
     return info.value
+
+
+def cupy_on_host(monkeypatch, python_path=False):
+    """kmm.cupy with CuPy's device and stream queries stood in for (device 0, stream 0); with
+    `python_path`, its allocator is the Python path (no compiled or C function allocator)."""
+    try:
+        import kmm.cupy as kc
+    except Exception as e:  # pragma: no cover
+        pytest.skip("cupy unavailable: %s" % e)
+
+    class _Stream:
+        ptr = 0
+
+    monkeypatch.setattr(kc, "_get_device_id", lambda: 0)
+    monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
+    if python_path:
+        monkeypatch.setattr(kc, "_c_malloc", None)
+        monkeypatch.setattr(kc, "allocator", kc._uncompiled_allocator)
+    return kc

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kmm
+from conftest import cupy_on_host
 
 BACKEND = "host"
 
@@ -97,25 +98,10 @@ def test_finalizer_allocating_during_an_allocation_does_not_share_handles():
     m.close()
 
 
-def _cupy_on_host(monkeypatch):
-    """kmm.cupy with CuPy's device and stream queries stood in for (device 0, stream 0)."""
-    try:
-        import kmm.cupy as kc
-    except Exception as e:  # pragma: no cover
-        pytest.skip("cupy unavailable: %s" % e)
-
-    class _Stream:
-        ptr = 0
-
-    monkeypatch.setattr(kc, "_get_device_id", lambda: 0)
-    monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
-    return kc
-
-
 def test_cupy_python_path_finalizer_allocating_during_an_allocation_does_not_share_buffers(monkeypatch):
     # kmm.cupy's Python path (the first allocation on a device, pinned_allocator) reads the same
     # per-thread scratch slots after creating its owner object (a collection can run there).
-    kc = _cupy_on_host(monkeypatch)
+    kc = cupy_on_host(monkeypatch)
     kc.configure(backend=BACKEND)
     kc._clear_managers()
     try:
@@ -226,7 +212,7 @@ def test_subarray_dtype_array_round_trips():
 # -- 7. kmm.cupy close(force=...) flag -----------------------------------------------------------
 
 def test_cupy_manager_close_force_must_be_a_bool(monkeypatch):
-    kc = _cupy_on_host(monkeypatch)
+    kc = cupy_on_host(monkeypatch)
     monkeypatch.setattr(kc, "_c_malloc", None)
     monkeypatch.setattr(kc, "allocator", kc._uncompiled_allocator)
     kc.configure(backend=BACKEND)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import kmm
+from conftest import cupy_on_host
 
 BACKEND = "host"
 I64_MAX = (1 << 63) - 1
@@ -117,29 +118,12 @@ def test_set_keeps_storing_integers_within_a_float_range(m):
 
 # -- 6. kmm.cupy's out-of-memory error reports the device's size as the limit ----------------------
 
-def _cupy_on_host(monkeypatch):
-    """kmm.cupy with CuPy's device and stream queries stood in for (device 0, stream 0), on its
-    Python allocation path."""
-    try:
-        import kmm.cupy as kc
-    except Exception as e:  # pragma: no cover
-        pytest.skip("cupy unavailable: %s" % e)
-
-    class _Stream:
-        ptr = 0
-
-    monkeypatch.setattr(kc, "_get_device_id", lambda: 0)
-    monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
-    monkeypatch.setattr(kc, "_c_malloc", None)
-    monkeypatch.setattr(kc, "allocator", kc._uncompiled_allocator)
-    return kc
-
 
 def test_cupy_oom_error_reports_the_managers_hard_limit(monkeypatch):
     # kmm.cupy raised cupy.cuda.memory.OutOfMemoryError(size, total, limit) with limit = the
     # device's total memory, even when the manager's hard_limit refused the allocation. Numba's
     # plugin reports the manager's own hard limit (round 3).
-    kc = _cupy_on_host(monkeypatch)
+    kc = cupy_on_host(monkeypatch, python_path=True)
     import cupy
 
     limit = 16 << 20
@@ -162,7 +146,7 @@ def test_cupy_oom_error_reports_the_managers_hard_limit(monkeypatch):
 
 
 def test_cupy_pinned_oom_error_reports_the_pinned_limit(monkeypatch):
-    kc = _cupy_on_host(monkeypatch)
+    kc = cupy_on_host(monkeypatch, python_path=True)
     import cupy
 
     limit = 64 << 20
@@ -179,7 +163,7 @@ def test_cupy_pinned_oom_error_reports_the_pinned_limit(monkeypatch):
 
 
 def test_cupy_oom_error_without_a_hard_limit_reports_the_device_memory(monkeypatch):
-    kc = _cupy_on_host(monkeypatch)
+    kc = cupy_on_host(monkeypatch, python_path=True)
     import cupy
 
     kc.configure(backend=BACKEND)
