@@ -401,7 +401,7 @@ PLANTS = [
     ("jl-synchronize-finishes-later-copies", "src/manager.jl",
      "    complete_pending!(m, before)\n",
      "    complete_pending!(m, lock(() -> Base.IdSet{Any}(m.pending), m.lock))\n",
-     ["jl:adversarial_round5.jl"]),
+     ["jl:adversarial_round5_threads.jl"]),
     # MR-STAT's residual leaves the signal it computed allocated until the next collection.
     ("jl-residual-keeps-signal", "src/qmri/mrstat.jl",
      "        Kmm.unsafe_free!(sk)                          # the signal is this call's temporary\n",
