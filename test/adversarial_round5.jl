@@ -6,12 +6,9 @@
 if Threads.nthreads() > 1
     include("adversarial_round5_threads.jl")
 else
-    let script = joinpath(@__DIR__, "adversarial_round5_threads.jl")
-        code = "using Test, Kmm; @testset \"round 5, threads\" begin include(\"$(escape_string(script))\") end"
-        env = merge(Dict(ENV), Dict("JULIA_NUM_THREADS" => "2"))
-        cmd = setenv(`$(Base.julia_cmd()) --project=$ROOT --startup-file=no -e $code`, env)
-        @test success(pipeline(cmd, stdout = stdout, stderr = stderr))
-    end
+    include("in_child.jl")
+    script = joinpath(@__DIR__, "adversarial_round5_threads.jl")
+    test_in_child("using Test, Kmm; @testset \"round 5, threads\" begin include(\"$(escape_string(script))\") end"; threads = 2)
 end
 
 @testset "a copy whose spilled source cannot come back reports the source's bytes and manager" begin

@@ -74,10 +74,6 @@ if Threads.nthreads() > 1
         close(shared)
     end
 else
-    let script = @__FILE__
-        code = "using Test, Kmm; include(\"$(escape_string(script))\")"
-        env = merge(Dict(ENV), Dict("JULIA_NUM_THREADS" => "4"))
-        cmd = setenv(`$(Base.julia_cmd()) --project=$ROOT --startup-file=no -e $code`, env)
-        @test success(pipeline(cmd, stdout = stdout, stderr = stderr))
-    end
+    include("in_child.jl")
+    test_in_child("using Test, Kmm; include(\"$(escape_string(@__FILE__))\")"; threads = 4)
 end
