@@ -1,18 +1,22 @@
-# Asynchronous copies: they return a KmmCopyTask that `wait` completes. Until then the task, and
-# the manager's list of pending copies, keep the host and device arrays alive, so dropping the
-# task early is safe.
+# Asynchronous copies: they return a KmmCopyTask that `wait` (or `fetch`) completes. Until then
+# the task, and the manager's list of pending copies, keep the host and device arrays alive, so
+# dropping the task early is safe.
 
 """
     KmmCopyTask
 
-What `copyto_async!` returns: `wait(t)` blocks until the copy has run; `Kmm.isdone(t)` asks
-without blocking. Until the copy has run, the task (and its manager) keep both arrays alive.
+What `copyto_async!` returns: `wait(t)` blocks until the copy has run; `fetch(t)` does too and
+returns the copy's destination (as `fetch(::Task)` returns the task's result); `Kmm.isdone(t)`
+asks without blocking. A copy that failed throws from `wait` and `fetch` alike. Until the copy
+has run, the task (and its manager) keep both arrays alive; after, the task keeps only the
+destination, for `fetch`.
 """
 mutable struct KmmCopyTask
     manager::KmmManager
     event::UInt64                 # 0 once completed
     host::Any
     device::Any
+    dest::Any                     # what `fetch` returns: kept once the copy has run
 end
 
 """
@@ -20,7 +24,8 @@ end
 
 Queues a copy between a `KmmArray` and host memory (`Array`, a contiguous view of one, or a
 `PinnedArray`) in either direction, and returns at once. The host array must not be changed
-(host to device) or read (device to host) before `wait` returns. Lengths must match.
+(host to device) or read (device to host) before `wait(t)` or `fetch(t)` returns; `fetch(t)`
+returns `dest`. Lengths must match.
 """
 function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     length(dest) == length(src) || throw(DimensionMismatch(
@@ -35,7 +40,7 @@ function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
         end
         order_task_host!(manager(dest), src, ev[])
     end
-    register_task!(KmmCopyTask(manager(dest), ev[], src, dest))
+    register_task!(KmmCopyTask(manager(dest), ev[], src, dest, dest))
 end
 
 function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
@@ -51,7 +56,7 @@ function copyto_async!(dest::HostMem{T}, src::KmmArray{T}) where {T}
         end
         order_task_host!(manager(src), dest, ev[])
     end
-    register_task!(KmmCopyTask(manager(src), ev[], dest, src))
+    register_task!(KmmCopyTask(manager(src), ev[], dest, src, dest))
 end
 
 """Orders a pinned host array of another manager after the copy just queued (event `ev`);
@@ -149,6 +154,17 @@ function Base.wait(t::KmmCopyTask)
     end
     finish!(t)
     nothing
+end
+
+"""
+    fetch(t::KmmCopyTask) -> dest
+
+Waits for the copy as `wait(t)` does (polling and yielding to other tasks; a failure throws)
+and returns its destination, the `dest` of `copyto_async!(dest, src)`.
+"""
+function Base.fetch(t::KmmCopyTask)
+    wait(t)
+    t.dest
 end
 
 Base.show(io::IO, t::KmmCopyTask) =

@@ -67,3 +67,35 @@ end
     @test isempty(m.pending)
     close(m)
 end
+
+@testset "fetch(::KmmCopyTask) waits and returns the destination" begin
+    m = KmmManager(backend = :host)
+    a = rand(Float64, 2^20)
+    x = KmmArray{Float64}(undef, length(a); manager = m)
+    fill!(x, 1.0)                                          # queued ahead of the copy
+    t = copyto_async!(x, a)
+    @test fetch(t) === x                                   # host to device: the KmmArray
+    @test Kmm.isdone(t) && isempty(m.pending)
+    @test Array(x) == a
+    @test fetch(t) === x                                   # again, once done
+    b = zeros(length(a))
+    fill!(x, 2.0)
+    t = copyto_async!(b, x)
+    @test fetch(t) === b                                   # device to host: the host array
+    @test Kmm.isdone(t) && all(==(2.0), b)                 # filled when fetch returns
+    v = view(b, 1:1000)                                    # a contiguous view as destination
+    @test fetch(copyto_async!(v, view(x, 1:1000))) == v
+    q = PinnedArray{Float64}(undef, length(a); manager = m)
+    @test fetch(copyto_async!(q, x)) === q && all(==(2.0), q)
+    e = Float64[]                                          # an empty copy is done at once
+    @test fetch(copyto_async!(e, KmmArray{Float64}(undef, 0; manager = m))) === e
+    # A failed wait fails fetch the same way: a task whose event the manager does not know.
+    t = copyto_async!(b, x)
+    wait(t)
+    t.event = typemax(UInt64)
+    err = try wait(t); nothing catch e; e end
+    @test err isa KmmError
+    @test_throws KmmError fetch(t)
+    t.event = 0
+    close(m)
+end

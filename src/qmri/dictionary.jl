@@ -30,24 +30,20 @@ function Dictionary(seq::AbstractSequence, params; manager::KmmManager = default
     ntr = length(seq)
     nb = block_atoms === nothing ? max(1, DICTIONARY_BLOCK_BYTES ÷ (8 * ntr)) :
                                    count_arg("Dictionary", :block_atoms, block_atoms)
-    p = as_params(params, manager)
-    blocks, firsts = KmmArray{ComplexF32,2}[], Int[]
-    try
+    # a call that fails frees what it made: the blocks, and the upload or copy of params
+    with_temporaries() do made
+        p = result!(made, as_params(params, manager), params)
+        blocks, firsts = KmmArray{ComplexF32,2}[], Int[]
         natoms = size(p, 2)
         check && check_params(Array(p))
         for first in 0:nb:natoms-1
             n = min(nb, natoms - first)
-            d = KmmArray{ComplexF32}(undef, ntr, n; manager = manager)
+            d = result!(made, KmmArray{ComplexF32}(undef, ntr, n; manager = manager))
             push!(blocks, d)
             push!(firsts, first)
             simulate_raw!(d, seq, p, first, n, false)
         end
-        return Dictionary(seq, p, blocks, firsts, natoms)
-    catch
-        # a call that fails frees what it made: the blocks, and the upload or copy of params
-        foreach(Kmm.unsafe_free!, blocks)
-        release_made(p, params)
-        rethrow()
+        Dictionary(seq, p, blocks, firsts, natoms)
     end
 end
 
@@ -68,15 +64,15 @@ function match(d::Dictionary, signals; rank::Integer = 0, basis = nothing, basis
     m = Kmm.manager(d.params)
     ntr = length(d.seq)
     check_rank(rank, ntr)
-    s = u = o = nothing
-    try
+    with_temporaries() do made
         s, vdims, nvox = prepare_signals(signals, ntr, m)
-        u = choose_basis(basis, rank, ntr, m)
+        temp!(made, s, signals)
+        u = temp!(made, choose_basis(basis, rank, ntr, m), basis)
         check_basis = u !== nothing
         if u === nothing && 0 < rank < ntr
-            u = compression_basis(d.seq, d.params; rank = rank, atoms = basis_atoms, manager = m)
+            u = temp!(made, compression_basis(d.seq, d.params; rank = rank, atoms = basis_atoms, manager = m))
         end
-        o = RawOutputs(m, nvox, true)
+        o = result!(made, RawOutputs(m, nvox, true))
         t = @elapsed begin
             for (k, (block, first)) in enumerate(zip(d.blocks, d.firsts))
                 match_raw!(o, block, ntr, size(block, 2), first, s, nvox, Int(rank), d.params, k > 1, u,
@@ -86,10 +82,5 @@ function match(d::Dictionary, signals; rank::Integer = 0, basis = nothing, basis
         end
         finish(o, vdims, d.natoms, length(d.blocks), idx -> simulated_norms(d.seq, d.params, idx, u),
                timings ? Dict(:match => t) : Dict{Symbol,Float64}())
-    catch
-        free_outputs(o)
-        rethrow()
-    finally
-        foreach(release_made, (s, u), (signals, basis))
     end
 end

@@ -125,11 +125,9 @@ end
 # ---- simulation ------------------------------------------------------------------------------
 
 function remote_simulate(seq, p::Matrix{Float32}, device::Int, check::Bool)
-    d = simulate(seq, p; manager = default_manager(device), check = check)
-    try
-        Array(d)
-    finally
-        Kmm.unsafe_free!(d)                           # also when the copy back fails
+    with_temporaries() do made
+        d = temp!(made, simulate(seq, p; manager = default_manager(device), check = check))
+        Array(d)                                      # d is freed also when the copy back fails
     end
 end
 
@@ -137,17 +135,14 @@ function simulate_on_workers(seq::AbstractSequence, params, manager::KmmManager,
                              workers, devices)
     call = seq isa FISPSequence ? "simulate_fisp" : "simulate_pssfp"
     ws, ranges, devs, p = plan_workers(call, workers, params, devices, check)
-    out = KmmArray{ComplexF32}(undef, length(seq), size(p, 2); manager = manager)
     ntr = length(seq)
-    try
+    with_temporaries() do made
+        out = result!(made, KmmArray{ComplexF32}(undef, length(seq), size(p, 2); manager = manager))
         on_workers(call, ws, devs, ranges,
                    (i, w) -> Distributed.remotecall(remote_simulate, w, seq, p[:, ranges[i]], devs[i], false);
                    then = (i, part) -> copyto!(out, (first(ranges[i]) - 1) * ntr + 1, part, 1, length(part)))
-    catch
-        Kmm.unsafe_free!(out)
-        rethrow()
+        out
     end
-    out
 end
 
 "Parameters as a checked host `4 x natoms` Float32 matrix."
@@ -179,10 +174,9 @@ function remote_match(seq, p::Matrix{Float32}, first_atom::Int, shipped::Shipped
               batch_atoms = batch_atoms, max_bytes = max_bytes, manager = default_manager(device),
               check = false, timings = timings)
     maps = (r.index, r.score, r.PD, r.pd_normalized, r.T1, r.T2, r.B1, r.B0)
-    idx, score, PD, pdn, T1, T2, B1, B0 = try
+    idx, score, PD, pdn, T1, T2, B1, B0 = with_temporaries() do made
+        foreach(x -> temp!(made, x), maps)            # freed also when a copy back fails
         map(x -> vec(Array(x)), maps)
-    finally
-        foreach(Kmm.unsafe_free!, maps)               # also when a copy back fails
     end
     idx .= ifelse.(idx .> 0, idx .+ Int32(first_atom - 1), Int32(0))
     PartialMatch(idx, score, PD, pdn, vcat(T1', T2', B1', B0'), r.batches, r.seconds)
@@ -203,10 +197,9 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         if u === nothing && 0 < rank < ntr
             u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = manager)
         end
-        hu = try
+        hu = with_temporaries() do made
+            temp!(made, u, basis)
             u === nothing ? nothing : Array(u)
-        finally
-            release_made(u, basis)
         end
     end
     parts = with_shipped_signals(host_signals) do shipped, write_file
@@ -217,8 +210,6 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
                    sent = write_file)
     end
     best = reduce_matches(parts)
-    made = KmmArray[]           # the maps: freed if a later one cannot be made
-    up(a) = push!(made, KmmArray(reshape(a, vdims); manager = manager))[end]
     seconds = Dict{Symbol,Float64}()
     if timings    # the slowest worker's times: the workers run at once
         for part in parts, (k, v) in part.seconds
@@ -226,13 +217,11 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
         end
         seconds[:basis] = tbasis
     end
-    try
+    with_temporaries() do made  # the maps: freed if a later one cannot be made
+        up(a) = result!(made, KmmArray(reshape(a, vdims); manager = manager))
         MatchResult{length(vdims)}(up(best.index), up(best.score), up(best.PD), up(best.pd_normalized),
                                    (up(best.params[r, :]) for r in 1:4)..., size(p, 2),
                                    sum(part.batches for part in parts), seconds)
-    catch
-        foreach(Kmm.unsafe_free!, made)
-        rethrow()
     end
 end
 

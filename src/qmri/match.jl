@@ -47,16 +47,15 @@ struct RawOutputs
 end
 
 function RawOutputs(m::KmmManager, nvox::Int, with_params::Bool)
-    made = KmmArray[]
-    new_array(T, dims...) = push!(made, KmmArray{T}(undef, dims...; manager = m))[end]
-    try
+    with_temporaries() do made                         # those made before an allocation failed
+        new_array(T, dims...) = result!(made, KmmArray{T}(undef, dims...; manager = m))
         RawOutputs(new_array(Int32, nvox), new_array(Float32, nvox), new_array(ComplexF32, nvox),
                    with_params ? new_array(Float32, 4, nvox) : nothing)
-    catch
-        foreach(Kmm.unsafe_free!, made)                # those made before an allocation failed
-        rethrow()
     end
 end
+
+"Frees the outputs of a match that failed (`with_temporaries`' `result!`)."
+release_made(o::RawOutputs, arg) = foreach(x -> release_made(x, nothing), (o.index, o.score, o.pd, o.params))
 
 function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms::Int, offset::Int,
                     signals::KmmArray{ComplexF32}, nvox::Int, rank::Int,
@@ -103,18 +102,12 @@ function compression_basis(dict::KmmArray{ComplexF32,2}; rank::Integer)
     natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
     check_basis_rank(rank, ntr)
     m = Kmm.manager(dict)
-    d = u = nothing
-    try
-        d = whole_buffer(dict)
-        u = KmmArray{ComplexF32}(undef, ntr, Int(rank); manager = m)
+    with_temporaries() do made
+        d = temp!(made, whole_buffer(dict), dict)     # the copy of a view
+        u = result!(made, KmmArray{ComplexF32}(undef, ntr, Int(rank); manager = m))
         GC.@preserve d u LibKmm.kmm_qmri_compression_basis(handles(d.storage)..., UInt64(ntr), UInt64(natoms),
                                                            UInt32(rank), handles(u.storage)[2])
-        return u
-    catch
-        u === nothing || Kmm.unsafe_free!(u)          # a call that fails frees what it made
-        rethrow()
-    finally
-        release_made(d, dict)                         # the copy of a view, in stream order
+        u
     end
 end
 
@@ -122,22 +115,17 @@ function compression_basis(seq::AbstractSequence, params; rank::Integer, atoms::
                            manager::KmmManager = default_manager_of(params))
     atoms = count_arg("compression_basis", :atoms, atoms)
     check_basis_rank(rank, length(seq))
-    p = as_params(params, manager)
-    sample = d = nothing
-    try
+    with_temporaries() do made
+        p = temp!(made, as_params(params, manager), params)
         natoms = size(p, 2)
         # evenly spaced atoms, first to last (one atom: the first; Julia 1.5's range refuses a
         # length of 1 between distinct endpoints)
         k = min(atoms, natoms)
         pick = k == 1 ? [1] : unique(round.(Int, range(1, natoms; length = k)))
-        sample = length(pick) == natoms ? p : KmmArray(Array(p)[:, pick]; manager = manager)
-        d = KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager)
+        sample = length(pick) == natoms ? p : temp!(made, KmmArray(Array(p)[:, pick]; manager = manager))
+        d = temp!(made, KmmArray{ComplexF32}(undef, length(seq), length(pick); manager = manager))
         simulate_raw!(d, seq, sample, 0, length(pick), false)
         compression_basis(d; rank = rank)
-    finally
-        d === nothing || Kmm.unsafe_free!(d)
-        sample === nothing || sample === p || Kmm.unsafe_free!(sample)
-        release_made(p, params)
     end
 end
 
@@ -245,35 +233,27 @@ function match(dict::KmmArray{ComplexF32,2}, signals; params = nothing, rank::In
     ntr, natoms = size(dict)
     natoms >= 1 || throw(ArgumentError("the dictionary is empty (0 atoms)"))
     check_rank(rank, ntr)
-    s = d = o = u = p = nothing
-    try
-        u = choose_basis(basis, rank, ntr, m)
-        p = params === nothing ? nothing : as_params(params, m)
+    with_temporaries() do made
+        u = temp!(made, choose_basis(basis, rank, ntr, m), basis)
+        p = params === nothing ? nothing : temp!(made, as_params(params, m), params)
         p === nothing || size(p, 2) == natoms || throw(DimensionMismatch(
             "params describe $(size(p, 2)) atoms but the dictionary has $natoms"))
         s, vdims, nvox = prepare_signals(signals, ntr, m)
-        d = whole_buffer(dict)
+        temp!(made, s, signals)
+        d = temp!(made, whole_buffer(dict), dict)
         checked = u !== nothing
         if u === nothing && 0 < rank < ntr    # the dictionary's own basis, kept for the PD's norms
-            u = compression_basis(d; rank = rank)
+            u = temp!(made, compression_basis(d; rank = rank))
         end
-        o = RawOutputs(m, nvox, p !== nothing)
+        o = result!(made, RawOutputs(m, nvox, p !== nothing))
         t = @elapsed begin
             match_raw!(o, d, ntr, natoms, 0, s, nvox, Int(rank), p, false, u, checked)
             timings && Kmm.synchronize(m)
         end
         finish(o, vdims, natoms, 1, idx -> dictionary_norms(d, idx, u),
                timings ? Dict(:match => t) : Dict{Symbol,Float64}())
-    catch
-        free_outputs(o)
-        rethrow()
-    finally
-        foreach(release_made, (s, p, u, d), (signals, params, basis, dict))
     end
 end
-
-"Frees the outputs of a match that failed (nothing: none were made yet)."
-free_outputs(o) = o === nothing || foreach(x -> x === nothing || Kmm.unsafe_free!(x), (o.index, o.score, o.pd, o.params))
 
 match(dict::KmmArray{ComplexF32}, signals; kw...) =
     throw(ArgumentError("the dictionary must be a matrix (ntr x natoms), got size $(size(dict))"))
@@ -282,13 +262,7 @@ match(dict::AbstractMatrix{<:Complex}, signals; params = nothing, kw...) =
                 KmmArray{ComplexF32}(dict; manager = default_manager_of(signals)))
 
 "`f(x)` for an array this call uploaded, freed (in stream order) when `f` returns or throws."
-function with_upload(f, x::KmmArray)
-    try
-        f(x)
-    finally
-        Kmm.unsafe_free!(x)
-    end
-end
+with_upload(f, x::KmmArray) = with_temporaries(made -> f(temp!(made, x)))
 
 function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis = nothing,
                basis_atoms::Integer = 2000, batch_atoms::Union{Nothing,Integer} = nothing,
@@ -303,52 +277,36 @@ function match(seq::AbstractSequence, params, signals; rank::Integer = 0, basis 
     m = manager
     ntr = length(seq)
     check_rank(rank, ntr)
-    p = as_params(params, m)
-    made = Made()
-    try
+    # A call that fails frees what it made too: later calls' batches see the memory free.
+    with_temporaries() do made
+        p = temp!(made, as_params(params, m), params)
         match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms, max_bytes, check,
                       verbose, timings, made)
-    catch
-        # A call that fails frees what it made too: later calls' batches see the memory free.
-        made.d === nothing || Kmm.unsafe_free!(made.d)
-        free_outputs(made.o)
-        rethrow()
-    finally
-        foreach(release_made, (made.s, p, made.u), (signals, params, basis))
     end
-end
-
-"What a generate-and-match call has made so far: signals, basis, outputs, the current batch."
-mutable struct Made
-    s::Union{Nothing,KmmArray}
-    u::Union{Nothing,KmmArray}
-    o::Union{Nothing,RawOutputs}
-    d::Union{Nothing,KmmArray}
-    Made() = new(nothing, nothing, nothing, nothing)
 end
 
 """
 The generate-and-match loop of `match(seq, params, signals)` on `m`. It notes in `made` each
-array it makes as it goes, so that the caller frees them whether the loop returns or throws.
+array it makes as it goes (`temp!`, `result!`), so that the caller's `with_temporaries` frees
+them whether the loop returns or throws.
 """
 function match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms, max_bytes,
                        check, verbose, timings, made::Made)
     ntr, natoms = length(seq), size(p, 2)
     check && check_params(Array(p))
     s, vdims, nvox, arrive = prepare_signals_later(signals, ntr, m)
-    made.s = s
-    u = choose_basis(basis, rank, ntr, m)
+    temp!(made, s, signals)
+    u = temp!(made, choose_basis(basis, rank, ntr, m), basis)
     check_basis, tbasis = u !== nothing, 0.0
     if u === nothing && 0 < rank < ntr
         t0 = time()
-        u = compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = m)
+        u = temp!(made, compression_basis(seq, p; rank = rank, atoms = basis_atoms, manager = m))
         timings && (Kmm.synchronize(m); tbasis = time() - t0)
     end
-    made.u = u
     nb = batch_atoms === nothing ? auto_batch(m, ntr, natoms, max_bytes) :
                                    count_arg("match", :batch_atoms, batch_atoms)
     nb = min(nb, natoms)
-    o = made.o = RawOutputs(m, nvox, true)
+    o = result!(made, RawOutputs(m, nvox, true))
     first, batches = 0, 0
     tsim = tmatch = 0.0
     while first < natoms
@@ -361,7 +319,7 @@ function match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms
             verbose && println("QMRI.match: out of memory for $n atoms; batches of $nb atoms now")
             continue
         end
-        made.d = d
+        temp!(made, d)          # freed below once matched; noted for a batch that fails
         t0 = time()
         simulate_raw!(d, seq, p, first, n, false)
         timings && (Kmm.synchronize(m); tsim += time() - t0)
@@ -370,7 +328,6 @@ function match_batches(seq, p, signals, m, rank, basis, basis_atoms, batch_atoms
         match_raw!(o, d, ntr, n, first, s, nvox, Int(rank), p, batches > 0, u, check_basis && batches == 0)
         timings && (Kmm.synchronize(m); tmatch += time() - t0)
         Kmm.unsafe_free!(d)
-        made.d = nothing
         batches += 1
         verbose && println("QMRI.match: batch $batches: atoms $(first + 1):$(first + n) of $natoms")
         first += n
@@ -410,14 +367,10 @@ end
 "‖d_j‖ (in the basis `u`, if any) for the 0-based atoms `idx`, simulated again (only those)."
 function simulated_norms(seq::AbstractSequence, p::KmmArray{Float32,2}, idx::Vector{Int}, u = nothing)
     ph = Array(p)
-    sub = KmmArray(ph[:, idx .+ 1]; manager = Kmm.manager(p))
-    d = nothing
-    sig = try
-        d = KmmArray{ComplexF32}(undef, length(seq), length(idx); manager = Kmm.manager(p))
+    sig = with_temporaries() do made
+        sub = temp!(made, KmmArray(ph[:, idx .+ 1]; manager = Kmm.manager(p)))
+        d = temp!(made, KmmArray{ComplexF32}(undef, length(seq), length(idx); manager = Kmm.manager(p)))
         Array(simulate_raw!(d, seq, sub, 0, length(idx), false))
-    finally
-        Kmm.unsafe_free!(sub)                         # temporaries, also when the call fails
-        d === nothing || Kmm.unsafe_free!(d)
     end
     U = host_basis(u)
     [atom_norm(view(sig, :, k), U) for k in 1:length(idx)]
@@ -434,10 +387,9 @@ function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of
     normof = Dict(zip(atoms, norms))
     PD = ComplexF32[(nd = get(normof, j, 0.0); nd > 0 ? pdn[v] / nd : zero(ComplexF32))
                     for (v, j) in enumerate(idx0)]
-    made = KmmArray[]           # the maps made here: freed if a later one fails (the caller frees o)
-    up(a) = push!(made, KmmArray(reshape(a, vdims); manager = m))[end]
     shape(x::KmmArray) = reshape(x, vdims)
-    try
+    with_temporaries() do made  # the maps made here: freed if a later one fails (the caller frees o)
+        up(a) = result!(made, KmmArray(reshape(a, vdims); manager = m))
         T1 = T2 = B1 = B0 = nothing
         if o.params !== nothing
             rec = Array(o.params)
@@ -446,8 +398,5 @@ function finish(o::RawOutputs, vdims::Tuple, natoms::Int, batches::Int, norms_of
         end
         MatchResult{length(vdims)}(up(idx0 .+ Int32(1)), shape(o.score), up(PD), shape(o.pd),
                                    T1, T2, B1, B0, natoms, batches, seconds)
-    catch
-        foreach(Kmm.unsafe_free!, made)
-        rethrow()
     end
 end

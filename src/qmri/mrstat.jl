@@ -104,14 +104,10 @@ function MRSTATModel(x, y, T2, B0, ρ, coils::AbstractMatrix, traj::Union{Cartes
     check_mrstat_count("MRSTATModel", "coils (columns of coils)", size(coils, 2))
     rec = Float32[f for v in 1:n for f in (x[v], y[v], T2[v], B0[v], real(ρ[v]), imag(ρ[v]))]
     c = Matrix{ComplexF32}(coils)
-    made = KmmArray[]
-    up(a) = push!(made, KmmArray(a; manager = manager))[end]
-    try
+    with_temporaries() do made                         # a call that fails frees what it made
+        up(a) = result!(made, KmmArray(a; manager = manager))
         MRSTATModel(n, nreadouts(traj), nsamples(traj), size(coils, 2), up(reshape(rec, 6, n)), up(c),
                     up(kspace_data(traj)), traj)
-    catch
-        foreach(Kmm.unsafe_free!, made)                # a call that fails frees what it made
-        rethrow()
     end
 end
 
@@ -144,11 +140,10 @@ differentiation: in f64 on the host backend, f32 on CUDA; `nothing` with `deriva
 """
 function magnetization(seq::FISPSequence, params; derivatives::Bool = true,
                        manager::KmmManager = default_manager_of(params))
-    p = as_params(params, manager)
-    n = size(p, 2)
-    made = KmmArray[]
-    output() = push!(made, KmmArray{ComplexF32}(undef, length(seq), n; manager = manager))[end]
-    try
+    with_temporaries() do made                         # a call that fails frees what it made
+        p = temp!(made, as_params(params, manager), params)
+        n = size(p, 2)
+        output() = result!(made, KmmArray{ComplexF32}(undef, length(seq), n; manager = manager))
         m = output()
         d1, d2 = derivatives ? (output(), output()) : (nothing, nothing)
         h(a) = a === nothing ? UInt64(0) : handles(a.storage)[2]
@@ -157,12 +152,7 @@ function magnetization(seq::FISPSequence, params; derivatives::Bool = true,
             mh, ph = handles(p.storage)
             LibKmm.kmm_qmri_fisp_derivatives(mh, cs, ph, UInt64(0), UInt64(n), h(m), h(d1), h(d2), UInt32(0))
         end
-        return (m, d1, d2)
-    catch
-        foreach(Kmm.unsafe_free!, made)                # a call that fails frees what it made
-        rethrow()
-    finally
-        release_made(p, params)
+        (m, d1, d2)
     end
 end
 
@@ -182,18 +172,12 @@ The k-space signal (`nsamples x nreadouts x ncoils`) of the magnetization `m`
 (`nreadouts x nvoxels`, e.g. from `magnetization`).
 """
 function signal(model::MRSTATModel, m::KmmArray{ComplexF32,2})
-    mm = check_magnetization(model, m)
-    out = nothing
-    try
-        out = KmmArray{ComplexF32}(undef, signal_size(model)...; manager = Kmm.manager(model))
+    with_temporaries() do made
+        mm = temp!(made, check_magnetization(model, m), m)      # the copy of a view
+        out = result!(made, KmmArray{ComplexF32}(undef, signal_size(model)...; manager = Kmm.manager(model)))
         GC.@preserve model mm out LibKmm.kmm_qmri_mrstat_signal(handles(model.voxels.storage)[1], Ref(cmodel(model)),
                                                                  handles(mm.storage)[2], handles(out.storage)[2])
-        return out
-    catch
-        out === nothing || Kmm.unsafe_free!(out)      # a call that fails frees what it made
-        rethrow()
-    finally
-        release_made(mm, m)                           # the copy of a view, in stream order
+        out
     end
 end
 
@@ -212,16 +196,8 @@ struct Jacobian
     dT2::KmmArray{ComplexF32,2}
     # J keeps the copies of views it makes (the calls take whole buffers); a failure frees them.
     function Jacobian(model::MRSTATModel, m, dT1, dT2)
-        args = (m, dT1, dT2)
-        made = Any[nothing, nothing, nothing]
-        try
-            for i in 1:3
-                made[i] = check_magnetization(model, args[i])
-            end
-            new(model, made...)
-        catch
-            foreach(release_made, made, args)
-            rethrow()
+        with_temporaries() do made
+            new(model, (result!(made, check_magnetization(model, x), x) for x in (m, dT1, dT2))...)
         end
     end
 end
@@ -250,39 +226,28 @@ function operands(J::Jacobian, x::KmmArray, xlen::Int, y::KmmArray, ylen::Int)
 end
 
 function LinearAlgebra.mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::KmmArray{Float32})
-    vv = operands(J, v, 4 * J.model.nvoxels, y, size(J, 1))
-    try
+    with_temporaries() do made
+        vv = temp!(made, operands(J, v, 4 * J.model.nvoxels, y, size(J, 1)), v)   # the copy of a view
         GC.@preserve J vv y LibKmm.kmm_qmri_jacobian_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
             handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
             handles(vv.storage)[2], handles(y.storage)[2])
-    finally
-        release_made(vv, v)                           # the copy of a view, in stream order
     end
     y
 end
 
 function LinearAlgebra.mul!(g::KmmArray{Float32}, A::AdjointJacobian, w::KmmArray{ComplexF32})
     J = A.J
-    ww = operands(J, w, size(J, 1), g, 4 * J.model.nvoxels)
-    try
+    with_temporaries() do made
+        ww = temp!(made, operands(J, w, size(J, 1), g, 4 * J.model.nvoxels), w)
         GC.@preserve J ww g LibKmm.kmm_qmri_jacobian_adjoint_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
             handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
             handles(ww.storage)[2], handles(g.storage)[2])
-    finally
-        release_made(ww, w)
     end
     g
 end
 
 "`mul!(out, A, x)` into `out`, a new array of this call's, freed when the call fails."
-function mul_new(out::KmmArray, A, x)
-    try
-        LinearAlgebra.mul!(out, A, x)
-    catch
-        Kmm.unsafe_free!(out)
-        rethrow()
-    end
-end
+mul_new(out::KmmArray, A, x) = with_temporaries(made -> LinearAlgebra.mul!(result!(made, out), A, x))
 
 Base.:*(J::Jacobian, v::KmmArray{Float32}) =
     mul_new(KmmArray{ComplexF32}(undef, signal_size(J.model)...; manager = Kmm.manager(J.model)), J, v)
@@ -306,12 +271,7 @@ The residual `signal(model, m) - data` (a signal-shaped KmmArray) and its square
 function residual(model::MRSTATModel, m::KmmArray{ComplexF32,2}, data)
     d = data isa KmmArray ? Array(data) : data
     size(d) == signal_size(model) || throw(DimensionMismatch("data is $(size(d)); the signal is $(signal_size(model))"))
-    sk = signal(model, m)
-    s = try
-        Array(sk)
-    finally
-        Kmm.unsafe_free!(sk)                          # the signal is this call's temporary
-    end
+    s = with_temporaries(made -> Array(temp!(made, signal(model, m))))   # the signal is a temporary
     r = s .- ComplexF32.(d)
     (KmmArray(r; manager = Kmm.manager(model)), sum(abs2, ComplexF64.(r)))
 end

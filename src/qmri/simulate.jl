@@ -14,6 +14,55 @@ gigabytes until then).
 """
 release_made(x, arg) = (x isa KmmArray && !(arg isa KmmArray && x.storage === arg.storage) && Kmm.unsafe_free!(x); nothing)
 
+# Every call here frees the device arrays it makes at once (see `release_made`): its temporaries
+# when it returns or throws, and what it would have returned when it throws (a failed call leaves
+# nothing behind: a retry or the next batch finds the memory free). `with_temporaries` is that
+# try/catch/finally, written once instead of in each call.
+
+"What a call under `with_temporaries` has made so far: `(array, caller's argument)` pairs."
+struct Made
+    temporaries::Vector{Pair{Any,Any}}    # freed when the call returns or throws
+    results::Vector{Pair{Any,Any}}        # freed only when it throws
+end
+
+"""
+    temp!(made, x, arg = nothing) -> x
+
+Notes `x` as a temporary of the call (freed when it returns or throws), made from the caller's
+`arg`: `x` is freed only if it is not `arg`'s own memory (`release_made`). `x` may be `nothing`.
+"""
+temp!(made::Made, x, arg = nothing) = (push!(made.temporaries, x => arg); x)
+
+"""
+    result!(made, x, arg = nothing) -> x
+
+Notes `x` as (part of) what the call returns: freed only if the call throws, as `temp!` frees.
+"""
+result!(made::Made, x, arg = nothing) = (push!(made.results, x => arg); x)
+
+"""
+    with_temporaries(f)
+
+Returns `f(made)`, `made` a new `Made` that `f` notes its arrays in (`temp!`, `result!`). When
+`f` returns, its temporaries are freed; when it throws, its results too, and the error goes on.
+Frees run newest first, results before temporaries.
+"""
+function with_temporaries(f)
+    made = Made(Pair{Any,Any}[], Pair{Any,Any}[])
+    returned = false
+    try
+        value = f(made)
+        returned = true
+        return value
+    finally
+        try
+            returned || foreach(p -> release_made(p.first, p.second), Iterators.reverse(made.results))
+        finally
+            foreach(p -> release_made(p.first, p.second), Iterators.reverse(made.temporaries))
+        end
+    end
+end
+
 "`params` as a `4 x natoms` `KmmArray{Float32,2}` on `m` (host arrays are checked and uploaded)."
 function as_params(params, m::KmmManager)
     if params isa KmmArray
@@ -52,19 +101,12 @@ end
 function simulate(seq::AbstractSequence, params; manager::KmmManager = default_manager_of(params),
                   check::Bool = true, workers = nothing, devices = nothing)
     workers === nothing || return simulate_on_workers(seq, params, manager, check, workers, devices)
-    p = as_params(params, manager)
-    out = nothing
-    try
+    with_temporaries() do made
+        p = temp!(made, as_params(params, manager), params)
         n = size(p, 2)
-        out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)
+        out = result!(made, KmmArray{ComplexF32}(undef, length(seq), n; manager = manager))
         simulate_raw!(out, seq, p, 0, n, check)
-    catch
-        out === nothing || Kmm.unsafe_free!(out)      # a call that fails frees what it made
-        rethrow()
-    finally
-        release_made(p, params)
     end
-    out
 end
 
 """
