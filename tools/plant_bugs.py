@@ -24,7 +24,6 @@ PLANTS = [
      "    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {\n",
      "    pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {\n        if self.buffers.get(handle).is_err() {\n            return Ok(());\n        }\n",
      ["trust_model", "trust_stress"]),
-    # The manager's bytes in use are a Gauge the lanes share (the lane's UsageCounters::in_use is
     # The FISP profile's size is multiplied in 32 bits: 2^20 TRs x 4096 positions is 0 values.
     ("fisp-profile-size-wraps", "rust/kmm/src/ffi/qmri.rs",
      "self.ntr as usize * self.nprofile as usize",
@@ -75,11 +74,23 @@ PLANTS = [
      "                buffers: HandleTable::resume(TAG_BUFFER, owner, lane, seed, buffer_history),\n",
      "                buffers: HandleTable::new(TAG_BUFFER, owner, lane, seed),\n",
      ["abi_buffers"]),
+    # The manager's bytes in use are a gauge the lanes share (the lane's UsageCounters::in_use is
     # no longer what stats report): the free forgets to take its bytes off.
     ("stats-not-decremented", "rust/kmm/src/manager/lane.rs",
-     "        self.in_use[k].sub(resident);\n",
+     "        self.in_use[k].sub(resident, self.place.lane);\n",
      "",
      ["trust_model", "trust_faults", "trust_stress"]),
+    # The gauge of bytes in use turns shared (a second lane changes it) without the barrier
+    # that makes the writer lane's plain update in flight visible: an update is lost.
+    ("lane-gauge-switch-without-barrier", "rust/kmm/src/pool/lane_gauge.rs",
+     "        membarrier::all_threads();\n",
+     "",
+     ["lib"]),
+    # ... or without waiting for the writer's update in flight (one preempted mid-update).
+    ("lane-gauge-switch-does-not-wait", "rust/kmm/src/pool/lane_gauge.rs",
+     "        while self.busy.load(Ordering::Acquire) {\n",
+     "        while false && self.busy.load(Ordering::Acquire) {\n",
+     ["lib"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
      "        other.backend.order_streams(other.raw_stream(), run.raw_stream())?;",
      "",

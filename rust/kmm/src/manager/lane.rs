@@ -15,7 +15,8 @@ use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
 use crate::pool::direct::DirectResource;
 use crate::pool::limit::Limit;
-use crate::pool::stats::{Gauge, UsageCounters};
+use crate::pool::lane_gauge::LaneGauge;
+use crate::pool::stats::UsageCounters;
 use crate::pool::{Block, MemoryResource, Owner, Relocation, Relocator, NO_OWNER};
 use crate::{err, fail};
 use std::sync::{Arc, Weak};
@@ -108,7 +109,7 @@ pub struct State {
     pub(super) adopted: [Deferred<DirectResource>; 2],
     pub(super) usage: [UsageCounters; 2],
     /// The manager's bytes in use per kind, shared by its lanes.
-    pub(super) in_use: Arc<[Gauge; 2]>,
+    pub(super) in_use: Arc<[LaneGauge; 2]>,
     /// What the manager's lanes together reserve of device memory (its device upstream's count).
     pub(super) reserved: Arc<Limit>,
     pub(super) backend: Arc<dyn Backend>,
@@ -163,7 +164,7 @@ struct LaneCaller<'a> {
     place: Option<&'a Place>,
     growth: Growth,
     /// For `Growth::Defer`: the manager's device bytes in use and reserved.
-    in_use: &'a Gauge,
+    in_use: &'a LaneGauge,
     reserved: &'a Limit,
     /// This lane's bytes in use.
     in_use_here: u64,
@@ -406,7 +407,7 @@ impl State {
         match self.buffers.insert(record) {
             Ok(h) => {
                 self.usage[kind as usize].on_alloc(bytes);
-                self.in_use[kind as usize].add(bytes);
+                self.in_use[kind as usize].add(bytes, self.place.lane);
                 Ok(h)
             }
             Err(e) => {
@@ -447,7 +448,7 @@ impl State {
         // A spilled buffer's bytes left the counts of bytes in use when it spilled.
         let resident = if record.is_spilled() { 0 } else { record.bytes };
         self.usage[k].on_free(resident);
-        self.in_use[k].sub(resident);
+        self.in_use[k].sub(resident, self.place.lane);
         if let Some(t) = &mut self.trace {
             t.record(Action::Free, record.kind, record.addr, record.bytes, self.home, handle, 0);
         }

@@ -32,7 +32,8 @@ use crate::pool::deferred::Deferred;
 use crate::pool::direct::DirectResource;
 use crate::pool::limit::{Limit, LimitedUpstream};
 use crate::pool::pooled::PoolResource;
-use crate::pool::stats::{Gauge, UsageCounters};
+use crate::pool::lane_gauge::LaneGauge;
+use crate::pool::stats::UsageCounters;
 use crate::pool::stream_async::AsyncResource;
 use crate::pool::upstream::{DeviceUpstream, FreeQueues, PinnedUpstream};
 use crate::pool::{new_suballocator, Block, MemoryResource, ResourceCounters, SuballocatorKind, Upstream};
@@ -62,7 +63,7 @@ pub struct Manager {
     upstreams: [Arc<dyn Upstream>; 2],
     limits: [Arc<Limit>; 2],
     /// Bytes in use per kind, shared by the lanes.
-    in_use: Arc<[Gauge; 2]>,
+    in_use: Arc<[LaneGauge; 2]>,
     /// Host ranges this manager registered (start -> bytes): only it may unregister them.
     registered: Mutex<BTreeMap<u64, u64>>,
     /// Chunks (kind, base, size) taken out of a pool whose fence could not be waited for: given
@@ -102,7 +103,7 @@ impl Manager {
             Arc::new(LimitedUpstream { inner: Arc::new(DeviceUpstream(backend.clone())), limit: limits[0].clone() }),
             Arc::new(LimitedUpstream { inner: Arc::new(PinnedUpstream(backend.clone())), limit: limits[1].clone() }),
         ];
-        let in_use: Arc<[Gauge; 2]> = Arc::new([Gauge::default(), Gauge::default()]);
+        let in_use: Arc<[LaneGauge; 2]> = Arc::new([LaneGauge::default(), LaneGauge::default()]);
         let lane_mask = cells::lane_mask_for(config.alloc_mode);
         let seed = (serial.wrapping_mul(0x9E37_79B9) >> 7) as u32;
         // Frees of whole allocations (direct mode, adopted memory) wait in these queues for a

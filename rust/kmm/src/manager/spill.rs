@@ -259,7 +259,7 @@ impl State {
         r.settling = false;
         r.users.insert(home);
         self.usage[0].in_use -= bytes;
-        self.in_use[0].sub(bytes);
+        self.in_use[0].sub(bytes, self.place.lane);
         self.spill.count(|s| {
             s.spills += 1;
             s.buffers += 1;
@@ -331,7 +331,7 @@ impl State {
         // Settling: a map waits for the copy in (the moves' fence recorded below).
         r.settling = true;
         self.usage[0].in_use += bytes;
-        self.in_use[0].add(bytes);
+        self.in_use[0].add(bytes, self.place.lane);
         self.spill.give_back(place, bytes);
         self.spill.count(|s| {
             s.restores += 1;

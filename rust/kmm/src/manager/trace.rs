@@ -10,7 +10,7 @@ use super::MemoryKind;
 use crate::error::Result;
 use crate::fail;
 use crate::pool::limit::Limit;
-use crate::pool::stats::Gauge;
+use crate::pool::lane_gauge::LaneGauge;
 use parking_lot::Mutex;
 use std::ffi::CStr;
 use std::fs::File;
@@ -257,7 +257,7 @@ pub struct Tracer {
     /// The manager's own events (trims, failed allocations), and the rings of lanes the trace
     /// stopped recording in.
     kept: Mutex<(Ring, Vec<Ring>)>,
-    in_use: Arc<[Gauge; 2]>,
+    in_use: Arc<[LaneGauge; 2]>,
     limits: [Arc<Limit>; 2],
     /// Device memory comes from CUDA's pool, which counts its own reservation.
     device_reserve_uncounted: bool,
@@ -322,7 +322,7 @@ impl LaneTrace {
 impl Tracer {
     pub(super) fn start(
         sink: Sink,
-        in_use: Arc<[Gauge; 2]>,
+        in_use: Arc<[LaneGauge; 2]>,
         limits: [Arc<Limit>; 2],
         device_reserve_uncounted: bool,
         home: u64,
@@ -620,7 +620,7 @@ mod tests {
 
     fn tracer(sink: Sink) -> Tracer {
         let limits = [Arc::new(Limit::new(0, "hard limit")), Arc::new(Limit::new(0, "pinned limit"))];
-        let t = Tracer::start(sink, Arc::new([Gauge::default(), Gauge::default()]), limits, false, 0).unwrap();
+        let t = Tracer::start(sink, Arc::new([LaneGauge::default(), LaneGauge::default()]), limits, false, 0).unwrap();
         t.begin().unwrap();
         t
     }

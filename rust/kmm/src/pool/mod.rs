@@ -8,6 +8,7 @@ pub mod deferred;
 pub mod direct;
 pub mod fixed;
 pub mod heap;
+pub mod lane_gauge;
 pub mod limit;
 pub mod pooled;
 pub mod ring;
