@@ -579,7 +579,8 @@ typedef struct {
   uint64_t pinned_chunk_size;
   /**
    * Most pinned bytes the manager's pinned pool may reserve (pinned buffers and the pinned
-   * part of spilled data); 0 means no limit (default 0). The staging slots of pageable copies
+   * part of spilled data; a pinned allocation that needs the room moves spilled data on to
+   * pageable memory); 0 means no limit (default 0). The staging slots of pageable copies
    * (`staging_chunk_size` x `staging_chunks`) are reserved apart from it.
    */
   uint64_t pinned_limit;

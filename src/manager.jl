@@ -22,8 +22,9 @@ of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
 - `spill_limit` (default 0: never): bytes of device arrays that may move to host memory when the
   device (or `hard_limit`) is full. Arrays that no `CuArray` view or kernel holds mapped, and not
   marked `Kmm.never_spill!`, spill least recently used first (pinned memory while `pinned_limit`
-  leaves room, then pageable) and come back on their next use: a working set larger than the
-  device runs, slower, instead of failing. `Kmm.is_spilled(x)` tells where an array is.
+  leaves room, then pageable; a pinned allocation that needs the room moves them on to pageable)
+  and come back on their next use: a working set larger than the device runs, slower, instead of
+  failing. `Kmm.is_spilled(x)` tells where an array is.
 
 Arrays keep their manager alive. The manager is destroyed by `close(mgr)` (waits for its stream)
 or, once unreachable, by its finalizer (never waits). Many managers may coexist.

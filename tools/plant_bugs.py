@@ -776,6 +776,19 @@ PLANTS = [
      "if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) }",
      "Ok(())",
      ["spill"]),
+    # The pinned ladder has no rung that moves spilled data from pinned to pageable memory: a
+    # pinned allocation fails while spilled buffers hold the pinned limit (the fifth adversarial
+    # run's finding).
+    ("pinned-ladder-keeps-spilled-data-pinned", "rust/kmm/src/manager/spill.rs",
+     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX {\n",
+     ["spill"]),
+    # That rung copies a spilled buffer's pinned place without waiting for the fence after its
+    # copy out: it reads bytes the copy out has not written yet.
+    ("unpin-spilled-skips-the-copy-out-fence", "rust/kmm/src/manager/spill.rs",
+     "            Ok(fence) => fence.synchronize()?,\n",
+     "            Ok(fence) => drop(fence),\n",
+     ["spill"]),
     # A failed never_spill keeps the new setting.
     ("failed-never-spill-keeps-the-setting", "rust/kmm/src/manager/spill.rs",
      "                    r.never_spill = was;\n",

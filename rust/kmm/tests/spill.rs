@@ -459,3 +459,90 @@ fn a_failed_never_spill_leaves_the_setting_as_it_was() {
     ok(kmm_buffer_never_spill(m.0, a, true));
     assert_eq!(m.download(a, 0, MIB as usize), vec![3u8; MIB as usize]);
 }
+
+/// With `pinned_limit` set, spilled buffers take pinned memory while it has room. A pinned
+/// allocation that needs that room moves them on to pageable memory (a rung of its out-of-memory
+/// ladder) and gets it: the spilled bytes stay counted exactly, now as pageable, and every
+/// buffer comes back byte for byte.
+#[test]
+fn a_pinned_allocation_moves_spilled_buffers_from_pinned_to_pageable_memory() {
+    let m = mode_manager(KmmAllocMode::KMM_ALLOC_POOL, 4 * MIB, 64 * MIB, |c| {
+        c.pinned_limit = 4 * MIB;
+        c.pinned_chunk_size = 2 * MIB;
+    });
+    let set = fill_set(&m, 8, MIB);
+    let s = m.stats(DEVICE);
+    eprintln!(
+        "after the fill: spilled {} (pageable {}) in {} buffers; pinned reserved {}",
+        s.spilled_bytes,
+        s.spilled_pageable_bytes,
+        s.spilled_buffers,
+        m.stats(PINNED).reserved
+    );
+    assert_eq!((s.spilled_bytes, s.spilled_pageable_bytes), (4 * MIB, 0), "the spills filled the pinned limit: {s:?}");
+    // Each of these fits only once spilled buffers left pinned memory: the first half of it,
+    // then all of it.
+    let mut pinned = Vec::new();
+    for i in 0..2 {
+        let mut p = 0;
+        let st = kmm_buffer_alloc(m.0, 2 * MIB, PINNED, &mut p);
+        let s = m.stats(DEVICE);
+        eprintln!("pinned allocation {i}: {st:?}; spilled {} (pageable {})", s.spilled_bytes, s.spilled_pageable_bytes);
+        assert_eq!(st, KMM_OK, "pinned allocation {i} of 2 MiB with buffers spilled in pinned memory: {}", last_error());
+        assert_eq!(s.spilled_bytes, 4 * MIB, "moving spilled bytes neither loses nor adds any: {s:?}");
+        assert!(s.spilled_pageable_bytes >= 2 * MIB * (i + 1), "{s:?}");
+        pinned.push(p);
+    }
+    let s = m.stats(DEVICE);
+    assert_eq!((s.spilled_bytes, s.spilled_pageable_bytes, s.spilled_buffers), (4 * MIB, 4 * MIB, 4), "{s:?}");
+    assert_eq!(s.in_use + s.spilled_bytes, 8 * MIB, "{s:?}");
+    for (b, data) in &set {
+        assert!(m.download(*b, 0, data.len()) == *data, "buffer {b:#x} came back with other bytes");
+    }
+    let s = m.stats(DEVICE);
+    assert_eq!(s.in_use + s.spilled_bytes, 8 * MIB, "{s:?}");
+    assert!(s.spilled_pageable_bytes <= s.spilled_bytes, "{s:?}");
+    for p in pinned {
+        m.free(p);
+    }
+    for (b, _) in set {
+        m.free(b);
+    }
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.spilled_bytes, s.spilled_pageable_bytes, s.spilled_buffers, s.live_buffers), (0, 0, 0, 0, 0), "{s:?}");
+}
+
+/// The move to pageable memory reads a spilled buffer's pinned place only once the copy out that
+/// writes it has run: here the copies out are queued behind a held stream when the pinned
+/// allocation needs their room.
+#[test]
+fn a_move_to_pageable_memory_waits_for_the_copy_out() {
+    let m = Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 * MIB;
+        c.hard_limit = 4 * MIB;
+        c.spill_limit = 64 * MIB;
+        c.pinned_limit = 4 * MIB;
+        c.pinned_chunk_size = 2 * MIB;
+    });
+    let set = fill_set(&m, 4, MIB);
+    m.sync();
+    let opener = hold_stream_for_100ms(&m);
+    // Each spills one of the set; the copies out stay queued until the gate opens.
+    let more: Vec<_> = (0..4).map(|_| m.alloc(MIB, DEVICE)).collect();
+    assert!(set.iter().all(|(b, _)| info(&m, *b).spilled == 1));
+    assert_eq!(m.stats(DEVICE).spilled_pageable_bytes, 0);
+    let mut p = 0;
+    let st = kmm_buffer_alloc(m.0, 4 * MIB, PINNED, &mut p);
+    assert_eq!(st, KMM_OK, "a pinned allocation of the whole pinned limit: {}", last_error());
+    opener.join().unwrap();
+    assert_eq!(m.stats(DEVICE).spilled_pageable_bytes, 4 * MIB);
+    for b in more {
+        m.free(b);
+    }
+    for (b, data) in &set {
+        assert!(m.download(*b, 0, data.len()) == *data, "the move read buffer {b:#x}'s pinned place before its copy out wrote it");
+    }
+    m.free(p);
+}

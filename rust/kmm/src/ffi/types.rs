@@ -124,7 +124,8 @@ pub struct KmmConfig {
     /// `pinned_limit`, as for `chunk_size`).
     pub pinned_chunk_size: u64,
     /// Most pinned bytes the manager's pinned pool may reserve (pinned buffers and the pinned
-    /// part of spilled data); 0 means no limit (default 0). The staging slots of pageable copies
+    /// part of spilled data; a pinned allocation that needs the room moves spilled data on to
+    /// pageable memory); 0 means no limit (default 0). The staging slots of pageable copies
     /// (`staging_chunk_size` x `staging_chunks`) are reserved apart from it.
     pub pinned_limit: u64,
     /// Size of one staging slot for pageable copies (default 16 MiB; 4 KiB to 1 GiB).

@@ -388,8 +388,15 @@ impl Manager {
         } else {
             format!("giving back memory whose frees the stream had passed ({} released)", human_bytes(released))
         };
-        let spill = if kind != MemoryKind::Device {
+        let spill = if kind != MemoryKind::Device && self.config.spill_limit == 0 {
             "no spill (only device buffers spill)".to_string()
+        } else if kind != MemoryKind::Device {
+            let s = self.spill_stats();
+            format!(
+                "moving spilled buffers from pinned to pageable memory ({} moved now; {} of spilled buffers still in pinned memory)",
+                human_bytes(spilled),
+                human_bytes(s.spilled_bytes.saturating_sub(s.pageable_bytes))
+            )
         } else if self.config.spill_limit == 0 {
             "no spill (KmmConfig.spill_limit is 0)".to_string()
         } else {

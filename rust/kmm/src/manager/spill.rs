@@ -11,6 +11,11 @@
 //! - Host memory comes from a pinned pool (the manager's pinned upstream and limit) while it has
 //!   room, then from pageable memory, up to `Config::spill_limit` bytes of spilled buffers. A
 //!   copy to pageable memory is synchronous in CUDA: that spill waits for it with its lane locked.
+//! - Pinned memory is the user's first: a pinned allocation out of memory (the pinned limit, or
+//!   the pinned upstream) moves spilled buffers on from pinned to pageable memory
+//!   (`Manager::unpin_spilled`, a rung of `climb`), and the store's emptied pinned chunks go back
+//!   upstream before it tries again. That copy is the CPU's, host to host, made only once a fence
+//!   recorded on the manager's stream after the buffers' copies out has passed.
 //! - The store's lock is a leaf: taken under a lane's lock (a free of a spilled buffer), never
 //!   the other way round.
 
@@ -164,6 +169,34 @@ impl Spill {
         Ok(Some(place))
     }
 
+    /// Pageable memory for `bytes` of a spilled buffer leaving pinned memory (`unpin_spilled`);
+    /// `None` when the host has none. Not counted: the buffer's bytes stay counted as spilled
+    /// throughout (a move is no new spill, so the limit is not asked either).
+    fn take_pageable(&self, bytes: u64) -> Result<Option<HostPlace>> {
+        let mut store = lock(&self.store);
+        match store.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: true }) {
+            Ok(block) => Ok(Some(HostPlace { block, pinned: false })),
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A place `take_pageable` gave for a move that did not happen (the buffer was restored,
+    /// freed or spilled anew meanwhile): nothing was copied into it, nothing was counted.
+    fn untake_pageable(&self, place: HostPlace) {
+        let _ = lock(&self.store).pageable.deallocate(place.block);
+    }
+
+    /// `bytes` of a spilled buffer moved from pinned `from` to pageable memory: they count as
+    /// pageable from now on, and the pinned block goes back, reused once the stream passes the
+    /// work queued so far (as every block of the store).
+    fn moved_to_pageable(&self, from: HostPlace, bytes: u64) {
+        let mut store = lock(&self.store);
+        // Deferred: never fails, never loses the block.
+        let _ = store.pinned.deallocate(from.block);
+        store.stats.pageable_bytes += bytes;
+    }
+
     /// Gives back the host memory of `bytes` of a buffer that was restored, freed or not spilled
     /// after all: reused once the manager's stream has passed the work queued so far.
     pub fn give_back(&self, place: HostPlace, bytes: u64) {
@@ -279,6 +312,27 @@ impl State {
         Ok(true)
     }
 
+    /// Moves a buffer spilled to pinned `from` on to pageable `to`, if it still lies there from the
+    /// same spill: its stamp is unchanged (a restore stamps it anew, and a spilled buffer is not
+    /// used otherwise), so its copy out is the one the caller's fence waited for, and no restore's
+    /// copy in reads `from`. False when it left (the caller gives `to` back).
+    pub(super) fn unpin_spilled(&mut self, handle: u64, from: HostPlace, stamp: u64, to: HostPlace) -> bool {
+        let Ok(r) = self.buffers.get_mut(handle) else {
+            return false;
+        };
+        if !matches!(r.origin, Origin::Spilled(place) if place == from) || r.last_use != stamp {
+            return false;
+        }
+        // Host to host: the CPU copies (both places are host memory, and no stream work is
+        // queued on either). Under the lane's lock: no restore reads `from` meanwhile.
+        // SAFETY: `from` holds the buffer's `r.bytes`, written by a copy out that has run (the
+        // caller's fence); `to` is a fresh place of `r.bytes` that nothing else holds.
+        unsafe { std::ptr::copy_nonoverlapping(from.block.addr as *const u8, to.block.addr as *mut u8, r.bytes as usize) };
+        r.origin = Origin::Spilled(to);
+        self.spill.moved_to_pageable(from, r.bytes);
+        true
+    }
+
     /// Brings a spilled buffer back into this lane's pool (compacting or growing it as an
     /// allocation would); false when it was not spilled.
     pub(super) fn restore(&mut self, handle: u64) -> Result<bool> {
@@ -391,6 +445,53 @@ impl Manager {
         Ok((spilled, contested))
     }
 
+    /// Moves buffers spilled to pinned memory on to pageable memory, least recently used first,
+    /// until `goal` bytes moved or none is left (or the host has no pageable memory); returns the
+    /// bytes moved. Their pinned blocks go back to the store's pool, whose emptied chunks
+    /// `release_spill` then gives upstream: the rung of a pinned allocation out of memory.
+    fn unpin_spilled(&self, goal: u64) -> Result<u64> {
+        let mut candidates: Vec<(u64, u64, HostPlace, u64)> = Vec::new();
+        for lane in 0..=super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask()) {
+            let st = self.lane(lane);
+            candidates.extend(st.buffers.iter().filter_map(|(h, r)| match r.origin {
+                Origin::Spilled(place) if place.pinned => Some((r.last_use, h, place, r.bytes)),
+                _ => None,
+            }));
+        }
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        let started = Instant::now();
+        candidates.sort_unstable_by_key(|&(stamp, handle, _, _)| (stamp, handle));
+        let mut chosen = 0u64;
+        candidates.retain(|c| {
+            let keep = chosen < goal;
+            chosen += if keep { c.3 } else { 0 };
+            keep
+        });
+        // A spill queues its copy out on the manager's stream before it marks the buffer
+        // spilled, under the lane's lock: every copy out of the buffers seen above is queued
+        // before this fence, and their pinned places are read only once it has passed (waited
+        // for with no lock held; the stream itself when no event can be recorded).
+        match self.backend.create_event().and_then(|e| self.stream.record(e.as_ref()).map(|_| e)) {
+            Ok(fence) => fence.synchronize()?,
+            Err(_) => self.stream.synchronize()?,
+        }
+        let mut moved = 0;
+        for (stamp, handle, from, bytes) in candidates {
+            let Some(to) = self.spill.take_pageable(bytes)? else {
+                break;
+            };
+            if self.state_of(handle).unpin_spilled(handle, from, stamp, to) {
+                moved += bytes;
+            } else {
+                self.spill.untake_pageable(to);
+            }
+        }
+        self.spill.count(|s| s.time_ns += started.elapsed().as_nanos() as u64);
+        Ok(moved)
+    }
+
     /// The out-of-memory rungs for `attempt` (an allocation or a restore of `bytes` of `kind`)
     /// after it failed once: every lane's cached chunks are given back once the work that used
     /// them has run, and the attempt repeated; then, while spill is on, device buffers are
@@ -398,7 +499,10 @@ impl Manager {
     /// spill and again after giving chunks back, until it succeeds or none is left to spill.
     /// `spilled` gets the bytes spilled. A restore (`restoring`) may take the spill limit past by
     /// its own bytes until its copy in gives them back: a swap with the host full must be able
-    /// to happen.
+    /// to happen. For pinned memory the spill rung is another: buffers spilled to pinned memory
+    /// move on to pageable memory (`unpin_spilled`), `bytes` at first and twice as many each
+    /// time, their emptied pinned chunks go back upstream and the attempt is repeated; `spilled`
+    /// gets the bytes moved.
     pub(super) fn climb<T>(
         &self,
         bytes: u64,
@@ -411,6 +515,26 @@ impl Manager {
         // The spill store's idle pinned chunks count against the pinned limit too.
         let released = self.release(kind, 0).and_then(|_| if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) });
         let mut result = released.and_then(|_| attempt());
+        if kind == MemoryKind::Pinned && self.spill.limit != 0 {
+            // Spilled data in pinned memory counts against the pinned limit (and holds the pinned
+            // upstream's memory), but pageable memory serves it too: a user's pinned buffer comes
+            // first. Whole chunks only go back, so the goal grows until enough of them emptied.
+            let mut goal = bytes.max(1);
+            for _ in 0..CLIMB_ROUNDS {
+                if !out_of_memory(&result) {
+                    break;
+                }
+                let moved = self.unpin_spilled(goal)?;
+                // Nothing moved: none left in pinned memory, or no pageable memory for it.
+                if moved == 0 {
+                    break;
+                }
+                *spilled += moved;
+                self.release_spill()?;
+                result = attempt();
+                goal = goal.saturating_mul(2);
+            }
+        }
         if kind != MemoryKind::Device || self.spill.limit == 0 {
             return result;
         }
