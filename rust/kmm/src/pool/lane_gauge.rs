@@ -47,44 +47,58 @@ impl LaneGauge {
     /// Adds `n` bytes put in use by `lane` (whose lock the caller holds).
     #[inline]
     pub fn add(&self, n: u64, lane: usize) {
-        self.change(lane, |current| current + n, |gauge| gauge.current.fetch_add(n, Ordering::AcqRel) + n);
+        let now = self.change(n, false, lane);
+        // A load first: the peak seldom moves, and a read keeps the cache line shared.
+        if now > self.peak.load(Ordering::Relaxed) {
+            self.peak.fetch_max(now, Ordering::AcqRel);
+        }
     }
 
     /// Takes away `n` bytes `lane` (whose lock the caller holds) no longer uses.
     #[inline]
     pub fn sub(&self, n: u64, lane: usize) {
-        self.change(lane, |current| current - n, |gauge| gauge.current.fetch_sub(n, Ordering::AcqRel) - n);
+        self.change(n, true, lane);
     }
 
+    /// The writer lane's change, with plain loads and stores; the total after it.
     #[inline(always)]
-    fn change(&self, lane: usize, plain: impl FnOnce(u64) -> u64, locked: impl FnOnce(&Self) -> u64) {
-        let writer = self.writer.load(Ordering::Relaxed);
-        if writer != lane && writer != SHARED {
-            self.claim_or_share(lane);
-        }
-        let now = if self.writer.load(Ordering::Relaxed) == lane {
+    fn change(&self, n: u64, take: bool, lane: usize) -> u64 {
+        if self.writer.load(Ordering::Relaxed) == lane {
             self.busy.store(true, Ordering::Relaxed);
             // Keeps the compiler from moving the check below above the mark (the processor's
             // reordering is what the switching lane's barrier answers).
             compiler_fence(Ordering::SeqCst);
-            let now = if self.writer.load(Ordering::Relaxed) == lane {
-                let now = plain(self.current.load(Ordering::Relaxed));
+            let sole = self.writer.load(Ordering::Relaxed) == lane;
+            if sole {
+                let current = self.current.load(Ordering::Relaxed);
+                let now = if take { current - n } else { current + n };
                 #[cfg(test)]
                 tests::mid_update();
                 self.current.store(now, Ordering::Release);
-                now
-            } else {
-                locked(self)
-            };
-            compiler_fence(Ordering::SeqCst);
+                compiler_fence(Ordering::SeqCst);
+                self.busy.store(false, Ordering::Release);
+                return now;
+            }
             self.busy.store(false, Ordering::Release);
-            now
+        }
+        self.change_shared(n, take, lane)
+    }
+
+    /// A change by a lane that is not the writer (or no longer is): the first one claims the
+    /// gauge or turns it shared; shared, every change is a locked one.
+    #[inline(never)]
+    fn change_shared(&self, n: u64, take: bool, lane: usize) -> u64 {
+        let writer = self.writer.load(Ordering::Relaxed);
+        if writer != lane && writer != SHARED {
+            self.claim_or_share(lane);
+            if self.writer.load(Ordering::Relaxed) == lane {
+                return self.change(n, take, lane);
+            }
+        }
+        if take {
+            self.current.fetch_sub(n, Ordering::AcqRel) - n
         } else {
-            locked(self)
-        };
-        // A load first: the peak seldom moves, and a read keeps the cache line shared.
-        if now > self.peak.load(Ordering::Relaxed) {
-            self.peak.fetch_max(now, Ordering::AcqRel);
+            self.current.fetch_add(n, Ordering::AcqRel) + n
         }
     }
 
