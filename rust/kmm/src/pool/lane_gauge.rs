@@ -255,22 +255,31 @@ pub(super) mod tests {
     /// has its switch).
     #[test]
     fn the_switch_to_shared_loses_no_update_of_the_writer() {
-        for round in 0..400u64 {
+        let mut cold = vec![0u64; 1 << 22];
+        for round in 0..2000u64 {
             let g = Arc::new(LaneGauge::default());
             let start = Arc::new(Barrier::new(2));
             let stop = Arc::new(AtomicBool::new(false));
             let writer = {
                 let (g, start, stop) = (g.clone(), start.clone(), stop.clone());
+                let mut cold = std::mem::take(&mut cold);
                 std::thread::spawn(move || {
                     g.add(1, 0); // lane 0 becomes the writer
                     start.wait();
                     let mut net = 1u64;
+                    // A store that misses the cache before each change holds the change's mark
+                    // in the store buffer, behind it, while the change's loads run ahead: the
+                    // reordering the switch's barrier must answer, made frequent.
+                    let mut at = 0usize;
                     while !stop.load(Ordering::Relaxed) {
+                        at = (at + 4099 * 8) & ((1 << 22) - 1);
+                        // SAFETY: `at` is below the vector's length.
+                        unsafe { std::ptr::write_volatile(cold.as_mut_ptr().add(at), net) };
                         g.add(3, 0);
                         g.sub(1, 0);
                         net += 2;
                     }
-                    net
+                    (net, cold)
                 })
             };
             start.wait();
@@ -283,7 +292,8 @@ pub(super) mod tests {
                 other += 5;
             }
             stop.store(true, Ordering::Relaxed);
-            let net = writer.join().unwrap();
+            let net;
+            (net, cold) = writer.join().unwrap();
             assert!(!g.has_sole_writer());
             assert_eq!(g.current(), net + other, "round {round}: an update was lost at the switch");
             assert!(g.peak() >= g.current());
