@@ -91,6 +91,22 @@ PLANTS = [
      "        while self.busy.load(Ordering::Acquire) {\n",
      "        while false && self.busy.load(Ordering::Acquire) {\n",
      ["lib"]),
+    # A lane that finds the gauge turning shared changes it at once, with a locked add, while the
+    # writer's plain update in flight may still overwrite it (only the switching lane waited).
+    ("lane-gauge-others-skip-the-switch", "rust/kmm/src/pool/lane_gauge.rs",
+     "                SWITCHING => break,\n",
+     "                SWITCHING => return,\n",
+     ["lib"]),
+    # A child forked during the writer's update waits for that (missing) thread forever.
+    ("lane-gauge-child-waits-for-a-missing-writer", "rust/kmm/src/pool/lane_gauge.rs",
+     "            } else if std::process::id() != self.pid {\n",
+     "            } else if false && std::process::id() != self.pid {\n",
+     ["lib"]),
+    # A pinned request past the pinned limit moves every spilled buffer to pageable memory first.
+    ("unpin-for-a-request-past-the-limit", "rust/kmm/src/manager/spill.rs",
+     " && self.spill.limit != 0 && bytes <= self.limits[1].max() {\n",
+     " && self.spill.limit != 0 {\n",
+     ["spill"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
      "        other.backend.order_streams(other.raw_stream(), run.raw_stream())?;",
      "",

@@ -515,7 +515,8 @@ impl Manager {
         // The spill store's idle pinned chunks count against the pinned limit too.
         let released = self.release(kind, 0).and_then(|_| if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) });
         let mut result = released.and_then(|_| attempt());
-        if kind == MemoryKind::Pinned && self.spill.limit != 0 {
+        // A request past the pinned limit itself cannot be helped: nothing is moved for it.
+        if kind == MemoryKind::Pinned && self.spill.limit != 0 && bytes <= self.limits[1].max() {
             // Spilled data in pinned memory counts against the pinned limit (and holds the pinned
             // upstream's memory), but pageable memory serves it too: a user's pinned buffer comes
             // first. Whole chunks only go back, so the goal grows until enough of them emptied.

@@ -11,11 +11,13 @@
 //! through it). When another lane first changes it, the gauge turns shared for good and every
 //! update becomes a locked one, as before. The switch must not lose an update the writer is
 //! making at that moment. The writer marks each update `busy` with plain stores and no fence,
-//! and the switching lane pays for the fence instead: it publishes `SHARED`, then makes every
-//! running thread of the process execute a full barrier (`membarrier`, private expedited), then
-//! waits until the writer is not busy. After the barrier, a writer's update either began before
-//! it (and `busy` shows it) or reads `SHARED` (and is a locked one). This is the asymmetric
-//! fence of userspace RCU and of hazard pointers.
+//! and the switching lane pays for the fence instead: it publishes `SWITCHING`, makes every
+//! running thread of the process execute a full barrier (`membarrier`, private expedited),
+//! waits until the writer is not busy, and publishes `SHARED`. After the barrier, a writer's
+//! update either began before it (and `busy` shows it) or reads `SWITCHING` (and waits, then is
+//! a locked one). Every other lane that finds the gauge `SWITCHING` waits for `SHARED` too: a
+//! locked add made before the writer's plain store would be overwritten by it. This is the
+//! asymmetric fence of userspace RCU and of hazard pointers.
 //!
 //! Where the kernel has no `membarrier` (or refuses its registration) gauges start shared.
 
@@ -25,21 +27,31 @@ use std::sync::atomic::{compiler_fence, AtomicBool, AtomicU64, AtomicUsize, Orde
 const UNCLAIMED: usize = usize::MAX;
 /// Several lanes change the gauge: every update is a locked instruction.
 const SHARED: usize = usize::MAX - 1;
+/// Turning shared: a lane waits for the writer's update in progress to end (see `claim_or_share`).
+const SWITCHING: usize = usize::MAX - 2;
 
 #[derive(Debug)]
 pub struct LaneGauge {
     current: AtomicU64,
     peak: AtomicU64,
-    /// The lane that changes the gauge with plain stores, `UNCLAIMED` or `SHARED`.
+    /// The lane that changes the gauge with plain stores, `UNCLAIMED`, `SWITCHING` or `SHARED`.
     writer: AtomicUsize,
     /// Set by the writer lane for the length of a plain update.
     busy: AtomicBool,
+    /// The process that made the gauge (a forked child's writer thread does not exist).
+    pid: u32,
 }
 
 impl Default for LaneGauge {
     fn default() -> Self {
         let writer = if membarrier::available() { UNCLAIMED } else { SHARED };
-        LaneGauge { current: AtomicU64::new(0), peak: AtomicU64::new(0), writer: AtomicUsize::new(writer), busy: AtomicBool::new(false) }
+        LaneGauge {
+            current: AtomicU64::new(0),
+            peak: AtomicU64::new(0),
+            writer: AtomicUsize::new(writer),
+            busy: AtomicBool::new(false),
+            pid: std::process::id(),
+        }
     }
 }
 
@@ -88,8 +100,8 @@ impl LaneGauge {
     /// gauge or turns it shared; shared, every change is a locked one.
     #[inline(never)]
     fn change_shared(&self, n: u64, take: bool, lane: usize) -> u64 {
-        let writer = self.writer.load(Ordering::Relaxed);
-        if writer != lane && writer != SHARED {
+        let writer = self.writer.load(Ordering::Acquire);
+        if writer != SHARED {
             self.claim_or_share(lane);
             if self.writer.load(Ordering::Relaxed) == lane {
                 return self.change(n, take, lane);
@@ -103,24 +115,48 @@ impl LaneGauge {
     }
 
     /// The first change by a lane that is not the writer: it becomes the writer if there is
-    /// none yet, else the gauge turns shared once the writer's update in progress has ended.
+    /// none yet; else the gauge turns shared, and this returns only once it is: once the
+    /// writer's plain update in progress (if any) has ended. Every lane that arrives meanwhile
+    /// waits too (`SWITCHING`): a locked add made before that end would be overwritten by the
+    /// writer's plain store.
     #[cold]
     fn claim_or_share(&self, lane: usize) {
-        let seen = match self.writer.compare_exchange(UNCLAIMED, lane, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => return,
-            Err(SHARED) => return,
-            Err(_) => self.writer.swap(SHARED, Ordering::SeqCst),
-        };
-        if seen == SHARED || seen == UNCLAIMED {
-            return;
+        let mut seen = self.writer.load(Ordering::Acquire);
+        loop {
+            match seen {
+                SHARED => return,
+                SWITCHING => break,
+                _ if seen == lane => return,
+                _ => {}
+            }
+            // Unclaimed: this lane claims it. Another lane's: this lane switches it.
+            let next = if seen == UNCLAIMED { lane } else { SWITCHING };
+            match self.writer.compare_exchange(seen, next, Ordering::SeqCst, Ordering::Acquire) {
+                Ok(_) if next == lane => return,
+                Ok(_) => {
+                    membarrier::all_threads();
+                    self.wait_while(|g| g.busy.load(Ordering::Acquire));
+                    self.writer.store(SHARED, Ordering::Release);
+                    return;
+                }
+                Err(now) => seen = now,
+            }
         }
-        membarrier::all_threads();
+        self.wait_while(|g| g.writer.load(Ordering::Acquire) == SWITCHING);
+    }
+
+    /// Waits while `until_not` holds: a few instructions of the writer, unless it was preempted
+    /// there. In a child forked during such an update the writer thread does not exist: the
+    /// wait ends there (the child's copy of the parent's managers is not for use; see
+    /// docs/reliability.md).
+    fn wait_while(&self, until_not: impl Fn(&Self) -> bool) {
         let mut spins = 0u32;
-        while self.busy.load(Ordering::Acquire) {
-            // The writer is inside a few instructions, unless it was preempted there.
+        while until_not(self) {
             spins += 1;
             if spins < 100 {
                 std::hint::spin_loop();
+            } else if std::process::id() != self.pid {
+                return;
             } else {
                 std::thread::yield_now();
             }
@@ -141,7 +177,7 @@ impl LaneGauge {
 
     /// Whether one lane changes the gauge with plain stores (for tests).
     pub fn has_sole_writer(&self) -> bool {
-        self.writer.load(Ordering::Acquire) < SHARED
+        self.writer.load(Ordering::Acquire) < SWITCHING
     }
 }
 
@@ -184,9 +220,9 @@ mod membarrier {
         if call(CMD_REGISTER_PRIVATE_EXPEDITED) == 0 && call(CMD_PRIVATE_EXPEDITED) == 0 {
             return;
         }
-        let done = call(CMD_GLOBAL) == 0;
-        // Gauges are made sole-writer only where the query above found the command.
-        assert!(done, "membarrier failed after it was found available");
+        // Gauges are made sole-writer only where the query found the command, and a registered
+        // process is not refused it; the global command is the last resort.
+        let _ = call(CMD_GLOBAL);
     }
 }
 
@@ -248,6 +284,90 @@ pub(super) mod tests {
         assert_eq!(g.has_sole_writer(), membarrier::available());
         g.reset_peak();
         assert_eq!(g.peak(), 30);
+    }
+
+    /// A third lane arrives while the second turns the gauge shared and the writer is paused in
+    /// an update: its change must wait for that update too (a locked add made meanwhile would be
+    /// overwritten by the writer's plain store). Found by a reviewer.
+    #[test]
+    fn a_third_lane_during_the_switch_waits_for_the_writers_update() {
+        if !membarrier::available() {
+            return; // gauges start shared: no switch to test
+        }
+        let g = Arc::new(LaneGauge::default());
+        let (paused, wait_paused) = mpsc::channel();
+        let (resume, wait_resume) = mpsc::channel::<()>();
+        let writer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.add(1, 0); // lane 0 becomes the writer
+                MID_UPDATE.with(|hook| {
+                    *hook.borrow_mut() = Some(Box::new(move || {
+                        let _ = paused.send(());
+                        let _ = wait_resume.recv();
+                    }))
+                });
+                g.add(1, 0); // paused between its load and its store
+            })
+        };
+        wait_paused.recv().unwrap();
+        let on = |lane: usize, n: u64| {
+            let g = g.clone();
+            std::thread::spawn(move || g.add(n, lane))
+        };
+        let switcher = on(1, 5);
+        while g.has_sole_writer() {
+            std::thread::yield_now();
+        }
+        let third = on(2, 7);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        resume.send(()).unwrap();
+        for t in [writer, switcher, third] {
+            t.join().unwrap();
+        }
+        assert_eq!(g.current(), 1 + 1 + 5 + 7, "the third lane's add was lost under the writer's plain store");
+    }
+
+    /// A child forked while the writer thread was in an update: that thread does not exist in
+    /// the child, so a switch there must not wait for it forever. Found by a reviewer.
+    #[test]
+    fn a_switch_in_a_child_forked_during_an_update_ends() {
+        if !membarrier::available() {
+            return;
+        }
+        let g = Arc::new(LaneGauge::default());
+        let (paused, wait_paused) = mpsc::channel();
+        let (resume, wait_resume) = mpsc::channel::<()>();
+        let writer = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                g.add(1, 0);
+                MID_UPDATE.with(|hook| {
+                    *hook.borrow_mut() = Some(Box::new(move || {
+                        let _ = paused.send(());
+                        let _ = wait_resume.recv();
+                    }))
+                });
+                g.add(1, 0);
+            })
+        };
+        wait_paused.recv().unwrap();
+        // SAFETY: the child only changes the gauge (no allocation, no lock) and exits at once;
+        // an alarm ends it if the change hangs.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            unsafe {
+                libc::alarm(3);
+                g.add(5, 1);
+                libc::_exit(if g.current() == 6 { 0 } else { 1 });
+            }
+        }
+        let mut status = 0;
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        resume.send(()).unwrap();
+        writer.join().unwrap();
+        assert!(!(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGALRM), "the child's switch waited until SIGALRM (3 s)");
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "the child's gauge was wrong (status {status})");
     }
 
     /// A second lane turns the gauge shared while the writer lane is changing it as fast as it

@@ -38,6 +38,11 @@ impl Limit {
     }
 
     /// Bytes held now and their peak.
+    /// The most bytes the limit lets be held (`u64::MAX` for none).
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+
     pub fn used(&self) -> &Gauge {
         &self.used
     }
