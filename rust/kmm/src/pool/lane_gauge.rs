@@ -254,23 +254,15 @@ pub(super) mod tests {
             return; // gauges start shared: no switch to test
         }
         let g = Arc::new(LaneGauge::default());
-        let (paused, wait_paused) = mpsc::channel();
-        let writer = {
+        let (writer, resume) = writer_paused_mid_update(&g);
+        let switcher = {
             let g = g.clone();
-            std::thread::spawn(move || {
-                g.add(1, 0);
-                MID_UPDATE.with(|hook| {
-                    *hook.borrow_mut() = Some(Box::new(move || {
-                        let _ = paused.send(());
-                        std::thread::sleep(std::time::Duration::from_millis(50));
-                    }))
-                });
-                g.add(1, 0);
-            })
+            std::thread::spawn(move || g.add(5, 1))
         };
-        wait_paused.recv().unwrap();
-        g.add(5, 1);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        resume.send(()).unwrap();
         writer.join().unwrap();
+        switcher.join().unwrap();
         assert_eq!(g.current(), 7, "the other lane's update was lost under the writer's");
     }
 
@@ -286,6 +278,26 @@ pub(super) mod tests {
         assert_eq!(g.peak(), 30);
     }
 
+    /// A thread whose lane 0 becomes `g`'s writer (adding 1), then adds 1 more and stops between
+    /// that update's load and its store (as if preempted there) until the sender is sent to.
+    fn writer_paused_mid_update(g: &Arc<LaneGauge>) -> (std::thread::JoinHandle<()>, mpsc::Sender<()>) {
+        let (paused, wait_paused) = mpsc::channel();
+        let (resume, wait_resume) = mpsc::channel::<()>();
+        let g = g.clone();
+        let writer = std::thread::spawn(move || {
+            g.add(1, 0);
+            MID_UPDATE.with(|hook| {
+                *hook.borrow_mut() = Some(Box::new(move || {
+                    let _ = paused.send(());
+                    let _ = wait_resume.recv();
+                }))
+            });
+            g.add(1, 0);
+        });
+        wait_paused.recv().unwrap();
+        (writer, resume)
+    }
+
     /// A third lane arrives while the second turns the gauge shared and the writer is paused in
     /// an update: its change must wait for that update too (a locked add made meanwhile would be
     /// overwritten by the writer's plain store). Found by a reviewer.
@@ -295,22 +307,7 @@ pub(super) mod tests {
             return; // gauges start shared: no switch to test
         }
         let g = Arc::new(LaneGauge::default());
-        let (paused, wait_paused) = mpsc::channel();
-        let (resume, wait_resume) = mpsc::channel::<()>();
-        let writer = {
-            let g = g.clone();
-            std::thread::spawn(move || {
-                g.add(1, 0); // lane 0 becomes the writer
-                MID_UPDATE.with(|hook| {
-                    *hook.borrow_mut() = Some(Box::new(move || {
-                        let _ = paused.send(());
-                        let _ = wait_resume.recv();
-                    }))
-                });
-                g.add(1, 0); // paused between its load and its store
-            })
-        };
-        wait_paused.recv().unwrap();
+        let (writer, resume) = writer_paused_mid_update(&g);
         let on = |lane: usize, n: u64| {
             let g = g.clone();
             std::thread::spawn(move || g.add(n, lane))
@@ -336,22 +333,7 @@ pub(super) mod tests {
             return;
         }
         let g = Arc::new(LaneGauge::default());
-        let (paused, wait_paused) = mpsc::channel();
-        let (resume, wait_resume) = mpsc::channel::<()>();
-        let writer = {
-            let g = g.clone();
-            std::thread::spawn(move || {
-                g.add(1, 0);
-                MID_UPDATE.with(|hook| {
-                    *hook.borrow_mut() = Some(Box::new(move || {
-                        let _ = paused.send(());
-                        let _ = wait_resume.recv();
-                    }))
-                });
-                g.add(1, 0);
-            })
-        };
-        wait_paused.recv().unwrap();
+        let (writer, resume) = writer_paused_mid_update(&g);
         // SAFETY: the child only changes the gauge (no allocation, no lock) and exits at once;
         // an alarm ends it if the change hangs.
         let pid = unsafe { libc::fork() };
