@@ -88,8 +88,8 @@ PLANTS = [
      ["lib"]),
     # ... or without waiting for the writer's update in flight (one preempted mid-update).
     ("lane-gauge-switch-does-not-wait", "rust/kmm/src/pool/lane_gauge.rs",
-     "        while self.busy.load(Ordering::Acquire) {\n",
-     "        while false && self.busy.load(Ordering::Acquire) {\n",
+     "                    self.wait_while(|g| g.busy.load(Ordering::Acquire));\n",
+     "",
      ["lib"]),
     # A lane that finds the gauge turning shared changes it at once, with a locked add, while the
     # writer's plain update in flight may still overwrite it (only the switching lane waited).

@@ -358,7 +358,7 @@ pub(super) mod tests {
     #[test]
     fn the_switch_to_shared_loses_no_update_of_the_writer() {
         let mut cold = vec![0u64; 1 << 22];
-        for round in 0..2000u64 {
+        for round in 0..10000u64 {
             let g = Arc::new(LaneGauge::default());
             let start = Arc::new(Barrier::new(2));
             let stop = Arc::new(AtomicBool::new(false));
