@@ -431,8 +431,8 @@ PLANTS = [
      ["jl:adversarial_round5_threads.jl"]),
     # MR-STAT's residual leaves the signal it computed allocated until the next collection.
     ("jl-residual-keeps-signal", "src/qmri/mrstat.jl",
-     "        Kmm.unsafe_free!(sk)                          # the signal is this call's temporary\n",
-     "        nothing\n",
+     "    s = with_temporaries(made -> Array(temp!(made, signal(model, m))))   # the signal is a temporary\n",
+     "    s = Array(signal(model, m))\n",
      ["jl:adversarial_round4_qmri.jl"]),
     # deepcopy of a KmmArray copies its fields: a second owner of the same buffer handle.
     ("jl-deepcopy-second-owner", "src/copying.jl",
@@ -525,8 +525,8 @@ PLANTS = [
      ["jl:adversarial_round3.jl"]),
     # A simulation that fails leaves its output array allocated until the next collection.
     ("jl-failed-simulate-keeps-output", "src/qmri/simulate.jl",
-     "        out === nothing || Kmm.unsafe_free!(out)      # a call that fails frees what it made\n",
-     "",
+     "        out = result!(made, KmmArray{ComplexF32}(undef, length(seq), n; manager = manager))\n",
+     "        out = KmmArray{ComplexF32}(undef, length(seq), n; manager = manager)\n",
      ["jl:adversarial_round3.jl"]),
     # A manager collected while a copy into a host array is queued is destroyed at once.
     ("jl-manager-finalized-under-copy", "src/manager.jl",
@@ -561,14 +561,16 @@ PLANTS = [
      "    if false\n",
      ["jl:qmri.jl"]),
     # Generate-and-match leaves its uploads (signals, parameters, basis) to the next collection.
-    ("jl-match-keeps-its-uploads", "src/qmri/match.jl",
-     "        foreach(release_made, (made.s, p, made.u), (signals, params, basis))\n",
-     "",
+    ("jl-match-keeps-its-uploads", [
+        ("src/qmri/match.jl", "        p = temp!(made, as_params(params, m), params)\n        match_batches(",
+         "        p = as_params(params, m)\n        match_batches("),
+        ("src/qmri/match.jl", "    temp!(made, s, signals)\n    u = temp!(made, choose_basis(basis, rank, ntr, m), basis)\n    check_basis",
+         "    u = choose_basis(basis, rank, ntr, m)\n    check_basis")],
      ["jl:qmri.jl"]),
     # A worker leaves its part of the maps allocated on its default manager.
     ("jl-worker-keeps-its-maps", "src/qmri/distributed.jl",
-     "        foreach(Kmm.unsafe_free!, maps)               # also when a copy back fails\n",
-     "        nothing\n",
+     "        foreach(x -> temp!(made, x), maps)            # freed also when a copy back fails\n",
+     "",
      ["jl:distributed.jl"]),
     # With CUDA usable, an auto manager on a device CUDA lacks falls back to a host stand-in.
     ("auto-falls-back-to-host", "rust/kmm/src/backend/mod.rs",
@@ -617,13 +619,13 @@ PLANTS = [
      ["lib"]),
     # A generate-and-match call that fails (on a worker, say) leaves its batch and outputs.
     ("jl-failed-match-keeps-its-arrays", "src/qmri/match.jl",
-     "        made.d === nothing || Kmm.unsafe_free!(made.d)\n",
-     "        rethrow()\n",
+     "        temp!(made, d)          # freed below once matched; noted for a batch that fails\n",
+     "",
      ["jl:distributed.jl"]),
     # A match of a dictionary in memory that fails leaves its outputs.
     ("jl-failed-dictionary-match-keeps-outputs", "src/qmri/match.jl",
-     "    catch\n        free_outputs(o)\n        rethrow()\n    finally\n        foreach(release_made, (s, p, u, d), (signals, params, basis, dict))\n",
-     "    catch\n        rethrow()\n    finally\n        foreach(release_made, (s, p, u, d), (signals, params, basis, dict))\n",
+     "        o = result!(made, RawOutputs(m, nvox, p !== nothing))\n",
+     "        o = RawOutputs(m, nvox, p !== nothing)\n",
      ["jl:qmri.jl"]),
     # Signals are uploaded before their shape is checked (a bad call leaves the upload).
     ("jl-signals-uploaded-before-the-check", "src/qmri/match.jl",
@@ -796,8 +798,8 @@ PLANTS = [
     # pinned allocation fails while spilled buffers hold the pinned limit (the fifth adversarial
     # run's finding).
     ("pinned-ladder-keeps-spilled-data-pinned", "rust/kmm/src/manager/spill.rs",
-     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 {\n",
-     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 && bytes <= self.limits[1].max() {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX && bytes <= self.limits[1].max() {\n",
      ["spill"]),
     # That rung copies a spilled buffer's pinned place without waiting for the fence after its
     # copy out: it reads bytes the copy out has not written yet.
