@@ -102,10 +102,11 @@ PLANTS = [
      "            } else if std::process::id() != self.pid {\n",
      "            } else if false && std::process::id() != self.pid {\n",
      ["lib"]),
-    # A pinned request past the pinned limit moves every spilled buffer to pageable memory first.
+    # A pinned request the pool rounds past the pinned limit moves every spilled buffer to
+    # pageable memory first (the unrounded request is compared).
     ("unpin-for-a-request-past-the-limit", "rust/kmm/src/manager/spill.rs",
-     " && self.spill.limit != 0 && bytes <= self.limits[1].max() {\n",
-     " && self.spill.limit != 0 {\n",
+     "        let fits_the_limit = crate::pool::round_up(bytes.max(1), self.config.alignment) <= self.limits[1].max();\n",
+     "        let fits_the_limit = bytes <= self.limits[1].max();\n",
      ["spill"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
      "        other.backend.order_streams(other.raw_stream(), run.raw_stream())?;",
@@ -798,8 +799,8 @@ PLANTS = [
     # pinned allocation fails while spilled buffers hold the pinned limit (the fifth adversarial
     # run's finding).
     ("pinned-ladder-keeps-spilled-data-pinned", "rust/kmm/src/manager/spill.rs",
-     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 && bytes <= self.limits[1].max() {\n",
-     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX && bytes <= self.limits[1].max() {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 && fits_the_limit {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX && fits_the_limit {\n",
      ["spill"]),
     # That rung copies a spilled buffer's pinned place without waiting for the fence after its
     # copy out: it reads bytes the copy out has not written yet.

@@ -512,26 +512,32 @@ fn a_pinned_allocation_moves_spilled_buffers_from_pinned_to_pageable_memory() {
     assert_eq!((s.in_use, s.spilled_bytes, s.spilled_pageable_bytes, s.spilled_buffers, s.live_buffers), (0, 0, 0, 0, 0), "{s:?}");
 }
 
-/// A pinned request larger than the pinned limit can never be served: it moves no spilled buffer
-/// to pageable memory (slower to restore from) for nothing. Found by a reviewer.
+/// A pinned request larger than the pinned limit can never be served, nor one the pool's
+/// alignment rounds past it: neither moves a spilled buffer to pageable memory (slower to restore
+/// from) for nothing. Found by the reviewers.
 #[test]
 fn a_pinned_request_past_the_pinned_limit_moves_no_spilled_buffer() {
-    let m = mode_manager(KmmAllocMode::KMM_ALLOC_POOL, 4 * MIB, 64 * MIB, |c| {
-        c.pinned_limit = 4 * MIB;
-        c.pinned_chunk_size = 2 * MIB;
-    });
-    let set = fill_set(&m, 8, MIB);
-    let before = m.stats(DEVICE);
-    assert_eq!((before.spilled_bytes, before.spilled_pageable_bytes), (4 * MIB, 0), "{before:?}");
-    let mut p = 0;
-    assert_eq!(kmm_buffer_alloc(m.0, 8 * MIB, PINNED, &mut p), KMM_ERROR_OUT_OF_MEMORY);
-    let after = m.stats(DEVICE);
-    assert_eq!(after.spilled_pageable_bytes, 0, "spilled buffers left pinned memory for a request that cannot fit: {after:?}");
-    for (b, data) in &set {
-        assert!(m.download(*b, 0, data.len()) == *data, "buffer {b:#x} came back with other bytes");
-    }
-    for (b, _) in set {
-        m.free(b);
+    for (limit, request) in [(4 * MIB, 8 * MIB), (4 * MIB + 100, 4 * MIB + 100)] {
+        let m = mode_manager(KmmAllocMode::KMM_ALLOC_POOL, 4 * MIB, 64 * MIB, |c| {
+            c.pinned_limit = limit;
+            c.pinned_chunk_size = 2 * MIB;
+        });
+        let set = fill_set(&m, 8, MIB);
+        let before = m.stats(DEVICE);
+        assert_eq!((before.spilled_bytes, before.spilled_pageable_bytes), (4 * MIB, 0), "{before:?}");
+        let mut p = 0;
+        assert_eq!(kmm_buffer_alloc(m.0, request, PINNED, &mut p), KMM_ERROR_OUT_OF_MEMORY);
+        let after = m.stats(DEVICE);
+        assert_eq!(
+            after.spilled_pageable_bytes, 0,
+            "limit {limit}, request {request}: spilled buffers left pinned memory for a request that cannot fit: {after:?}"
+        );
+        for (b, data) in &set {
+            assert!(m.download(*b, 0, data.len()) == *data, "buffer {b:#x} came back with other bytes");
+        }
+        for (b, _) in set {
+            m.free(b);
+        }
     }
 }
 

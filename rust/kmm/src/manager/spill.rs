@@ -515,8 +515,10 @@ impl Manager {
         // The spill store's idle pinned chunks count against the pinned limit too.
         let released = self.release(kind, 0).and_then(|_| if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) });
         let mut result = released.and_then(|_| attempt());
-        // A request past the pinned limit itself cannot be helped: nothing is moved for it.
-        if kind == MemoryKind::Pinned && self.spill.limit != 0 && bytes <= self.limits[1].max() {
+        // A request past the pinned limit itself (as the pool rounds it) cannot be helped:
+        // nothing is moved for it.
+        let fits_the_limit = crate::pool::round_up(bytes.max(1), self.config.alignment) <= self.limits[1].max();
+        if kind == MemoryKind::Pinned && self.spill.limit != 0 && fits_the_limit {
             // Spilled data in pinned memory counts against the pinned limit (and holds the pinned
             // upstream's memory), but pageable memory serves it too: a user's pinned buffer comes
             // first. Whole chunks only go back, so the goal grows until enough of them emptied.

@@ -37,12 +37,12 @@ impl Limit {
         self.used.sub(bytes);
     }
 
-    /// Bytes held now and their peak.
     /// The most bytes the limit lets be held (`u64::MAX` for none).
     pub fn max(&self) -> u64 {
         self.max
     }
 
+    /// Bytes held now and their peak.
     pub fn used(&self) -> &Gauge {
         &self.used
     }
