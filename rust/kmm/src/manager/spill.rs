@@ -69,6 +69,17 @@ struct Store {
     stats: SpillStats,
 }
 
+impl Store {
+    /// Pageable host memory for `bytes`; `None` when the host has none.
+    fn pageable_place(&mut self, bytes: u64) -> Result<Option<HostPlace>> {
+        match self.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: true }) {
+            Ok(block) => Ok(Some(HostPlace { block, pinned: false })),
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// A manager's spill: its host store and the clock that orders buffers by their last use. Every
 /// lane holds it (frees of spilled buffers give their host memory back).
 pub(super) struct Spill {
@@ -153,10 +164,9 @@ impl Spill {
         }
         let place = match pinned {
             Ok(block) => HostPlace { block, pinned: true },
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => match store.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: true }) {
-                Ok(block) => HostPlace { block, pinned: false },
-                Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => return Ok(None),
-                Err(e) => return Err(e),
+            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => match store.pageable_place(bytes)? {
+                Some(place) => place,
+                None => return Ok(None),
             },
             Err(e) => return Err(e),
         };
@@ -173,12 +183,7 @@ impl Spill {
     /// `None` when the host has none. Not counted: the buffer's bytes stay counted as spilled
     /// throughout (a move is no new spill, so the limit is not asked either).
     fn take_pageable(&self, bytes: u64) -> Result<Option<HostPlace>> {
-        let mut store = lock(&self.store);
-        match store.pageable.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: true }) {
-            Ok(block) => Ok(Some(HostPlace { block, pinned: false })),
-            Err(e) if e.status == KmmStatus::KMM_ERROR_OUT_OF_MEMORY => Ok(None),
-            Err(e) => Err(e),
-        }
+        lock(&self.store).pageable_place(bytes)
     }
 
     /// A place `take_pageable` gave for a move that did not happen (the buffer was restored,

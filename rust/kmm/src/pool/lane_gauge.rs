@@ -145,13 +145,13 @@ impl LaneGauge {
         self.wait_while(|g| g.writer.load(Ordering::Acquire) == SWITCHING);
     }
 
-    /// Waits while `until_not` holds: a few instructions of the writer, unless it was preempted
+    /// Waits while `waiting` holds: a few instructions of the writer, unless it was preempted
     /// there. In a child forked during such an update the writer thread does not exist: the
     /// wait ends there (the child's copy of the parent's managers is not for use; see
     /// docs/reliability.md).
-    fn wait_while(&self, until_not: impl Fn(&Self) -> bool) {
+    fn wait_while(&self, waiting: impl Fn(&Self) -> bool) {
         let mut spins = 0u32;
-        while until_not(self) {
+        while waiting(self) {
             spins += 1;
             if spins < 100 {
                 std::hint::spin_loop();
