@@ -105,8 +105,14 @@ PLANTS = [
     # A pinned request the pool rounds past the pinned limit moves every spilled buffer to
     # pageable memory first (the unrounded request is compared).
     ("unpin-for-a-request-past-the-limit", "rust/kmm/src/manager/spill.rs",
-     "        let fits_the_limit = crate::pool::round_up(bytes.max(1), self.config.alignment) <= self.limits[1].max();\n",
-     "        let fits_the_limit = bytes <= self.limits[1].max();\n",
+     "        crate::pool::round_up(bytes.max(1), self.config.alignment) <= limit.max().saturating_sub(held_by_others)\n",
+     "        bytes <= limit.max().saturating_sub(held_by_others)\n",
+     ["spill"]),
+    # The room unpinning can make is the limit less what others hold (the user's pinned buffers);
+    # the bug compares with the whole limit.
+    ("unpin-for-a-request-beside-the-users-pinned-buffers", "rust/kmm/src/manager/spill.rs",
+     "        let held_by_others = limit.used().current().saturating_sub(self.spill.pinned_reserved());\n",
+     "        let held_by_others = 0;\n",
      ["spill"]),
     ("missing-stream-wait-copy-buffer", "rust/kmm/src/manager/copy.rs",
      "        other.backend.order_streams(other.raw_stream(), run.raw_stream())?;",

@@ -541,6 +541,44 @@ fn a_pinned_request_past_the_pinned_limit_moves_no_spilled_buffer() {
     }
 }
 
+/// Moving spilled data out of pinned memory gives back the spill store's pinned chunks only: a
+/// pinned request that fits the limit but not beside the user's own pinned buffers moves nothing
+/// (found in review), and one that fits beside them still gets that room.
+#[test]
+fn a_pinned_request_that_fits_only_without_the_users_pinned_buffers_moves_no_spilled_buffer() {
+    for (request, served) in [(3 * MIB, false), (2 * MIB, true)] {
+        let m = mode_manager(KmmAllocMode::KMM_ALLOC_POOL, 4 * MIB, 64 * MIB, |c| {
+            c.pinned_limit = 4 * MIB;
+            c.pinned_chunk_size = 2 * MIB;
+        });
+        let users = m.alloc(2 * MIB, PINNED);
+        let set = fill_set(&m, 8, MIB);
+        let before = m.stats(DEVICE);
+        assert_eq!((before.spilled_bytes, before.spilled_pageable_bytes), (4 * MIB, 2 * MIB), "{before:?}");
+        let mut p = 0;
+        let st = kmm_buffer_alloc(m.0, request, PINNED, &mut p);
+        let after = m.stats(DEVICE);
+        if served {
+            assert_eq!(st, KMM_OK, "a pinned request that fits beside the user's: {}", last_error());
+            assert_eq!(after.spilled_pageable_bytes, 4 * MIB, "{after:?}");
+            m.free(p);
+        } else {
+            assert_eq!(st, KMM_ERROR_OUT_OF_MEMORY);
+            assert_eq!(
+                after.spilled_pageable_bytes, before.spilled_pageable_bytes,
+                "request {request} beside 2 MiB of the user's under a 4 MiB limit: spilled buffers left pinned memory for a request that cannot fit: {after:?}"
+            );
+        }
+        for (b, data) in &set {
+            assert!(m.download(*b, 0, data.len()) == *data, "buffer {b:#x} came back with other bytes");
+        }
+        for (b, _) in set {
+            m.free(b);
+        }
+        m.free(users);
+    }
+}
+
 /// The move to pageable memory reads a spilled buffer's pinned place only once the copy out that
 /// writes it has run: here the copies out are queued behind a held stream when the pinned
 /// allocation needs their room.

@@ -222,6 +222,11 @@ impl Spill {
         lock(&self.store).stats
     }
 
+    /// Pinned bytes the store holds of its upstream (and counts against the pinned limit).
+    pub fn pinned_reserved(&self) -> u64 {
+        lock(&self.store).pinned.counters().reserved
+    }
+
     pub fn reset_peak(&self) {
         let s = &mut lock(&self.store).stats;
         s.peak_spilled_bytes = s.spilled_bytes;
@@ -497,6 +502,17 @@ impl Manager {
         Ok(moved)
     }
 
+    /// Whether moving spilled data out of pinned memory can make room for a pinned request of
+    /// `bytes`: it gives back the spill store's pinned chunks only, so the request (as the pool
+    /// rounds it) must fit the pinned limit beside everything else held of it, the user's pinned
+    /// buffers first. Otherwise nothing is moved for it (pageable memory is slower to restore
+    /// from).
+    fn unpinning_may_serve(&self, bytes: u64) -> bool {
+        let limit = &self.limits[1];
+        let held_by_others = limit.used().current().saturating_sub(self.spill.pinned_reserved());
+        crate::pool::round_up(bytes.max(1), self.config.alignment) <= limit.max().saturating_sub(held_by_others)
+    }
+
     /// The out-of-memory rungs for `attempt` (an allocation or a restore of `bytes` of `kind`)
     /// after it failed once: every lane's cached chunks are given back once the work that used
     /// them has run, and the attempt repeated; then, while spill is on, device buffers are
@@ -520,10 +536,7 @@ impl Manager {
         // The spill store's idle pinned chunks count against the pinned limit too.
         let released = self.release(kind, 0).and_then(|_| if kind == MemoryKind::Pinned { self.release_spill() } else { Ok(()) });
         let mut result = released.and_then(|_| attempt());
-        // A request past the pinned limit itself (as the pool rounds it) cannot be helped:
-        // nothing is moved for it.
-        let fits_the_limit = crate::pool::round_up(bytes.max(1), self.config.alignment) <= self.limits[1].max();
-        if kind == MemoryKind::Pinned && self.spill.limit != 0 && fits_the_limit {
+        if kind == MemoryKind::Pinned && self.spill.limit != 0 && self.unpinning_may_serve(bytes) {
             // Spilled data in pinned memory counts against the pinned limit (and holds the pinned
             // upstream's memory), but pageable memory serves it too: a user's pinned buffer comes
             // first. Whole chunks only go back, so the goal grows until enough of them emptied.
