@@ -1,9 +1,9 @@
 //! Allocation, copy and pinned-memory benchmarks of Kmm's C ABI against the CUDA driver's own
 //! allocators, all in one run so figures are compared as ratios on one machine.
 //!
-//! `kmm-bench [--quick] [--traces] [--pairs] [--threads N] [--host]`: on a machine without CUDA,
+//! `kmm-bench [--quick] [--traces] [--pairs] [--scaling] [--threads N] [--host]`: on a machine without CUDA,
 //! or with `--host`, only Kmm's host backend is measured; `--traces` stops after the
-//! single-thread traces; `--pairs` measures only the 1 MiB alloc+free pairs; `--threads` sets the thread count of the multi-thread rows (16).
+//! single-thread traces; `--pairs` measures only the 1 MiB alloc+free pairs; `--scaling` only the rows of threads; `--threads` sets the thread count of the multi-thread rows (16).
 
 use cudarc::driver::sys;
 use kmm::ffi::buffer::*;
@@ -179,6 +179,9 @@ fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let traces_only = std::env::args().any(|a| a == "--traces");
     let pairs_only = std::env::args().any(|a| a == "--pairs");
+    // Only the rows of threads (one thread, own managers, one shared manager, free latency):
+    // repeated alternately with another build where those rows move between runs.
+    let scaling_only = std::env::args().any(|a| a == "--scaling");
     let cuda = !std::env::args().any(|a| a == "--host")
         && unsafe { sys::is_culib_present() }
         && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
@@ -219,7 +222,8 @@ fn main() {
     }
 
     let n = if quick { 20_000 } else { 100_000 };
-    for (name, min, max, target) in [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 8x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")] {
+    let trace_rows = [("R", 256u64, 4u64 << 20, "<= 100 ns, >= 8x cuMemAllocAsync"), ("S", 8, 4096, "<= 60 ns")];
+    for (name, min, max, target) in trace_rows.into_iter().filter(|_| !scaling_only) {
         let ops = trace(n, 1000, min, max, 42);
         // The default manager, then the same without compaction (its peer for what moving costs).
         // A traced manager records every operation into rings of the default size (65,536
@@ -435,6 +439,9 @@ fn main() {
         format!("{machine:.1}x one thread ({} logical CPUs)", std::thread::available_parallelism().map_or(0, |n| n.get())),
         "the machine's own scaling",
     );
+    if scaling_only {
+        return;
+    }
 
     copies(backend, cuda, quick, &mut r);
     pinned_alloc(backend, cuda, &mut r);

@@ -603,13 +603,15 @@ impl Manager {
             resource.merge(&st.resources[k].counters());
             adopted.merge(&st.adopted[k].counters());
         }
+        // A snapshot's peak is never below its figure: an add that the figure's read saw may
+        // not have raised the peak yet when the peak is read.
         usage.in_use = self.in_use[k].current();
-        usage.peak_in_use = self.in_use[k].peak();
+        usage.peak_in_use = self.in_use[k].peak().max(usage.in_use);
         // CUDA's pool counts its own reservation; the others reserve through the limited upstream.
         if !(kind == MemoryKind::Device && self.config.alloc_mode == AllocMode::CudaAsync) {
             let upstream = self.limits[k].used();
             resource.reserved = upstream.current();
-            resource.peak_reserved = upstream.peak();
+            resource.peak_reserved = upstream.peak().max(resource.reserved);
         }
         resource.reserved += adopted.reserved;
         resource.peak_reserved += adopted.peak_reserved;

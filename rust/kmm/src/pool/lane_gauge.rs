@@ -171,8 +171,15 @@ impl LaneGauge {
         self.peak.load(Ordering::Acquire)
     }
 
+    /// The peak becomes the figure now. An update between the figure's read and the peak's
+    /// store compared itself with the old, higher peak and left it: the figure read again
+    /// raises the new one to it, so no update in effect is left above its peak.
     pub fn reset_peak(&self) {
-        self.peak.store(self.current(), Ordering::Release);
+        let now = self.current();
+        #[cfg(test)]
+        tests::mid_reset();
+        self.peak.store(now, Ordering::SeqCst);
+        self.peak.fetch_max(self.current.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 
     /// Whether one lane changes the gauge with plain stores (for tests).
@@ -238,12 +245,55 @@ pub(super) mod tests {
         static MID_UPDATE: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
     }
 
+    thread_local! {
+        /// Runs inside `reset_peak`, between the figure's read and the peak's store.
+        static MID_RESET: RefCell<Option<Box<dyn FnMut()>>> = RefCell::new(None);
+    }
+
     pub(super) fn mid_update() {
         MID_UPDATE.with(|hook| {
             if let Some(f) = hook.borrow_mut().as_mut() {
                 f()
             }
         });
+    }
+
+    pub(super) fn mid_reset() {
+        MID_RESET.with(|hook| {
+            if let Some(f) = hook.borrow_mut().as_mut() {
+                f()
+            }
+        });
+    }
+
+    /// A reset reads the figure, then an add raises it (comparing itself with the old, higher
+    /// peak, so it leaves the peak), then the reset stores what it read: the peak must still
+    /// come out at or above the figure.
+    #[test]
+    fn a_reset_racing_an_add_leaves_no_peak_below_the_figure() {
+        let g = Arc::new(LaneGauge::default());
+        g.add(100, 0);
+        g.sub(100, 0);
+        let (paused, wait_paused) = mpsc::channel();
+        let (resume, wait_resume) = mpsc::channel::<()>();
+        let resetter = {
+            let g = g.clone();
+            std::thread::spawn(move || {
+                MID_RESET.with(|hook| {
+                    *hook.borrow_mut() = Some(Box::new(move || {
+                        let _ = paused.send(());
+                        let _ = wait_resume.recv();
+                    }))
+                });
+                g.reset_peak();
+            })
+        };
+        wait_paused.recv().unwrap();
+        g.add(10, 0);
+        resume.send(()).unwrap();
+        resetter.join().unwrap();
+        assert_eq!(g.current(), 10);
+        assert!(g.peak() >= 10, "the reset left the peak at {} under the figure 10", g.peak());
     }
 
     /// The writer is preempted in the middle of an update (here: it sleeps there) while another

@@ -50,8 +50,11 @@ impl Gauge {
         self.peak.load(Ordering::Acquire)
     }
 
+    /// As `LaneGauge::reset_peak`: the figure read again after the store raises the new peak
+    /// to an add that raced the reset.
     pub fn reset_peak(&self) {
-        self.peak.store(self.current(), Ordering::Release);
+        self.peak.store(self.current(), Ordering::SeqCst);
+        self.peak.fetch_max(self.current.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 }
 
