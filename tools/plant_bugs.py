@@ -278,7 +278,7 @@ PLANTS = [
          "        self.in_use += other.in_use;\n        self.allocs += other.allocs;\n",
          "        self.in_use += other.in_use;\n        self.peak_in_use += other.peak_in_use;\n        self.allocs += other.allocs;\n"),
         ("rust/kmm/src/manager/mod.rs",
-         "        usage.peak_in_use = self.in_use[k].peak();\n",
+         "        usage.peak_in_use = self.in_use[k].peak().max(usage.in_use);\n",
          ""),
      ], ["abi_stream_order", "abi_lanes"]),
     # Two managers are locked in argument order (destination, then source): copies A->B and B->A
@@ -811,8 +811,8 @@ PLANTS = [
     # pinned allocation fails while spilled buffers hold the pinned limit (the fifth adversarial
     # run's finding).
     ("pinned-ladder-keeps-spilled-data-pinned", "rust/kmm/src/manager/spill.rs",
-     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 && fits_the_limit {\n",
-     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX && fits_the_limit {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit != 0 && self.unpinning_may_serve(bytes) {\n",
+     "        if kind == MemoryKind::Pinned && self.spill.limit == u64::MAX && self.unpinning_may_serve(bytes) {\n",
      ["spill"]),
     # That rung copies a spilled buffer's pinned place without waiting for the fence after its
     # copy out: it reads bytes the copy out has not written yet.
