@@ -105,7 +105,7 @@ PLANTS = [
     # A reset of the peak stores the figure it read and stops: an add between the read and the
     # store (which compared itself with the old, higher peak) is left above the new peak.
     ("lane-gauge-reset-leaves-a-racing-add-above-the-peak", "rust/kmm/src/pool/lane_gauge.rs",
-     "        self.peak.fetch_max(self.current.load(Ordering::SeqCst), Ordering::SeqCst);\n    }\n\n    /// Whether one lane",
+     "        self.counts.peak.fetch_max(self.counts.current.load(Ordering::SeqCst), Ordering::SeqCst);\n    }\n\n    /// Whether one lane",
      "    }\n\n    /// Whether one lane",
      ["lib"]),
     # A pinned request the pool rounds past the pinned limit moves every spilled buffer to

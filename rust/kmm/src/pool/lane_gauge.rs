@@ -30,10 +30,21 @@ const SHARED: usize = usize::MAX - 1;
 /// Turning shared: a lane waits for the writer's update in progress to end (see `claim_or_share`).
 const SWITCHING: usize = usize::MAX - 2;
 
-#[derive(Debug)]
-pub struct LaneGauge {
+/// The figure and its peak, on a cache line (pair: x86 fetches lines in pairs) of their own.
+#[derive(Debug, Default)]
+#[repr(C, align(128))]
+struct Counts {
     current: AtomicU64,
     peak: AtomicU64,
+}
+
+/// `writer` is read at every change and, once the gauge is shared, never written again: on the
+/// line of the counts that every lane's locked add takes exclusive, each read would be a miss
+/// and each change two transfers of that line instead of one.
+#[derive(Debug)]
+#[repr(C)]
+pub struct LaneGauge {
+    counts: Counts,
     /// The lane that changes the gauge with plain stores, `UNCLAIMED`, `SWITCHING` or `SHARED`.
     writer: AtomicUsize,
     /// Set by the writer lane for the length of a plain update.
@@ -46,8 +57,7 @@ impl Default for LaneGauge {
     fn default() -> Self {
         let writer = if membarrier::available() { UNCLAIMED } else { SHARED };
         LaneGauge {
-            current: AtomicU64::new(0),
-            peak: AtomicU64::new(0),
+            counts: Counts::default(),
             writer: AtomicUsize::new(writer),
             busy: AtomicBool::new(false),
             pid: std::process::id(),
@@ -61,8 +71,8 @@ impl LaneGauge {
     pub fn add(&self, n: u64, lane: usize) {
         let now = self.change(n, false, lane);
         // A load first: the peak seldom moves, and a read keeps the cache line shared.
-        if now > self.peak.load(Ordering::Relaxed) {
-            self.peak.fetch_max(now, Ordering::AcqRel);
+        if now > self.counts.peak.load(Ordering::Relaxed) {
+            self.counts.peak.fetch_max(now, Ordering::AcqRel);
         }
     }
 
@@ -82,11 +92,11 @@ impl LaneGauge {
             compiler_fence(Ordering::SeqCst);
             let sole = self.writer.load(Ordering::Relaxed) == lane;
             if sole {
-                let current = self.current.load(Ordering::Relaxed);
+                let current = self.counts.current.load(Ordering::Relaxed);
                 let now = if take { current - n } else { current + n };
                 #[cfg(test)]
                 tests::mid_update();
-                self.current.store(now, Ordering::Release);
+                self.counts.current.store(now, Ordering::Release);
                 compiler_fence(Ordering::SeqCst);
                 self.busy.store(false, Ordering::Release);
                 return now;
@@ -108,9 +118,9 @@ impl LaneGauge {
             }
         }
         if take {
-            self.current.fetch_sub(n, Ordering::AcqRel) - n
+            self.counts.current.fetch_sub(n, Ordering::AcqRel) - n
         } else {
-            self.current.fetch_add(n, Ordering::AcqRel) + n
+            self.counts.current.fetch_add(n, Ordering::AcqRel) + n
         }
     }
 
@@ -164,11 +174,11 @@ impl LaneGauge {
     }
 
     pub fn current(&self) -> u64 {
-        self.current.load(Ordering::Acquire)
+        self.counts.current.load(Ordering::Acquire)
     }
 
     pub fn peak(&self) -> u64 {
-        self.peak.load(Ordering::Acquire)
+        self.counts.peak.load(Ordering::Acquire)
     }
 
     /// The peak becomes the figure now. An update between the figure's read and the peak's
@@ -178,8 +188,8 @@ impl LaneGauge {
         let now = self.current();
         #[cfg(test)]
         tests::mid_reset();
-        self.peak.store(now, Ordering::SeqCst);
-        self.peak.fetch_max(self.current.load(Ordering::SeqCst), Ordering::SeqCst);
+        self.counts.peak.store(now, Ordering::SeqCst);
+        self.counts.peak.fetch_max(self.counts.current.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 
     /// Whether one lane changes the gauge with plain stores (for tests).
