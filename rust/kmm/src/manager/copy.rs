@@ -37,17 +37,22 @@ pub enum Completion {
 
 impl Manager {
     /// Pins the buffer (restoring it first when it is spilled) for a copy of `bytes` at `offset`.
+    /// `arg` is the buffer's argument name in the call ("dst", "src", "buffer"), for messages.
     fn lease(&self, handle: u64, offset: u64, bytes: u64, arg: &str) -> Result<(Lease<'_>, u64, MemoryKind)> {
         let home = self.raw_stream();
         let (addr, kind) = self.resident(handle, |st| {
             let r = st.buffers.get_mut(handle)?;
             match offset.checked_add(bytes) {
                 Some(end) if end <= r.bytes => {}
-                _ => fail!(
-                    KMM_ERROR_OUT_OF_RANGE,
-                    "{arg}_offset = {offset} + bytes = {bytes} exceeds the {arg} buffer's size of {} bytes",
-                    r.bytes
-                ),
+                _ => {
+                    // The offset's argument name: `dst_offset`, `src_offset`; `offset` beside `buffer`.
+                    let offset_arg = if arg == "buffer" { "offset".to_string() } else { format!("{arg}_offset") };
+                    fail!(
+                        KMM_ERROR_OUT_OF_RANGE,
+                        "{offset_arg} = {offset} + bytes = {bytes} exceeds the {arg} buffer's size of {} bytes",
+                        r.bytes
+                    )
+                }
             }
             if r.is_spilled() {
                 return Ok(None);
@@ -199,7 +204,7 @@ impl Manager {
         if bytes % width != 0 {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = {bytes} is not a multiple of pattern_size = {width}");
         }
-        let (_lease, addr, _) = self.lease(handle, offset, bytes, "dst")?;
+        let (_lease, addr, _) = self.lease(handle, offset, bytes, "buffer")?;
         if bytes == 0 {
             return Ok(());
         }

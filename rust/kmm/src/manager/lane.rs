@@ -456,8 +456,7 @@ impl State {
             Origin::Resource(block) => self.resources[k].deallocate(block),
             Origin::Adopted(block) => self.adopted[k].deallocate(block),
             Origin::Spilled(place) => {
-                self.spill.give_back(place, record.bytes);
-                self.spill.count(|s| s.buffers -= 1);
+                self.spill.give_back(place, record.bytes, true);
                 Ok(())
             }
             Origin::Lent { lane, block } => {

@@ -66,6 +66,9 @@ pub struct SpillStats {
 struct Store {
     pinned: Deferred<PoolResource>,
     pageable: Deferred<DirectResource>,
+    /// Bytes of the host places handed out, spills in progress included: what the spill limit
+    /// counts. The stats count a spill only once it is made.
+    taken: u64,
     stats: SpillStats,
 }
 
@@ -119,6 +122,7 @@ impl Spill {
         let store = Store {
             pinned: Deferred::new(pool, backend.clone(), stream.clone()),
             pageable: Deferred::new(pageable, backend, stream),
+            taken: 0,
             stats: SpillStats::default(),
         };
         Spill { limit, store: Mutex::new(store), clock: AtomicU64::new(1) }
@@ -140,7 +144,7 @@ impl Spill {
     /// `headroom`; `None` when it would pass them or the host has none.
     fn take(&self, bytes: u64, headroom: u64) -> Result<Option<HostPlace>> {
         let mut store = lock(&self.store);
-        if store.stats.spilled_bytes.checked_add(bytes).map_or(true, |total| total > self.limit.saturating_add(headroom)) {
+        if store.taken.checked_add(bytes).map_or(true, |total| total > self.limit.saturating_add(headroom)) {
             return Ok(None);
         }
         // Pinned memory that restores gave back comes back as the stream passes their copies:
@@ -152,7 +156,7 @@ impl Spill {
                     drop(store);
                     fence.synchronize()?;
                     store = lock(&self.store);
-                    if store.stats.spilled_bytes.saturating_add(bytes) > self.limit.saturating_add(headroom) {
+                    if store.taken.saturating_add(bytes) > self.limit.saturating_add(headroom) {
                         return Ok(None);
                     }
                     pinned = store.pinned.allocate(bytes, crate::pool::NO_OWNER, &mut NoMoves { grow: false });
@@ -170,13 +174,22 @@ impl Spill {
             },
             Err(e) => return Err(e),
         };
-        // The peak rises when the spill is made (`count`), not for a place taken in vain.
-        let s = &mut store.stats;
+        // The stats count the spill when it is made (`made`), not a place taken in vain.
+        store.taken += bytes;
+        Ok(Some(place))
+    }
+
+    /// A buffer of `bytes` spilled into `place` (from `take`).
+    fn made(&self, place: HostPlace, bytes: u64) {
+        let s = &mut lock(&self.store).stats;
+        s.spills += 1;
+        s.buffers += 1;
+        s.bytes_out += bytes;
         s.spilled_bytes += bytes;
         if !place.pinned {
             s.pageable_bytes += bytes;
         }
-        Ok(Some(place))
+        s.peak_spilled_bytes = s.peak_spilled_bytes.max(s.spilled_bytes);
     }
 
     /// Pageable memory for `bytes` of a spilled buffer leaving pinned memory (`unpin_spilled`);
@@ -202,15 +215,21 @@ impl Spill {
         store.stats.pageable_bytes += bytes;
     }
 
-    /// Gives back the host memory of `bytes` of a buffer that was restored, freed or not spilled
-    /// after all: reused once the manager's stream has passed the work queued so far.
-    pub fn give_back(&self, place: HostPlace, bytes: u64) {
+    /// Gives back the host memory of `bytes` of a spilled buffer that was restored or freed
+    /// (`spilled`), or of a place `take` gave for a spill not made after all: reused once the
+    /// manager's stream has passed the work queued so far.
+    pub fn give_back(&self, place: HostPlace, bytes: u64, spilled: bool) {
         let mut store = lock(&self.store);
         // Deferred: never fails, never loses the block.
         let _ = if place.pinned { store.pinned.deallocate(place.block) } else { store.pageable.deallocate(place.block) };
-        store.stats.spilled_bytes -= bytes;
-        if !place.pinned {
-            store.stats.pageable_bytes -= bytes;
+        store.taken -= bytes;
+        if spilled {
+            let s = &mut store.stats;
+            s.spilled_bytes -= bytes;
+            s.buffers -= 1;
+            if !place.pinned {
+                s.pageable_bytes -= bytes;
+            }
         }
     }
 
@@ -303,12 +322,7 @@ impl State {
         r.users.insert(home);
         self.usage[0].in_use -= bytes;
         self.in_use[0].sub(bytes, self.place.lane);
-        self.spill.count(|s| {
-            s.spills += 1;
-            s.buffers += 1;
-            s.bytes_out += bytes;
-            s.peak_spilled_bytes = s.peak_spilled_bytes.max(s.spilled_bytes);
-        });
+        self.spill.made(place, bytes);
         if let Some(t) = &mut self.trace {
             t.record(Action::Spill, MemoryKind::Device, from, bytes, home, handle, place.block.addr);
         }
@@ -394,12 +408,13 @@ impl State {
         r.last_use = self.spill.tick();
         // Settling: a map waits for the copy in (the moves' fence recorded below).
         r.settling = true;
+        // Off the spilled bytes before it counts in use again: a snapshot between the two sees
+        // the buffer in neither, never in both.
+        self.spill.give_back(place, bytes, true);
         self.usage[0].in_use += bytes;
         self.in_use[0].add(bytes, self.place.lane);
-        self.spill.give_back(place, bytes);
         self.spill.count(|s| {
             s.restores += 1;
-            s.buffers -= 1;
             s.bytes_in += bytes;
         });
         self.fence_moves();
@@ -444,10 +459,10 @@ impl Manager {
                 Ok(true) => spilled += bytes,
                 Ok(false) => {
                     contested += 1;
-                    self.spill.give_back(place, bytes)
+                    self.spill.give_back(place, bytes, false)
                 }
                 Err(e) => {
-                    self.spill.give_back(place, bytes);
+                    self.spill.give_back(place, bytes, false);
                     return Err(e);
                 }
             }
