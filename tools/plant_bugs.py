@@ -118,13 +118,13 @@ PLANTS = [
     # spill is made (the sixth adversarial run): a snapshot between shows spilled bytes above
     # their peak and above the spilled buffers' bytes.
     ("spill-counts-a-place-before-the-spill", [
-        ("rust/kmm/src/manager/spill.rs",
+        ("rust/kmm/src/manager/spill_store.rs",
          "        store.taken += bytes;\n        Ok(Some(place))\n",
          "        store.taken += bytes;\n        store.stats.spilled_bytes += bytes;\n        Ok(Some(place))\n"),
-        ("rust/kmm/src/manager/spill.rs",
+        ("rust/kmm/src/manager/spill_store.rs",
          "        s.bytes_out += bytes;\n        s.spilled_bytes += bytes;\n",
          "        s.bytes_out += bytes;\n"),
-        ("rust/kmm/src/manager/spill.rs",
+        ("rust/kmm/src/manager/spill_store.rs",
          "        store.taken -= bytes;\n        if spilled {\n            let s = &mut store.stats;\n            s.spilled_bytes -= bytes;\n",
          "        store.taken -= bytes;\n        store.stats.spilled_bytes -= bytes;\n        if spilled {\n            let s = &mut store.stats;\n"),
      ], ["adv6_core"]),

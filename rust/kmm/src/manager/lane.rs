@@ -8,7 +8,7 @@ use super::cells::LaneCells;
 use super::config::{MemoryKind, MAX_BUFFER_BYTES};
 use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
-use super::spill::{HostPlace, Spill};
+use super::spill_store::{HostPlace, Spill};
 use super::trace::{Action, LaneTrace};
 use crate::backend::{Backend, BackendKind, Event, Stream};
 use crate::error::{KmmStatus, Result};

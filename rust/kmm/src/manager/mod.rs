@@ -14,6 +14,7 @@ pub mod order;
 mod peer;
 mod report;
 mod spill;
+mod spill_store;
 mod staging;
 #[cfg(test)]
 mod tests;
@@ -24,7 +25,7 @@ pub use lane::{Growth, State};
 pub(crate) use lane::MappedTry;
 pub use observe::{Figure, MapSegment, MemoryMap, SegmentState};
 pub use report::{human_bytes, KindStats};
-pub use spill::SpillStats;
+pub use spill_store::SpillStats;
 
 use crate::backend::{self, Backend, BackendKind, Event, Stream};
 use crate::error::{lock, KmmStatus, Result};
@@ -77,7 +78,7 @@ pub struct Manager {
     /// The trace recording now, or the last one (kept for reading); see `observe`.
     trace: Mutex<observe::TraceSlot>,
     /// Spilled buffers' host memory and the clock of buffers' last uses (see `spill`).
-    spill: Arc<spill::Spill>,
+    spill: Arc<spill_store::Spill>,
 }
 
 impl Manager {
@@ -117,7 +118,7 @@ impl Manager {
             free_queues.add(Arc::new(PinnedUpstream(backend.clone()))),
         ];
         let free_queues = Arc::new(free_queues);
-        let spill = Arc::new(spill::Spill::new(
+        let spill = Arc::new(spill_store::Spill::new(
             config.spill_limit,
             upstreams[1].clone(),
             config.pinned_chunk_size,
