@@ -9,12 +9,6 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-fn send<T>(x: T) -> SendBox<T> {
-    SendBox(x)
-}
-struct SendBox<T>(T);
-unsafe impl<T> Send for SendBox<T> {}
-
 /// `kmm_manager_reset_peaks` "resets the peak counters to their current values". Racing an
 /// allocation on another thread, the reset can store the bytes in use it read *before* the
 /// allocation after the allocation raised the peak: the peak then stays below the bytes in use
