@@ -170,7 +170,7 @@ PLANTS = [
      "(0..=last).filter(move |&lane| lane != own && false)",
      ["lib"]),
     # trim_lanes became detach_lanes (chunks detached under the lock, freed after the fence).
-    ("lanes-trim-budget-per-lane", "rust/kmm/src/manager/mod.rs",
+    ("lanes-trim-budget-per-lane", "rust/kmm/src/manager/release.rs",
      "            budget = budget.saturating_sub(st.resources[k].counters().reserved);\n",
      "",
      ["abi_lanes"]),
@@ -187,7 +187,7 @@ PLANTS = [
 
     # --- The stream-ordering fixes (d2f72ec, 5c89d27), each reversed. ---
     # A trim frees the chunks it detached without waiting for their fence.
-    ("trim-frees-chunks-before-fence", "rust/kmm/src/manager/mod.rs",
+    ("trim-frees-chunks-before-fence", "rust/kmm/src/manager/release.rs",
      "            if let Err(e) = event.synchronize() {\n",
      "            if let Err(e) = { let _ = &event; Result::<()>::Ok(()) } {\n",
      ["abi_stream_order", "stream_model"]),
@@ -750,8 +750,8 @@ PLANTS = [
      "        if let Some(t) = self.trace.as_deref_mut().filter(|_| false) {\n            t.record(Action::Move,",
      ["observe"]),
     # Chunks given back are not recorded (the trim's row).
-    ("trace-misses-trims", "rust/kmm/src/manager/mod.rs",
-     "                    t.record(trace::Action::Trim, kind, base, size, self.raw_stream(), 0, 0);\n",
+    ("trace-misses-trims", "rust/kmm/src/manager/release.rs",
+     "                    t.record(super::trace::Action::Trim, kind, base, size, self.raw_stream(), 0, 0);\n",
      "",
      ["observe"]),
     # A full ring stops taking records instead of dropping the oldest.
