@@ -45,13 +45,11 @@ impl Manager {
             match offset.checked_add(bytes) {
                 Some(end) if end <= r.bytes => {}
                 _ => {
-                    // The offset's argument name: `dst_offset`, `src_offset`; `offset` beside `buffer`.
-                    let offset_arg = if arg == "buffer" { "offset".to_string() } else { format!("{arg}_offset") };
-                    fail!(
-                        KMM_ERROR_OUT_OF_RANGE,
-                        "{offset_arg} = {offset} + bytes = {bytes} exceeds the {arg} buffer's size of {} bytes",
-                        r.bytes
-                    )
+                    // The arguments' names: `dst_offset` of the dst buffer, `src_offset` of the src
+                    // buffer; `offset` of `buffer`.
+                    let (offset_arg, of) =
+                        if arg == "buffer" { ("offset".to_string(), "buffer".to_string()) } else { (format!("{arg}_offset"), format!("{arg} buffer")) };
+                    fail!(KMM_ERROR_OUT_OF_RANGE, "{offset_arg} = {offset} + bytes = {bytes} exceeds the {of}'s size of {} bytes", r.bytes)
                 }
             }
             if r.is_spilled() {
