@@ -7,6 +7,7 @@ import numpy as np
 
 from . import _args, _lib
 from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
+from ._lifetime import later
 
 _lib_ = _lib.lib
 KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
@@ -70,7 +71,9 @@ class Buffer(NotCopyable):
     """Device ("device") or page-locked host ("pinned") memory of a `Manager`.
 
     The buffer stays mapped (its address valid) for its whole life. It is freed, stream-ordered
-    and without blocking, by `close()` or on garbage collection. It exports
+    and without blocking, by `close()` or on garbage collection: when a collection finds it in
+    garbage, at the end of that collection (a finalizer of the same garbage may still use its
+    memory through an export or an array), and never while an export lives. It exports
     `__cuda_array_interface__` and DLPack as a 1-D uint8 array; `DeviceArray` adds shape and dtype.
 
     Exports and `close()`: memoryviews from `host_view()` and DLPack capsules (and the arrays
@@ -176,8 +179,9 @@ class Buffer(NotCopyable):
                 handle = self._pending if self._exports == 0 else 0
                 if handle:
                     self._pending = 0
-            if handle and manager._handle:
-                _buffer_free(manager._handle, handle, FORCE)
+            if handle:
+                # Ended by a finalizer (the view's) while the collector runs: freed when it ends.
+                later(_free, manager, handle)
             manager._end_deferred_close()
 
         return release
@@ -347,20 +351,32 @@ class Buffer(NotCopyable):
         self.close()
 
     def __del__(self):
+        # An export holds the buffer, so only a garbage cycle holding both brings it here with
+        # exports live: as close(), the last export's end frees it. Otherwise freed now, or, in
+        # a collection, at its end (another finalizer of the garbage may still use the memory).
         h = getattr(self, "_handle", 0)
         if h:
-            self._handle = 0
-            try:
-                m = self._manager._handle
-                if m:
-                    _buffer_free(m, h, FORCE)
-            except Exception:  # interpreter shutdown
-                pass
+            with _export_lock:
+                self._handle = 0
+                if self._exports:
+                    self._pending = h
+                    return
+            later(_free, self._manager, h)
 
     def __repr__(self):
         if self.closed:
             return "<kmm.Buffer closed>"
         return "<kmm.Buffer %s %d bytes at %#x>" % (self.kind, self.nbytes, self._ptr)
+
+
+def _free(manager, handle):
+    """Frees a buffer's `handle` unless its manager is gone (destroyed with all its buffers)."""
+    try:
+        m = manager._handle
+        if m:
+            _buffer_free(m, handle, FORCE)
+    except Exception:  # interpreter shutdown
+        pass
 
 
 class _Imported(Buffer):

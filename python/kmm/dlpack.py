@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _args
 from ._errors import NotCopyable
+from ._lifetime import later
 
 kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
@@ -306,10 +307,16 @@ class _Imported(NotCopyable):
     def __del__(self):
         if self.deleter is not None:
             d, self.deleter = self.deleter, None
-            try:
-                d(self.address)
-            except Exception:
-                pass
+            # In a collection, at its end: a finalizer of the same garbage may still use the
+            # kmm array over the producer's memory.
+            later(_call_deleter, d, self.address)
+
+
+def _call_deleter(deleter, address):
+    try:
+        deleter(address)
+    except Exception:
+        pass
 
 
 def consume(capsule, producer):

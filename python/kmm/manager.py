@@ -5,6 +5,7 @@ import threading
 
 from . import _args, _lib
 from ._errors import BufferMappedError, InvalidHandleError, NotCopyable, check
+from ._lifetime import later
 from .buffer import KIND_NAMES, KINDS, Buffer, _export_lock
 
 _lib_ = _lib.lib
@@ -86,7 +87,9 @@ class Manager(NotCopyable):
     never spills; buffers handed out by address stay mapped and never spill).
 
     Destroyed by `close()` (waits for the stream), on garbage collection (deferred, never
-    blocks) or at the end of a `with` block. Buffers keep their manager alive."""
+    blocks; when a collection finds it in garbage, at the end of that collection, and never
+    while an export of its memory lives) or at the end of a `with` block. Buffers keep their
+    manager alive."""
 
     def __init__(self, **config):
         self._handle = 0
@@ -290,7 +293,7 @@ class Manager(NotCopyable):
             h = self._pending if self._exports == 0 else 0
             self._pending = 0 if h else self._pending
         if h:
-            _lib_.kmm_manager_destroy(h, _lib.KMM_DESTROY_DEFERRED)
+            later(_lib_.kmm_manager_destroy, h, _lib.KMM_DESTROY_DEFERRED)
 
     def __enter__(self):
         return self
@@ -301,9 +304,17 @@ class Manager(NotCopyable):
     def __del__(self):
         h = getattr(self, "_handle", 0)
         if h and getattr(self, "_owned", False):
-            self._handle = 0
+            with _export_lock:
+                self._handle = 0
+                if self._exports:
+                    # As close(): the last export's end destroys it (only a garbage cycle that
+                    # holds an export, which holds its buffer and manager, brings it here so).
+                    self._pending = h
+                    return
             try:
-                _lib_.kmm_manager_destroy(h, _lib.KMM_DESTROY_DEFERRED)
+                # In a collection, at its end: a finalizer of the same garbage may still write
+                # through a view of the manager's memory.
+                later(_lib_.kmm_manager_destroy, h, _lib.KMM_DESTROY_DEFERRED)
             except Exception:  # interpreter shutdown
                 pass
 

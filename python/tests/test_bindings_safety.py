@@ -312,3 +312,33 @@ def test_dlpack_export_survives_a_collection_that_ends_another_export():
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "no deadlock"
+
+
+def test_collected_cycles_free_memory_after_their_finalizers(m):
+    # A DeviceArray and its raw address (as a CAI consumer holds one) in a garbage cycle with an
+    # object whose __del__ still writes there. The collector runs the cycle's finalizers in no set
+    # order: Buffer.__del__ freed the memory first, the __del__'s allocation got the same address
+    # and the write landed in that new buffer. Frees asked for in a collection wait for its end.
+    import ctypes
+
+    out = {}
+
+    class Holder:
+        def __del__(self):
+            nb = m.alloc(self.n)
+            nb.fill(b"\0")
+            m.synchronize()
+            out["same_address"] = nb.ptr == self.ptr
+            ctypes.memset(self.ptr, 0xAB, 4)  # through the consumer's pointer
+            out["new_buffer"] = bytes(nb.copy_to_host(nbytes=4))
+            out["keep"] = nb
+
+    for n in (1 << 16, 1 << 20):
+        a = m.empty(n, np.uint8)
+        h = Holder()
+        h.me, h.a, h.n, h.ptr = h, a, n, a.__cuda_array_interface__["data"][0]
+        del a, h
+        gc.collect()
+        assert out.pop("same_address") is False, "an address was handed out again while the garbage used it"
+        assert out.pop("new_buffer") == b"\0" * 4, "a write of a finalizer corrupted another buffer"
+        out.pop("keep").close()

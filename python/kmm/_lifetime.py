@@ -1,0 +1,50 @@
+"""Frees that finalizers ask for while the cyclic garbage collector runs wait for its end.
+
+The collector calls every `__del__` of a garbage cycle before it breaks the cycle, in no set
+order. A `__del__` that frees memory (a buffer's, a manager's, the end of an export, an imported
+tensor's deleter) could so free it while another finalizer of the same garbage still writes
+through a `host_view` memoryview, an array or a consumer's pointer to it: the memory is reused
+under the writes, or unmapped (a crash). So a free asked for during a collection is queued and
+made when the collection ends, once that garbage is gone. Frees outside a collection (an object's
+last reference dropped) are made at once, as before.
+
+A collection may release the GIL (a finalizer that sleeps or waits): a free another thread asks
+for meanwhile waits for the end as well, a little later than it would have been."""
+
+import gc
+import threading
+
+
+def _deferral():
+    """(later, on_gc): `later(fn, *args)` calls fn(*args) now, or at the end of the collection
+    running now; `on_gc` is the collector's callback that marks its start and end."""
+    # Closures, not globals: a collection at interpreter exit may run after this module's
+    # globals are gone (see kmm.dlpack).
+    running, queued, lock = [0], [], threading.Lock()
+
+    def later(fn, *args):
+        call = (fn, args)  # made outside the lock: an allocation may start a collection
+        with lock:
+            if running[0]:
+                queued.append(call)
+                return
+        fn(*args)
+
+    def on_gc(phase, info):
+        with lock:
+            running[0] += 1 if phase == "start" else -1
+            if running[0]:
+                return
+            calls = queued[:]
+            del queued[:]
+        for fn, args in calls:
+            try:
+                fn(*args)
+            except Exception:  # as a __del__'s error: never raised into the collector's caller
+                pass
+
+    return later, on_gc
+
+
+later, _on_gc = _deferral()
+gc.callbacks.append(_on_gc)
