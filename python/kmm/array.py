@@ -47,26 +47,34 @@ def _stores_as_given(host, dtype):
     if dtype.kind in "fc":
         # Integers and floats into floats: rounded to the precision, never wrapped.
         return np.can_cast(host.dtype, dtype, "same_kind")
-    if host.dtype.kind in "biu" and dtype.kind in "biu":
-        # Integers into a narrower or other-signed integer type: only values that fit ([1, 2, 3]
-        # into int32 or uint8, not -1 into uint8).
-        return bool(np.array_equal(host.astype(dtype).astype(host.dtype), host))
+    if host.dtype.kind in "biu" and dtype.kind in "iu":
+        # Integers into a narrower or other-signed integer type: only values in its range
+        # ([1, 2, 3] into int32 or uint8, not -1 into uint8). Compared as Python ints: a cast
+        # and back is the identity between int32 and uint32, and would pass -1 as 4294967295.
+        if host.size == 0:
+            return True
+        info = np.iinfo(dtype)
+        return info.min <= int(host.min()) and int(host.max()) <= info.max
+    if host.dtype.kind in "biu" and dtype.kind == "b":
+        return bool(np.isin(host, (0, 1)).all())
     return False
 
 
-def _refuse_integers_past_float_range(host, dtype):
-    """ValueError where an integer of `host` is beyond the finite range of the float (or
-    complex) `dtype`: NumPy would store it as inf (70000 into float16), with a warning only."""
-    if host.dtype.kind not in "iu" or dtype.kind not in "fc" or host.size == 0:
+def _refuse_finite_values_past_float_range(host, dtype):
+    """ValueError where a finite number of `host` (integer or float) is beyond the finite range
+    of the float (or complex) `dtype`: NumPy would store it as inf (70000 into float16, 1e300
+    into float32), with a warning only. inf and nan given as such are stored as such."""
+    if host.dtype.kind not in "iufc" or dtype.kind not in "fc" or host.size == 0:
         return
     big = float(np.finfo(dtype).max)
-    with np.errstate(over="ignore"), warnings.catch_warnings():
+    with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stored = host.astype(dtype)
-    bad = ~np.isfinite(stored)
+    bad = ~np.isfinite(stored) & np.isfinite(host)
     if bad.any():
-        value = int(host[bad].flat[0])
-        raise ValueError("host holds the integer %d, which %s cannot hold: it would be stored as inf "
+        value = host[bad].flat[0]
+        value = int(value) if host.dtype.kind in "iu" else value
+        raise ValueError("host holds the number %r, which %s cannot hold: it would be stored as inf "
                          "(%s's finite range is -%g..%g)" % (value, dtype, dtype, big, big))
 
 
@@ -313,9 +321,10 @@ class DeviceArray:
 
     def set(self, host):
         """Copies a host array of the same shape (C-contiguous arrays only). Values are stored
-        as given or refused: an integer must fit the array's type (no wrap), a float goes into a
-        float or complex array only (rounded to its precision, as NumPy assigns), never into an
-        integer one."""
+        as given or refused: an integer must fit the array's type (its exact range: no wrap, not
+        -1 into uint32), a float goes into a float or complex array only (rounded to its
+        precision, as NumPy assigns), never into an integer one; a finite number the type would
+        store as inf (1e300 into float32) is refused, inf and nan are stored as given."""
         if not self.is_c_contiguous:
             raise ValueError("set() needs a C-contiguous DeviceArray")
         host = np.asarray(host)
@@ -323,7 +332,7 @@ class DeviceArray:
             # 1.7 would be stored as 1, 2**40 wrapped into int32.
             raise TypeError("host = array of %s cannot be stored as %s without changing values "
                             "(cast it first, e.g. host.astype(%r))" % (host.dtype, self.dtype, self.dtype.str))
-        _refuse_integers_past_float_range(host, self.dtype)
+        _refuse_finite_values_past_float_range(host, self.dtype)
         host = np.require(host, dtype=self.dtype, requirements="C")
         if host.shape != self.shape:
             raise ValueError("shape %s does not match %s" % (host.shape, self.shape))
