@@ -226,9 +226,11 @@ class Buffer(NotCopyable):
 
     def copy_from_host(self, src, offset=0):
         """Copies a host object with the buffer protocol (NumPy array, bytes, ...) into the
-        buffer at byte `offset`; returns when done."""
+        buffer at byte `offset`; returns when done. `src` must not overlap the bytes it is copied
+        to (the buffer's own `host_view`; ValueError)."""
         addr, n, keep = host_address(src, writable=False, name="src")
         offset, n = self._range(offset, n)
+        self._refuse_overlap(addr, offset, n, "src")
         check(_lib_.kmm_copy_to_device(self._manager._live(), self._live(), offset, addr, n))
         del keep
         return self
@@ -236,7 +238,8 @@ class Buffer(NotCopyable):
     def copy_to_host(self, dst=None, offset=0, nbytes=None):
         """Copies the buffer (from byte `offset`) into a writable host object `dst` (its first
         `nbytes` bytes; default: all of it), or into a new bytearray of `nbytes` (default: the
-        rest); returns it."""
+        rest); returns it. `dst` must not overlap the bytes copied (the buffer's own `host_view`;
+        ValueError)."""
         offset = _args.nbytes(offset, "offset")
         if nbytes is not None:
             nbytes = _args.nbytes(nbytes, "nbytes")
@@ -250,9 +253,21 @@ class Buffer(NotCopyable):
                 raise ValueError("nbytes = %d exceeds dst's %d bytes" % (nbytes, n))
             n = nbytes  # was ignored: the whole of dst was copied
         offset, n = self._range(offset, n)
+        self._refuse_overlap(addr, offset, n, "dst")
         check(_lib_.kmm_copy_to_host(self._manager._live(), addr, self._live(), offset, n))
         del keep
         return dst
+
+    def _refuse_overlap(self, addr, offset, nbytes, name):
+        """ValueError where host memory `name` (at `addr`) overlaps the bytes offset..offset +
+        nbytes of this buffer it is copied to or from (its own `host_view` at another range):
+        a copy staged in chunks leaves neither memmove's result nor the old bytes. As copy_from
+        refuses overlapping ranges of one buffer. (Device addresses never meet host ones.)"""
+        start = self._ptr + offset
+        if nbytes and addr < start + nbytes and start < addr + nbytes:
+            raise ValueError("%s (host bytes %#x..%#x) overlaps bytes %d..%d of the buffer it is copied with "
+                             "(its own host_view): copy through a separate host array"
+                             % (name, addr, addr + nbytes, offset, offset + nbytes))
 
     def copy_from(self, src, dst_offset=0, src_offset=0, nbytes=None):
         """Stream-ordered copy from another Buffer (of this or another manager of the same backend)."""
@@ -356,12 +371,15 @@ class Buffer(NotCopyable):
         # a collection, at its end (another finalizer of the garbage may still use the memory).
         h = getattr(self, "_handle", 0)
         if h:
-            with _export_lock:
-                self._handle = 0
-                if self._exports:
-                    self._pending = h
-                    return
-            later(_free, self._manager, h)
+            try:
+                with _export_lock:
+                    self._handle = 0
+                    if self._exports:
+                        self._pending = h
+                        return
+                later(_free, self._manager, h)
+            except Exception:  # interpreter shutdown: the module's globals may be gone
+                pass
 
     def __repr__(self):
         if self.closed:
