@@ -32,6 +32,7 @@ from ._errors import check as _check
 from .array import DeviceArray, from_cuda_array_interface, from_dlpack
 from .buffer import Buffer
 from .manager import Manager, default_manager
+from .manager import chosen as _chosen
 
 __all__ = [
     "Manager", "Buffer", "DeviceArray", "default_manager", "empty", "zeros", "asarray",
@@ -101,6 +102,7 @@ def zeros(shape, dtype="float32", manager=None, kind="device"):
 def asarray(host, manager=None, kind="device"):
     """A DeviceArray copy of a host array, or a zero-copy view of a device array (CAI/DLPack)."""
     if isinstance(host, DeviceArray):
+        _chosen(manager)  # checked even where unused
         return host
     if hasattr(host, "__cuda_array_interface__"):
         return DeviceArray.from_cuda_array_interface(host, manager)

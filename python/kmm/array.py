@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _args, _lib, dlpack
 from .buffer import Buffer, _Imported
-from .manager import default_manager, kind_code
+from .manager import chosen, kind_code
 
 
 def c_strides(shape, itemsize):
@@ -122,7 +122,7 @@ class DeviceArray:
     def empty(cls, shape, dtype="float32", manager=None, kind="device"):
         shape, dtype = _args.shape_and_dtype(shape, dtype)
         nbytes = _args.array_bytes(shape, dtype)
-        manager = manager or default_manager()
+        manager = chosen(manager)
         return cls(Buffer._alloc(manager, nbytes, kind_code(kind)), shape, dtype)
 
     @classmethod
@@ -135,6 +135,7 @@ class DeviceArray:
     @classmethod
     def from_host(cls, host, manager=None, kind="device"):
         """A copy of a host array (anything `numpy.asarray` accepts; 0-d arrays stay 0-d)."""
+        manager = chosen(manager)  # before the host array is converted
         host = np.require(host, requirements="C")
         _args.plain_dtype(host.dtype, "the host array's dtype")
         a = cls.empty(host.shape, host.dtype, manager, kind)
@@ -147,7 +148,7 @@ class DeviceArray:
         without copying; the array keeps `obj` alive. The manager's stream waits for the
         producer's `stream`."""
         cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
-        manager = manager or default_manager()
+        manager = chosen(manager)
         if cai.get("mask") is not None:
             raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
         dtype = _args.plain_dtype(cai["typestr"], "typestr")
@@ -171,7 +172,7 @@ class DeviceArray:
     def from_dlpack(cls, obj, manager=None):
         """A view of a DLPack producer's memory (an object with `__dlpack__`, or a capsule)
         without copying; keeps the producer's tensor alive until the array is collected."""
-        manager = manager or default_manager()
+        manager = chosen(manager)
         if hasattr(obj, "__dlpack__"):
             dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else dlpack.kDLCUDA
             if dev_type == dlpack.kDLCPU:

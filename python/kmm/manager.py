@@ -304,18 +304,18 @@ class Manager(NotCopyable):
     def __del__(self):
         h = getattr(self, "_handle", 0)
         if h and getattr(self, "_owned", False):
-            with _export_lock:
-                self._handle = 0
-                if self._exports:
-                    # As close(): the last export's end destroys it (only a garbage cycle that
-                    # holds an export, which holds its buffer and manager, brings it here so).
-                    self._pending = h
-                    return
             try:
+                with _export_lock:
+                    self._handle = 0
+                    if self._exports:
+                        # As close(): the last export's end destroys it (only a garbage cycle
+                        # that holds an export, which holds its buffer and manager, comes here so).
+                        self._pending = h
+                        return
                 # In a collection, at its end: a finalizer of the same garbage may still write
                 # through a view of the manager's memory.
                 later(_lib_.kmm_manager_destroy, h, _lib.KMM_DESTROY_DEFERRED)
-            except Exception:  # interpreter shutdown
+            except Exception:  # interpreter shutdown: the module's globals may be gone
                 pass
 
     def __repr__(self):
@@ -330,6 +330,16 @@ class Manager(NotCopyable):
 
 _default = {}
 _default_lock = threading.Lock()
+
+
+def chosen(manager, name="manager"):
+    """A `manager=` argument: None for the default manager, or a `Manager`. (`manager or
+    default_manager()` took 0, False, "" and {} for None, and failed deep inside on others.)"""
+    if manager is None:
+        return default_manager()
+    if not isinstance(manager, Manager):
+        raise TypeError("%s = %r must be a kmm.Manager or None (the default manager)" % (name, manager))
+    return manager
 
 
 def default_manager(device=0):
