@@ -252,13 +252,34 @@ def _max_version(value):
             _args.integer(minor, "max_version[1]", 0, _args.U32_MAX))
 
 
+def _stream(value):
+    """`__dlpack__`'s stream: None or an integer (-1: no ordering), not a bool or float (-1.0
+    and True passed for -1 and the legacy stream 1)."""
+    return None if value is None else _args.integer(value, "stream", -1, _args.U64_MAX)
+
+
+def _dl_device(value):
+    """`__dlpack__`'s dl_device: None or a (device_type, device_id) pair of integers (not
+    (1.0, 0) or (True, False), which compared equal to (kDLCPU, 0))."""
+    if value is None:
+        return None
+    pair = _args.shape_like(value, "dl_device")
+    if len(pair) != 2:
+        raise TypeError("dl_device = %r must be None or a (device_type, device_id) pair of integers" % (value,))
+    return (_args.integer(pair[0], "dl_device[0]", _args.I32_MIN, _args.I32_MAX),
+            _args.integer(pair[1], "dl_device[1]", _args.I32_MIN, _args.I32_MAX))
+
+
 def export(array, stream=None, max_version=None, dl_device=None, copy=None):
     """A DLPack capsule for a DeviceArray (the DeviceArray stays alive until the consumer deletes it)."""
     max_version = _max_version(max_version)
+    stream, dl_device = _stream(stream), _dl_device(dl_device)
+    if copy is not None:
+        copy = _args.flag(copy, "copy")
     buffer = array.buffer
     dev_type, dev_id = device_of(buffer)
-    if dl_device is not None and tuple(dl_device) != (dev_type, dev_id):
-        raise BufferError("cannot export to device %r: the memory is on %r" % (tuple(dl_device), (dev_type, dev_id)))
+    if dl_device is not None and dl_device != (dev_type, dev_id):
+        raise BufferError("cannot export to device %r: the memory is on %r" % (dl_device, (dev_type, dev_id)))
     if copy:
         raise BufferError("kmm exports without copying only (copy=True is not supported)")
     buffer._live()
