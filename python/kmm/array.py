@@ -78,6 +78,15 @@ def _refuse_finite_values_past_float_range(host, dtype):
                          "(%s's finite range is -%g..%g)" % (value, dtype, dtype, big, big))
 
 
+def _cai_field(cai, name):
+    """A field `__cuda_array_interface__` must have (ValueError naming it, not a bare KeyError)."""
+    try:
+        return cai[name]
+    except KeyError:
+        raise ValueError("__cuda_array_interface__ has no %r field (it needs shape, typestr, data, version)"
+                         % name) from None
+
+
 def _refuse_read_only(why):
     # A DeviceArray has no read-only mode: fill, set, copies into it and its writable exports
     # (host_view, DLPack, CAI) would write into memory the producer said must not change
@@ -149,15 +158,23 @@ class DeviceArray:
         producer's `stream`."""
         cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
         manager = chosen(manager)
+        if not isinstance(cai, dict):
+            raise TypeError("__cuda_array_interface__ = %r must be a dict" % (cai,))
         if cai.get("mask") is not None:
             raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
-        dtype = _args.plain_dtype(cai["typestr"], "typestr")
-        shape = _args.shape(cai["shape"], "shape")
+        typestr = _cai_field(cai, "typestr")
+        if not isinstance(typestr, str):
+            # np.dtype(None) is float64: the memory would be read as another type.
+            raise TypeError("__cuda_array_interface__ typestr = %r must be a string (e.g. '<f4')" % (typestr,))
+        dtype = _args.plain_dtype(typestr, "typestr")
+        shape = _args.shape(_cai_field(cai, "shape"), "shape")
         _args.array_bytes(shape, dtype)  # before anything waits or is wrapped
         strides = cai.get("strides")
         strides = c_strides(shape, dtype.itemsize) if strides is None else _args.strides(strides)
-        data = cai["data"]
-        ptr = _args.integer(data[0] or 0, "data[0]")
+        data = _cai_field(cai, "data")
+        if not isinstance(data, (tuple, list)) or len(data) != 2:
+            raise TypeError("__cuda_array_interface__ data = %r must be a (pointer, read_only) pair" % (data,))
+        ptr = _args.integer(0 if data[0] is None else data[0], "data[0]")
         if data[1]:
             _refuse_read_only("__cuda_array_interface__ data[1] (read-only) is True")
         if len(strides) != len(shape):
