@@ -31,6 +31,9 @@ library_path = _lib.path
 
 def set_oom_policy(on_oom):
     """"abort" (default: message and abort, since PyTorch would use NULL) or "null"."""
+    if not isinstance(on_oom, str):
+        # (A list reached the table's lookup: "unhashable type", naming neither.)
+        raise TypeError("on_oom = %r must be \"abort\" or \"null\" (got %s)" % (on_oom, type(on_oom).__name__))
     try:
         code = _POLICIES[on_oom]
     except KeyError:
