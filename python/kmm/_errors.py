@@ -28,6 +28,12 @@ class KmmError(Exception):
         self.message = message
         super().__init__("%s: %s" % (self.name, message))
 
+    def __reduce__(self):
+        # Pickled (from a worker process) as the call that made it: Exception's own reduce
+        # passes args, "NAME: message", as the message (the name doubled) and drops `status`.
+        # The rest of the state (memory_status, attributes set later) follows.
+        return type(self), (self.message, self.status), self.__dict__
+
 
 class NullPointerError(KmmError, ValueError):
     status = 1001
