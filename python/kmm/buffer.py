@@ -85,6 +85,12 @@ class Buffer(NotCopyable):
 
     __slots__ = ("_manager", "_handle", "_ptr", "_nbytes", "_kind", "_exports", "_pending", "__weakref__")
 
+    def __init__(self, *args, **kwargs):
+        # Made by _alloc and _wrap only (through __new__): an empty object had none of its slots,
+        # and repr, closed, ptr and close() raised AttributeError.
+        raise TypeError("kmm.Buffer is not constructed directly: allocate one with Manager.alloc(nbytes, kind) "
+                        "(arrays: kmm.empty, Manager.empty, Manager.asarray)")
+
     @classmethod
     def _alloc(cls, manager, nbytes, kind):
         local = manager._local
