@@ -5,6 +5,7 @@ tests (Hypothesis) throw arbitrary values at each argument; the rest is one test
 by the adversarial run."""
 
 import gc
+import time
 
 import numpy as np
 import pytest
@@ -342,3 +343,49 @@ def test_collected_cycles_free_memory_after_their_finalizers(m):
         assert out.pop("same_address") is False, "an address was handed out again while the garbage used it"
         assert out.pop("new_buffer") == b"\0" * 4, "a write of a finalizer corrupted another buffer"
         out.pop("keep").close()
+
+
+def test_finalizers_defer_while_exports_live():
+    # Buffer.__del__ and Manager.__del__ (which kmm.numba calls on its manager) freed the memory
+    # while a host_view still showed it; they defer to the last export's end, as close() does.
+    mgr = kmm.Manager(backend="host")
+    b = mgr.alloc(1 << 16)
+    mv = b.host_view()
+    b.__del__()
+    assert mgr.stats("device")["live_buffers"] == 1, "Buffer.__del__ freed memory a host_view shows"
+    managers = kmm.live_managers()
+    mgr.__del__()
+    for _ in range(50):  # a destroy tears down on a background thread
+        assert kmm.live_managers() == managers, "Manager.__del__ destroyed memory a host_view shows"
+        time.sleep(0.01)
+    mv[:] = b"\xab" * len(mv)
+    del mv, b
+    gc.collect()
+    assert kmm.live_managers() == managers - 1
+
+
+def test_a_collected_manager_outlives_the_finalizers_of_its_garbage():
+    # A manager, its array and the array's raw address (as a CAI consumer holds one) in garbage
+    # with an object whose __del__ writes there after a while: the manager's teardown (on a
+    # background thread) unmapped the memory first (SIGSEGV). No export is involved: the
+    # collection's end is what it waits for.
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import ctypes, gc, time, kmm\n"
+        "m = kmm.Manager(backend='host')\n"
+        "a = m.empty(16 << 20, 'uint8')\n"
+        "class Holder:\n"
+        "    def __del__(self):\n"
+        "        time.sleep(0.3)\n"
+        "        ctypes.memset(self.ptr, 0xAB, 16 << 20)\n"
+        "h = Holder(); h.me = h; h.a = a; h.ptr = a.__cuda_array_interface__['data'][0]\n"
+        "del m, a, h\n"
+        "gc.collect()\n"
+        "print('survived')\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0 and p.stdout.strip() == "survived", (p.returncode, p.stderr[-2000:])
