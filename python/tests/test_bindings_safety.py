@@ -5,6 +5,9 @@ tests (Hypothesis) throw arbitrary values at each argument; the rest is one test
 by the adversarial run."""
 
 import gc
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -27,6 +30,13 @@ NOT_INTEGERS = st.one_of(
     st.complex_numbers(),
 )
 OUT_OF_U64 = st.one_of(st.integers(max_value=-1), st.integers(min_value=U64_MAX + 1))
+
+
+def _run_child(script):
+    """Runs `script` in a fresh interpreter importing this kmm (a crash there is not this test
+    process's)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -267,8 +277,6 @@ def test_dlpack_export_deleted_at_interpreter_exit():
     # A consumer may delete an exported tensor in the interpreter's last collection, after
     # kmm.dlpack's globals are gone (PyTorch and JAX did, on the GPU machine): the struct the
     # consumer points at and the deleter it calls must still be there (it was a segfault).
-    import subprocess
-    import sys
 
     script = (
         "import gc, numpy as np, kmm\n"
@@ -280,7 +288,6 @@ def test_dlpack_export_deleted_at_interpreter_exit():
         "del h, a\n"
         "print('exiting')\n"
     )
-    import os
 
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-X", "faulthandler", "-c", script], capture_output=True, text=True, timeout=120, env=env)
@@ -293,9 +300,6 @@ def test_dlpack_export_survives_a_collection_that_ends_another_export():
     # A collection that starts inside export() (any GC-tracked allocation may start one) can
     # free an array a consumer imported from another export, whose deleter ends that export in
     # the same thread: the exports lock must not deadlock there (it hung at threshold 45).
-    import subprocess
-    import sys
-    import os
 
     script = (
         "import gc, numpy as np, kmm\n"
@@ -309,8 +313,7 @@ def test_dlpack_export_survives_a_collection_that_ends_another_export():
         "    gc.set_threshold(700)\n"
         "print('no deadlock')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    p = _run_child(script)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "no deadlock"
 
@@ -369,9 +372,6 @@ def test_a_collected_manager_outlives_the_finalizers_of_its_garbage():
     # with an object whose __del__ writes there after a while: the manager's teardown (on a
     # background thread) unmapped the memory first (SIGSEGV). No export is involved: the
     # collection's end is what it waits for.
-    import os
-    import subprocess
-    import sys
 
     script = (
         "import ctypes, gc, time, kmm\n"
@@ -386,6 +386,5 @@ def test_a_collected_manager_outlives_the_finalizers_of_its_garbage():
         "gc.collect()\n"
         "print('survived')\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(kmm.__file__)), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    p = _run_child(script)
     assert p.returncode == 0 and p.stdout.strip() == "survived", (p.returncode, p.stderr[-2000:])
