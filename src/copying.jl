@@ -5,16 +5,32 @@
 # (in another process the same number may name a live buffer of its own).
 
 # One new storage per storage copied: views and reshapes of one array stay views of one copy.
+# The copy has the storage's kind and mapping state. What decides is the mapping, not the kind:
+# a PinnedArray's storage is mapped (hostptr set) and copies on the CPU into a mapped copy; every
+# other storage (device, or pinned from `KmmArray(...; kind = :pinned)`, never mapped: hostptr
+# is C_NULL) copies through libkmm into a new storage of its kind.
 function Base.deepcopy_internal(s::KmmStorage, dict::IdDict)
     haskey(dict, s) && return dict[s]::KmmStorage
     handles(s)  # a freed storage (or one of a closed manager) throws, as any use does
-    if s.kind == LibKmm.KMM_MEMORY_PINNED
-        c = PinnedArray{UInt8}(undef, s.bytes; manager = s.manager)
-        GC.@preserve s c unsafe_copyto!(Ptr{UInt8}(c.storage.hostptr), Ptr{UInt8}(s.hostptr), s.bytes)
-    else
-        c = copy(KmmArray{UInt8,1}(s, 0, (s.bytes,)))
-    end
-    return dict[s] = c.storage
+    return dict[s] = s.hostptr == C_NULL ? copy_unmapped(s) : copy_mapped(s)
+end
+
+"A copy of a storage that is not mapped, by libkmm (stream-ordered, as `copy(x)`), of its kind."
+copy_unmapped(s::KmmStorage) = copy(KmmArray{UInt8,1}(s, 0, (s.bytes,))).storage
+
+"A mapped copy of a mapped (PinnedArray) storage, by a CPU copy between the two host addresses."
+function copy_mapped(s::KmmStorage)
+    c = PinnedArray{UInt8}(undef, s.bytes; manager = s.manager)
+    GC.@preserve s c unsafe_copyto!(pointer(c), Ptr{UInt8}(mapped_address(s)), s.bytes)
+    return c.storage
+end
+
+"The host address of a mapped storage; a clear error once it is freed (its address is then C_NULL)."
+function mapped_address(s::KmmStorage)
+    handles(s)
+    p = s.hostptr
+    p == C_NULL && throw_freed()
+    return p
 end
 
 Base.deepcopy_internal(x::KmmArray{T,N}, dict::IdDict) where {T,N} =
