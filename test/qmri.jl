@@ -565,3 +565,34 @@ end
     end
 end
 
+
+@testset "fields changed after construction are checked before each call" begin
+    # The sequences' vectors may be resized in place: each call checks them again (the library
+    # reads length(flip_angles) entries of the others). An MR-STAT model made field by field
+    # has its arrays checked against its counts.
+    m = KmmManager(backend = :host)
+    params = Q.parameter_grid(T1 = (0.5, 2.0, 2), T2 = (0.05, 0.2, 2), manager = m)
+    ps = Q.PSSFPSequence(fill(0.3, 10); TR = 0.01)
+    push!(ps.flip_angles, 0.3f0)
+    err = try Q.simulate_pssfp(ps, params); nothing catch e; e end
+    @test err isa ArgumentError && occursin("phases has length 10", sprint(showerror, err))
+    empty!(ps.flip_angles); empty!(ps.phases)
+    @test_throws ArgumentError Q.simulate_pssfp(ps, params)
+    seq = Q.FISPSequence(fill(0.3, 4); TR = 0.01, Ns = 8)
+    push!(seq.phases, 0f0)
+    err = try Q.magnetization(seq, params); nothing catch e; e end
+    @test err isa ArgumentError && occursin("phases has length 5", sprint(showerror, err))
+    traj = Q.CartesianTrajectory(ComplexF32[complex(-100f0, 10f0 * r) for r in 1:4],
+                                 fill(ComplexF32(10, 0), 4); nsamples = 6, dt = 5e-6)
+    model = Q.MRSTATModel([0.0, 0.01], zeros(2), fill(0.08, 2), zeros(2), ComplexF32.(ones(2)),
+                          ones(ComplexF32, 2, 1), traj; manager = m)
+    mg = KmmArray(zeros(ComplexF32, 4, 2); manager = m)
+    @test size(Q.signal(model, mg)) == (6, 4, 1)
+    # 8 readouts claimed, a k-space of 4
+    bad = Q.MRSTATModel(2, 8, 6, 1, model.voxels, model.coils, model.kspace, traj)
+    err = try Q.signal(bad, KmmArray(zeros(ComplexF32, 8, 2); manager = m)); nothing catch e; e end
+    @test err isa DimensionMismatch && occursin("kspace", sprint(showerror, err))
+    shifted = Q.MRSTATModel(1, 4, 6, 1, view(model.voxels, :, 2:2), view(model.coils, 2:2, :), model.kspace, traj)
+    @test_throws ArgumentError Q.signal(shifted, KmmArray(zeros(ComplexF32, 4, 1); manager = m))
+    close(m)
+end

@@ -124,11 +124,32 @@ function with_tissue(model::MRSTATModel, T2, ρ)
                 KmmArray(rec; manager = Kmm.manager(model)), model.coils, model.kspace, model.trajectory)
 end
 
+# The library takes the counts and the buffers' handles (not their offsets or lengths): before
+# every call the arrays are checked against the counts, as a model made with the positional
+# (field by field) constructor was never checked.
 function cmodel(model::MRSTATModel)
+    check_model(model)
     LibKmm.KmmMrstatModel(model.nvoxels, model.nreadouts, model.nsamples, model.ncoils,
                           handles(model.voxels.storage)[2], handles(model.coils.storage)[2],
                           trajectory_kind(model.trajectory), model.trajectory.dt,
                           handles(model.kspace.storage)[2])
+end
+
+@noinline function check_model(model::MRSTATModel)
+    for f in (:nvoxels, :nreadouts, :nsamples, :ncoils)
+        check_mrstat_count("MRSTATModel", string(f), getfield(model, f))
+    end
+    nk = model.trajectory isa CartesianTrajectory ? 2 * model.nreadouts : model.nsamples * model.nreadouts
+    check_model_array(:voxels, model.voxels, (6, model.nvoxels))
+    check_model_array(:coils, model.coils, (model.nvoxels, model.ncoils))
+    check_model_array(:kspace, model.kspace, (nk,))
+    nothing
+end
+
+@noinline function check_model_array(name, a::KmmArray, dims)
+    size(a) == dims || throw(DimensionMismatch("MRSTATModel: $name is $(size(a)); the counts need $dims"))
+    a.offset == 0 || throw(ArgumentError("MRSTATModel: $name must start at the start of its buffer (not a view)"))
+    nothing
 end
 
 """

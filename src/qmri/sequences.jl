@@ -37,7 +37,9 @@ adiabatic inversion, simulated with the extended phase graph.
   summed over the positions
 
 Fields: `flip_angles`, `phases`, `TR`, `TE`, `TI`, `Ns`, `profile` (`ntr x 0` when none).
-`length(seq)` is the number of TRs.
+`length(seq)` is the number of TRs. The vectors may be changed in place; each call that
+simulates the sequence checks their lengths again (an `ArgumentError` naming the field unless
+`phases` has one entry per flip angle and `profile` one row per flip angle or no column).
 """
 struct FISPSequence <: AbstractSequence
     flip_angles::Vector{Float32}
@@ -49,17 +51,10 @@ struct FISPSequence <: AbstractSequence
     profile::Matrix{Float32}
     function FISPSequence(flip_angles::AbstractVector{<:Real}, phases::AbstractVector{<:Real},
                           TR::Real, TE::Real, TI::Real, Ns::Integer, profile::AbstractMatrix{<:Real})
-        ntr = length(flip_angles)
-        1 <= ntr <= MAX_TRS || throw(ArgumentError("FISPSequence: $ntr flip angles; need 1 to $MAX_TRS"))
-        length(phases) == ntr || throw(ArgumentError(
-            "FISPSequence: $(length(phases)) phases for $ntr flip angles; they must have the same length"))
+        check_fisp_sizes("FISPSequence", flip_angles, phases, profile)
         count_arg("FISPSequence", :Ns, Ns, MAX_STATES)
         check_time("TR", TR); check_time("TE", TE); check_time("TI", TI)
         TE <= TR || throw(ArgumentError("FISPSequence: TE = $TE s must be at most TR = $TR s"))
-        size(profile, 2) == 0 || size(profile, 1) == ntr || throw(ArgumentError(
-            "FISPSequence: profile is $(size(profile, 1)) x $(size(profile, 2)); it must be ntr ($ntr) x npositions"))
-        size(profile, 2) <= MAX_POSITIONS || throw(ArgumentError(
-            "FISPSequence: $(size(profile, 2)) profile positions; at most $MAX_POSITIONS"))
         check_finite("flip_angles", flip_angles); check_finite("phases", phases)
         check_finite("profile", profile)
         new(Float32.(collect(flip_angles)), Float32.(collect(phases)), TR, TE, TI, Ns,
@@ -98,6 +93,10 @@ slice positions `z` (cm).
 - `flip_angles`, `phases`: per TR (radians)
 - `rf_shape`: fractions of the flip angle per RF sub-step (summing to 1 for the nominal angle)
 - times in seconds; `TR` only sets the default `dt_pr`
+
+Fields: `flip_angles`, `phases`, `rf_shape`, `z`, `dt_ex`, `dt_inv`, `dt_pr`, `gz_ex`, `gz_pr`.
+The vectors may be changed in place; each call that simulates the sequence checks their lengths
+again (an `ArgumentError` naming the field and the length it needs).
 """
 struct PSSFPSequence <: AbstractSequence
     flip_angles::Vector{Float32}
@@ -112,14 +111,7 @@ struct PSSFPSequence <: AbstractSequence
     function PSSFPSequence(flip_angles::AbstractVector{<:Real}, phases::AbstractVector{<:Real},
                            rf_shape::AbstractVector{<:Real}, z::AbstractVector{<:Real},
                            dt_ex::Real, dt_inv::Real, dt_pr::Real, gz_ex::Real, gz_pr::Real)
-        ntr = length(flip_angles)
-        1 <= ntr <= MAX_TRS || throw(ArgumentError("PSSFPSequence: $ntr flip angles; need 1 to $MAX_TRS"))
-        length(phases) == ntr || throw(ArgumentError(
-            "PSSFPSequence: $(length(phases)) phases for $ntr flip angles; they must have the same length"))
-        1 <= length(rf_shape) <= MAX_POSITIONS || throw(ArgumentError(
-            "PSSFPSequence: rf_shape has $(length(rf_shape)) sub-steps; need 1 to $MAX_POSITIONS"))
-        1 <= length(z) <= MAX_POSITIONS || throw(ArgumentError(
-            "PSSFPSequence: z has $(length(z)) positions; need 1 to $MAX_POSITIONS"))
+        check_pssfp_sizes("PSSFPSequence", flip_angles, phases, rf_shape, z)
         check_time("dt_ex", dt_ex); check_time("dt_inv", dt_inv); check_time("dt_pr", dt_pr)
         isfinite(Float32(gz_ex)) && isfinite(Float32(gz_pr)) || throw(ArgumentError(
             "PSSFPSequence: gz_ex = $gz_ex and gz_pr = $gz_pr must be finite Float32 values"))
@@ -161,8 +153,44 @@ end
     i === nothing || throw(ArgumentError("$name[$i] = $(v[i]) is not finite as a Float32"))
 end
 
+# The sizes the library relies on, checked by the constructors and again by `cstruct` before
+# every call: the fields are Vectors that may have been resized since (the library reads
+# `length(flip_angles)` entries of `phases` and rows of `profile`; past their ends otherwise).
+@noinline function check_fisp_sizes(what, flip_angles, phases, profile)
+    ntr = check_ntr(what, flip_angles)
+    check_length(what, "phases", length(phases), ntr, ntr)
+    if size(profile, 2) != 0
+        size(profile, 1) == ntr || throw(ArgumentError(
+            "$what: profile is $(size(profile, 1)) x $(size(profile, 2)); it must be ntr ($ntr, the length of flip_angles) x npositions"))
+        check_length(what, "profile (columns)", size(profile, 2), 0, MAX_POSITIONS)
+    end
+    nothing
+end
+
+@noinline function check_pssfp_sizes(what, flip_angles, phases, rf_shape, z)
+    ntr = check_ntr(what, flip_angles)
+    check_length(what, "phases", length(phases), ntr, ntr)
+    check_length(what, "rf_shape", length(rf_shape), 1, MAX_POSITIONS)
+    check_length(what, "z", length(z), 1, MAX_POSITIONS)
+end
+
+function check_ntr(what, flip_angles)
+    check_length(what, "flip_angles", length(flip_angles), 1, MAX_TRS)
+    length(flip_angles)
+end
+
+@noinline function check_length(what, name, n, lo, hi)
+    lo <= n <= hi || throw(ArgumentError(string("$what: $name has length $n; it must be ",
+        lo == hi ? "$lo (one per flip angle)" : "$lo to $hi")))
+    nothing
+end
+
+"What `cstruct` names in its errors: the fields may have changed since the constructor's checks."
+const RESIZED = " (its fields, as given to the library now)"
+
 # The C structs hold pointers into the Julia vectors: build and use them under GC.@preserve seq.
 function cstruct(s::FISPSequence)
+    check_fisp_sizes("FISPSequence" * RESIZED, s.flip_angles, s.phases, s.profile)
     LibKmm.KmmFispSequence(pointer(s.flip_angles), pointer(s.phases),
                            size(s.profile, 2) == 0 ? Ptr{Cfloat}(C_NULL) : pointer(s.profile),
                            UInt32(length(s)), UInt32(s.Ns), UInt32(size(s.profile, 2)),
@@ -170,6 +198,7 @@ function cstruct(s::FISPSequence)
 end
 
 function cstruct(s::PSSFPSequence)
+    check_pssfp_sizes("PSSFPSequence" * RESIZED, s.flip_angles, s.phases, s.rf_shape, s.z)
     LibKmm.KmmPssfpSequence(pointer(s.flip_angles), pointer(s.phases), pointer(s.rf_shape),
                             pointer(s.z), UInt32(length(s)), UInt32(length(s.rf_shape)),
                             UInt32(length(s.z)), s.dt_ex, s.dt_inv, s.dt_pr, s.gz_ex, s.gz_pr)
