@@ -188,8 +188,12 @@ end
 # The one place host pointers cross into libkmm: `host` is dense host memory (an Array, a
 # contiguous view of one, or a PinnedArray), kept alive for the synchronous copy.
 # The synchronous copies between a storage and host memory at `ptr`: queued, then waited for
-# without blocking the thread (`wait_event`). The caller keeps `ptr`'s memory alive.
-function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes, host = nothing)
+# without blocking the thread (`wait_event`), as one of the manager's synchronous calls
+# (`waiting`: a `finalize` meanwhile waits for them). The caller keeps `ptr`'s memory alive.
+copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes, host = nothing) =
+    waiting(() -> copy_into_storage_waiting!(s, offset, ptr, bytes, host), s.manager)
+
+function copy_into_storage_waiting!(s::KmmStorage, offset, ptr::Ptr, bytes, host)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
     # A pageable copy may wait inside libkmm for a staging slot.
@@ -203,7 +207,10 @@ function copy_into_storage!(s::KmmStorage, offset, ptr::Ptr, bytes, host = nothi
     end
 end
 
-function copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes, host = nothing)
+copy_from_storage!(ptr::Ptr, s::KmmStorage, offset, bytes, host = nothing) =
+    waiting(() -> copy_from_storage_waiting!(ptr, s, offset, bytes, host), s.manager)
+
+function copy_from_storage_waiting!(ptr::Ptr, s::KmmStorage, offset, bytes, host)
     mh, h = handles(s)
     ev = Ref{UInt64}(0)
     check_restoring(s) do

@@ -27,7 +27,9 @@ of the C ABI; those left out keep libkmm's defaults (`kmm_config_default`).
   failing. `Kmm.is_spilled(x)` tells where an array is.
 
 Arrays keep their manager alive. The manager is destroyed by `close(mgr)` (waits for its stream)
-or, once unreachable, by its finalizer (never waits). Many managers may coexist.
+or, once unreachable, by its finalizer (never waits). Many managers may coexist. An explicit
+`finalize(mgr)` while a synchronous copy or wait of the manager runs (on another task) destroys
+it once the last such call has returned: a synchronous copy returns only once its bytes arrived.
 """
 mutable struct KmmManager
     handle::UInt64
@@ -38,8 +40,12 @@ mutable struct KmmManager
     # deferred destroy runs when nothing of Julia's can be waiting). `handle` is 0 from the
     # start of `close`, before the stream has drained: a wait that finds it 0 waits for this.
     destroyed::Threads.Atomic{Bool}
+    # Synchronous calls in flight that queued work and wait for it (`waiting`), and whether a
+    # finalizer run was put off for them: under `_claim_lock`.
+    waits::Int
+    finalize_asked::Bool
     function KmmManager(handle::UInt64, device::Integer)
-        m = new(handle, device, ReentrantLock(), Any[], Threads.Atomic{Bool}(false))
+        m = new(handle, device, ReentrantLock(), Any[], Threads.Atomic{Bool}(false), 0, false)
         finalizer(finalize_manager, m)
         return m
     end
@@ -127,11 +133,54 @@ function finalize_manager(m::KmmManager)
         finalizer(finalize_manager, m)
         return nothing
     end
-    h = claim_handle!(m)
+    # A synchronous call waits on the manager (only an explicit `finalize` can come then: the
+    # call keeps it reachable). The deferred destroy would end that wait before its copy ran:
+    # the last such call destroys the manager when it returns (`leave_wait!`).
+    h = claim_unless_waited!(m)
+    h == 0 && return nothing    # put off, or taken by a `close` (which sets `destroyed` once done)
     # never blocks: the handle dies now, the teardown runs on a background thread
-    h == 0 || LibKmm.unchecked_kmm_manager_destroy(h, LibKmm.KMM_DESTROY_DEFERRED)
+    LibKmm.unchecked_kmm_manager_destroy(h, LibKmm.KMM_DESTROY_DEFERRED)
     m.destroyed[] = true
     return nothing
+end
+
+"Takes `m.handle` as `claim_handle!` does unless a synchronous call waits on `m` (then 0, and the finalizer is asked for)."
+@inline function claim_unless_waited!(m::KmmManager)
+    lock(_claim_lock)
+    waited = m.waits > 0
+    m.finalize_asked |= waited
+    h = waited ? UInt64(0) : m.handle
+    waited || (m.handle = 0)
+    unlock(_claim_lock)
+    return h
+end
+
+"""
+    waiting(f, m::KmmManager)
+
+Runs `f()`, a call that queues work on `m` and waits for it (a synchronous copy, `synchronize`):
+while it runs the finalizer does not destroy `m`, since the deferred destroy would end the wait
+before the work has run. Enter it before the manager's handle is read.
+"""
+function waiting(f, m::KmmManager)
+    enter_wait!(m)
+    try
+        return f()
+    finally
+        leave_wait!(m) && finalize_manager(m)
+    end
+end
+
+enter_wait!(m::KmmManager) = (lock(_claim_lock); m.waits += 1; unlock(_claim_lock); nothing)
+
+"Ends a synchronous call; whether it was the last and a `finalize` was put off for it."
+function leave_wait!(m::KmmManager)
+    lock(_claim_lock)
+    m.waits -= 1
+    run = m.waits == 0 && m.finalize_asked
+    run && (m.finalize_asked = false)
+    unlock(_claim_lock)
+    return run
 end
 
 "From a finalizer (no blocking, no task switch): drops the pending copies that have run; whether none is left."
@@ -292,7 +341,9 @@ stream(m::KmmManager = default_manager()) = info(m).stream
 Waits until all work queued on the manager's stream has run (then cached memory above the
 release threshold is given back). Completes the manager's pending asynchronous copies.
 """
-function synchronize(m::KmmManager = default_manager())
+synchronize(m::KmmManager = default_manager()) = waiting(() -> synchronize_waiting(m), m)
+
+function synchronize_waiting(m::KmmManager)
     # The copies queued before the event have run once it has; a copy another thread queues
     # meanwhile may still be running when the wait returns.
     before = lock(() -> Base.IdSet{Any}(m.pending), m.lock)
@@ -313,6 +364,10 @@ Waits for the stream, then gives cached memory back until each pool reserves at 
 """
 function trim!(m::KmmManager = default_manager(), keep_bytes::Integer = 0)
     keep = arg_value(UInt64, "trim!", :keep_bytes, keep_bytes)
+    waiting(() -> trim_waiting!(m, keep), m)
+end
+
+function trim_waiting!(m::KmmManager, keep::UInt64)
     # Waits for the stream by polling (as `synchronize`): the trim then finds it drained and
     # does not block the thread inside its `ccall`.
     ev = Ref{UInt64}(0)
