@@ -11,6 +11,9 @@ An array in memory owned by a `KmmManager` (device memory, or pinned host memory
     KmmArray(a::AbstractArray; manager, kind)      # a copy of host data
     KmmArray{T}(a::AbstractArray; manager, kind)   # with conversion to T
 
+`dims` are integers (or a tuple of them) of any type, each in 0..typemax(Int): others are an
+`ArgumentError` naming the dimensions.
+
 Reading back: `Array(x)` or `collect(x)`; copies: `copyto!` in every direction. `reshape` and
 contiguous `view`s share the memory. Scalar indexing is an error unless allowed (see
 `Kmm.@allowscalar`). The memory is freed when the array (and every view of it) is unreachable,
@@ -52,10 +55,24 @@ function KmmArray{T,N}(::UndefInitializer, dims::Dims{N}; manager::KmmManager = 
     KmmArray{T,N}(s, 0, dims)
 end
 KmmArray{T,N}(::UndefInitializer, dims::Integer...; kw...) where {T,N} =
-    KmmArray{T,N}(undef, convert(Dims{N}, dims); kw...)
+    KmmArray{T,N}(undef, dims; kw...)
+KmmArray{T,N}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
+    KmmArray{T,N}(undef, to_dims(dims); kw...)
 KmmArray{T}(::UndefInitializer, dims::Dims{N}; kw...) where {T,N} = KmmArray{T,N}(undef, dims; kw...)
-KmmArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} =
-    KmmArray{T,length(dims)}(undef, convert(Dims, dims); kw...)
+KmmArray{T}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
+    KmmArray{T,N}(undef, to_dims(dims); kw...)
+KmmArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} = KmmArray{T}(undef, dims; kw...)
+
+"""Dimensions given as any integers, as `Dims`: each must fit an `Int` (an `ArgumentError`
+naming the dimensions and the bound otherwise, never an `InexactError` from the conversion).
+Negative ones pass on to `checked_bytes`, which names them."""
+@noinline function to_dims(dims::Tuple{Vararg{Integer}})
+    for d in dims
+        typemin(Int) <= d <= typemax(Int) || throw(ArgumentError(
+            "invalid array dimensions $dims: each must be in 0..$(typemax(Int)) (typemax(Int))"))
+    end
+    map(Int, dims)
+end
 
 KmmArray{T,N}(a::AbstractArray{S,N}; kw...) where {T,N,S} =
     copyto!(KmmArray{T,N}(undef, size(a); kw...), host_dense(T, a))

@@ -10,6 +10,8 @@ source or destination for copies to and from `KmmArray`s.
     PinnedArray{T}(undef, dims...; manager = Kmm.default_manager())
     PinnedArray(a::AbstractArray; manager)
 
+`dims` as for `KmmArray`: integers of any type, each in 0..typemax(Int).
+
 `pointer(p)` is its host address, valid while `p` is reachable (use `GC.@preserve`);
 `unsafe_wrap(Array, pointer(p), size(p))` gives an `Array` over it. Freed by the garbage
 collector or `Kmm.unsafe_free!`; a freed one throws on access.
@@ -32,12 +34,16 @@ function PinnedArray{T,N}(::UndefInitializer, dims::Dims{N};
     s.hostptr = Ptr{Cvoid}(map_storage(s))   # stays mapped; the free (FORCE) drops the pin
     PinnedArray{T,N}(s, dims)
 end
+# Dimensions of any integer type go through `to_dims` (array.jl): past Int, an ArgumentError.
 PinnedArray{T,N}(::UndefInitializer, dims::Integer...; kw...) where {T,N} =
-    PinnedArray{T,N}(undef, convert(Dims{N}, dims); kw...)
+    PinnedArray{T,N}(undef, dims; kw...)
+PinnedArray{T,N}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
+    PinnedArray{T,N}(undef, to_dims(dims); kw...)
 PinnedArray{T}(::UndefInitializer, dims::Dims{N}; kw...) where {T,N} =
     PinnedArray{T,N}(undef, dims; kw...)
-PinnedArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} =
-    PinnedArray{T,length(dims)}(undef, convert(Dims, dims); kw...)
+PinnedArray{T}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
+    PinnedArray{T,N}(undef, to_dims(dims); kw...)
+PinnedArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} = PinnedArray{T}(undef, dims; kw...)
 PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} =
     copyto!(PinnedArray{T,N}(undef, size(a); kw...), a)
 
