@@ -197,6 +197,14 @@ byteoffset(x::KmmArray{T}, i::Integer) where {T} = x.offset + (Int(i) - 1) * siz
     nothing
 end
 
+# The rule of every `copyto!(dest, doffs, src, soffs, n)`, as Base's: both ranges are checked
+# first (before any view or sum of them is made); `n = 0` copies nothing and checks no offset,
+# but a freed array is still an error.
+"Whether there is nothing to copy (`n == 0`), once the arrays are known to be live (`check_live`)."
+nothing_to_copy(n, arrays...) = n == 0 && (foreach(check_live, arrays); true)
+check_live(x::KmmArray) = (handles(x.storage); nothing)
+check_live(x) = nothing
+
 @noinline function check_lengths(dest, src)
     length(dest) >= length(src) || throw(BoundsError(dest, length(src)))
     nothing
@@ -242,7 +250,7 @@ end
 
 function copy_from_host!(dest::KmmArray{T}, doffs, host, soffs, n) where {T}
     check_range(dest, doffs, n); check_range(host, soffs, n)
-    n == 0 && (handles(dest.storage); return dest)    # nothing to copy, but a freed array is an error
+    nothing_to_copy(n, dest, host) && return dest
     GC.@preserve host copy_into_storage!(dest.storage, byteoffset(dest, doffs), pointer(host, soffs),
                                          n * sizeof(T), host)
     dest
@@ -250,7 +258,7 @@ end
 
 function copy_to_host!(host, doffs, src::KmmArray{T}, soffs, n) where {T}
     check_range(host, doffs, n); check_range(src, soffs, n)
-    n == 0 && (handles(src.storage); return host)
+    nothing_to_copy(n, host, src) && return host
     GC.@preserve host copy_from_storage!(pointer(host, doffs), src.storage, byteoffset(src, soffs),
                                          n * sizeof(T), host)
     host
@@ -275,7 +283,8 @@ Base.copyto!(dest::KmmArray{T}, src::HostDense{T}) where {T} =
 Base.copyto!(dest::KmmArray{T}, src::AbstractArray) where {T} = copyto!(dest, host_dense(T, src))
 function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::AbstractArray, soffs::Integer,
                       n::Integer) where {T}
-    check_range(src, soffs, n)
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    nothing_to_copy(n, dest) && return dest
     copyto!(dest, doffs, host_dense(T, vec(collect(src))[soffs:soffs+n-1]), 1, n)
 end
 
@@ -290,7 +299,9 @@ function Base.copyto!(dest::AbstractArray, src::KmmArray)
 end
 function Base.copyto!(dest::AbstractArray, doffs::Integer, src::KmmArray, soffs::Integer,
                       n::Integer)
-    check_range(src, soffs, n)
+    # dest too: Base's generic copyto! tests doffs + n - 1, which wraps, then writes @inbounds
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    nothing_to_copy(n, src) && return dest
     copyto!(dest, doffs, Array(view(src, soffs:soffs+n-1)), 1, n)
 end
 
@@ -298,10 +309,10 @@ end
 function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer,
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
+    nothing_to_copy(n, dest, src) && return dest
     ds, ss = dest.storage, src.storage
     dmh, dh = handles(ds)
     smh, sh = handles(ss)
-    n == 0 && return dest
     bytes = n * sizeof(T)
     doff, soff = byteoffset(dest, doffs), byteoffset(src, soffs)
     if dest.storage === src.storage && doff < soff + bytes && soff < doff + bytes
@@ -319,9 +330,12 @@ end
 Base.copyto!(dest::KmmArray{T}, src::KmmArray{T}) where {T} =
     (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
 Base.copyto!(dest::KmmArray{T}, src::KmmArray) where {T} = copyto!(dest, Array{T}(src))
-Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray, soffs::Integer,
-             n::Integer) where {T} =
+function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray, soffs::Integer,
+                      n::Integer) where {T}
+    check_range(dest, doffs, n); check_range(src, soffs, n)   # before the view: its sum wraps
+    nothing_to_copy(n, dest, src) && return dest
     copyto!(dest, doffs, Array{T}(view(src, soffs:soffs+n-1)), 1, n)
+end
 
 # ---- reading back --------------------------------------------------------------------------
 

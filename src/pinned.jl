@@ -107,6 +107,8 @@ Base.show(io::IO, p::PinnedArray) =
 
 const HostMem{T} = Union{HostDense{T},PinnedArray{T}}
 
+check_live(p::PinnedArray) = (handles(p.storage); nothing)
+
 Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, soffs::Integer, n::Integer) where {T} =
     copy_from_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::KmmArray{T}, src::PinnedArray{T}) where {T} =

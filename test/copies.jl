@@ -90,3 +90,30 @@ end
     @test_throws BoundsError copyto!(zeros(2), 1, x, 1, 3)
     @test_throws ArgumentError copyto!(x, 1, zeros(10), 1, -1)
 end
+
+@testset "copyto! with offsets: ranges checked first on every path; n = 0 copies nothing" begin
+    # Every 5-argument copyto! checks both ranges before making a view or a sum of them (the
+    # converting methods made view(src, soffs:soffs+n-1), whose sum wraps, and passed a
+    # wrapping doffs to Base's generic copyto!, which writes @inbounds); n = 0 checks no offset,
+    # as Base's, on every path.
+    m = KmmManager(backend = :host)
+    k = KmmArray(collect(1.0:4.0); manager = m)
+    k32 = KmmArray(collect(1f0:4f0); manager = m)
+    h, h32 = collect(1.0:4.0), collect(1f0:4f0)
+    T, B = typemax(Int), typemin(Int)
+    for (d, s) in ((k, k), (k, k32), (k, h), (h, k), (k, h32), (h32, k), (k, 1:4), (view(h, 1:2:3), k))
+        for o in (T, B)
+            @test copyto!(d, o, s, o, 0) === d
+        end
+    end
+    for (d, s, bad) in ((k, k32, :src), (k, k32, :dest), (h32, k, :src), (h32, k, :dest),
+                        (k, h32, :src), (k, h32, :dest), (k, 1:4, :src), (k, 1:4, :dest))
+        err = try bad === :src ? copyto!(d, 1, s, T, 2) : copyto!(d, T, s, 1, 2); nothing catch e; e end
+        @test err isa BoundsError && err.a === (bad === :src ? s : d)
+    end
+    @test Array(k) == 1:4 && h32 == 1:4
+    Kmm.unsafe_free!(k32)
+    @test_throws KmmError copyto!(k, T, k32, T, 0)     # a freed array is an error still
+    @test_throws KmmError copyto!(h32, 1, k32, 1, 0)
+    close(m)
+end
