@@ -42,3 +42,13 @@ end
     @test a[:, 1] == Float32[0.5, 0.05, 0.9, -5]         # T1 fastest
     @test all(a[2, :] .<= a[1, :])
 end
+
+@testset "values outside Float32's range are reported as given" begin
+    # The library gets Float32s: 1e39 is Inf and 1e-50 is 0. The checks test the values as
+    # the library gets them but name the value given (not "atom 1 has T1 = 0.0 s").
+    @test blames(grid_error(T1 = (1e-50, 1.0, 3), T2 = 0.1), "T1 = 1.0e-50", "as a Float32")
+    @test blames(grid_error(T1 = 1.0, T2 = 0.1, B0 = [0, -1e40]), "B0 = -1.0e40", "value 2 of 2")
+    err(f) = try f(); nothing catch e; e end
+    @test blames(err(() -> Kmm.QMRI.tissue_parameters([1.0, 1e-50], 0.1)), "tissue_parameters", "T1 = 1.0e-50", "atom 2")
+    @test blames(err(() -> Kmm.QMRI.tissue_parameters(1.0, 0.1, 1e39)), "tissue_parameters", "B1 = 1.0e39")
+end

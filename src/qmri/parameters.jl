@@ -42,17 +42,18 @@ The atoms of a dictionary: every combination of the `T1`, `T2`, `B1` and `B0` va
 fastest, then T2, B1, B0), as `4 x natoms` parameters on `manager`. Each of `T1`, `T2`, `B1`,
 `B0` is a vector of values, a single value, or `(lo, hi, n)` for `n` log-spaced values
 (`log_grid`). Combinations with T2 > T1 are dropped unless `drop_T2_above_T1 = false`.
-T1 and T2 in seconds (> 0, `Inf` allowed), B1 relative, B0 in Hz (both finite). A bad value
-is an `ArgumentError` naming the keyword and the bound, before anything is allocated.
+T1 and T2 in seconds (> 0, `Inf` allowed), B1 relative, B0 in Hz (both finite), each as the
+Float32 the library gets (1e-50 s is 0 and 1e39 is Inf: refused). A bad value is an
+`ArgumentError` naming `parameter_grid`, the keyword, the value as given and the bound, before
+anything is allocated.
 """
 function parameter_grid(; T1, T2, B1 = 1.0, B0 = 0.0, drop_T2_above_T1::Bool = true,
                         manager::KmmManager = default_manager())
     t1s, t2s = grid_values(:T1, T1), grid_values(:T2, T2)
     b1s, b0s = grid_values(:B1, B1), grid_values(:B0, B0)
-    check_grid_values(:T1, t1s, v -> v > 0, "> 0 s (Inf allowed)")
-    check_grid_values(:T2, t2s, v -> v > 0, "> 0 s (Inf allowed)")
-    check_grid_values(:B1, b1s, isfinite, "finite")
-    check_grid_values(:B0, b0s, isfinite, "finite (Hz)")
+    for (name, given, vals) in ((:T1, T1, t1s), (:T2, T2, t2s), (:B1, B1, b1s), (:B0, B0, b0s))
+        check_grid_values(name, given, vals)
+    end
     recs = Float32[]
     for b0 in b0s, b1 in b1s, t2 in t2s, t1 in t1s
         drop_T2_above_T1 && t2 > t1 && continue
@@ -66,20 +67,32 @@ function parameter_grid(; T1, T2, B1 = 1.0, B0 = 0.0, drop_T2_above_T1::Bool = t
     KmmArray(p; manager = manager)
 end
 
-"Throws an ArgumentError naming the `parameter_grid` keyword `name` and the bound its values break."
-function check_grid_values(name::Symbol, vals::Vector{Float64}, ok, bound::AbstractString)
+"""Throws an ArgumentError naming the `parameter_grid` keyword `name`, the value as given and
+the bound it breaks. The values are checked as given, not as converted: the library gets
+Float32s, in which 1e39 is Inf and 1e-50 is 0, values the caller never gave."""
+function check_grid_values(name::Symbol, given, vals::Vector{Float64})
     isempty(vals) && throw(ArgumentError("parameter_grid: $name has no values"))
-    for (i, v) in enumerate(vals)
-        ok(v) || throw(ArgumentError("parameter_grid: $name = $v (value $i of $(length(vals))); " *
-                                     "$name must be $bound"))
+    # a log grid lies between its ends: they are what was given
+    xs = given isa Tuple ? given[1:2] : given isa Real ? (given,) : given
+    for (i, x) in enumerate(xs)
+        atom_value_ok(name, x) || throw(ArgumentError("parameter_grid: $name = $x (value $i of " *
+            "$(length(xs)) given); $name must be $(atom_value_bound(name))"))
     end
     nothing
 end
 
+# An atom's T1 and T2 (s) are > 0 (Inf allowed), B1 and B0 (Hz) finite, as the Float32s the
+# library gets.
+atom_value_ok(name::Symbol, x::Real) = name in (:T1, :T2) ? Float32(x) > 0 : isfinite(Float32(x))
+atom_value_bound(name::Symbol) = name in (:T1, :T2) ?
+    "> 0 s as a Float32 (at least $(nextfloat(0f0)); Inf allowed)" :
+    "finite as a Float32 (magnitude at most $(floatmax(Float32)))" * (name === :B0 ? " (Hz)" : "")
+
 """
     tissue_parameters(T1, T2, B1 = 1, B0 = 0; manager = Kmm.default_manager()) -> KmmArray{Float32,2}
 
-`4 x n` atom parameters from per-atom values (vectors of one length, or scalars repeated).
+`4 x n` atom parameters from per-atom values (vectors of one length, or scalars repeated),
+with `parameter_grid`'s bounds; a bad value is an `ArgumentError` naming it as given.
 """
 function tissue_parameters(T1, T2, B1 = 1.0, B0 = 0.0; manager::KmmManager = default_manager())
     for (name, v) in zip((:T1, :T2, :B1, :B0), (T1, T2, B1, B0))
@@ -93,9 +106,13 @@ function tissue_parameters(T1, T2, B1 = 1.0, B0 = 0.0; manager::KmmManager = def
     all(==(n), lens) || throw(ArgumentError("tissue_parameters: T1, T2, B1, B0 have lengths $lens; they must match"))
     n >= 1 || throw(ArgumentError("tissue_parameters: no atoms"))
     p = Matrix{Float32}(undef, 4, n)
-    for (r, v) in enumerate((T1, T2, B1, B0))
+    for (r, (name, v)) in enumerate(zip((:T1, :T2, :B1, :B0), (T1, T2, B1, B0)))
         for j in 1:n
-            p[r, j] = v isa Real ? v : cols[r][j]
+            x = v isa Real ? v : cols[r][j]
+            # checked as given: the Float32 (Inf, 0.0) is not what the caller wrote
+            atom_value_ok(name, x) || throw(ArgumentError("tissue_parameters: $name = $x (atom $j); " *
+                                                          "$name must be $(atom_value_bound(name))"))
+            p[r, j] = x
         end
     end
     check_params(p)
