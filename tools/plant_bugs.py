@@ -707,6 +707,40 @@ PLANTS = [
      "    calls = Any[try send(i, w) catch err caught(err) end for (i, w) in enumerate(ws)]\n    sent()\n",
      "    sent()\n    calls = Any[try send(i, w) catch err caught(err) end for (i, w) in enumerate(ws)]\n",
      ["jl:distributed.jl"]),
+    # deepcopy takes every pinned storage for a PinnedArray's (mapped): an unmapped one (a
+    # KmmArray with kind = :pinned) is copied from its NULL host address.
+    ("jl-deepcopy-pinned-by-kind", [
+        ("src/copying.jl",
+         "    return dict[s] = s.hostptr == C_NULL ? copy_unmapped(s) : copy_mapped(s)\n",
+         "    return dict[s] = s.kind != LibKmm.KMM_MEMORY_PINNED ? copy_unmapped(s) : copy_mapped(s)\n"),
+        ("src/copying.jl",
+         "Ptr{UInt8}(mapped_address(s))",
+         "Ptr{UInt8}(s.hostptr)"),
+     ], ["jl:adversarial_round6.jl"]),
+    # A sequence's vectors are checked on construction only: resized since, the library reads
+    # phases and profile (or rf_shape, z) past their ends.
+    ("jl-sequence-sizes-at-construction-only", [
+        ("src/qmri/sequences.jl",
+         "    check_fisp_sizes(\"FISPSequence\" * RESIZED, s.flip_angles, s.phases, s.profile)\n", ""),
+        ("src/qmri/sequences.jl",
+         "    check_pssfp_sizes(\"PSSFPSequence\" * RESIZED, s.flip_angles, s.phases, s.rf_shape, s.z)\n", ""),
+     ], ["jl:adversarial_round6.jl", "jl:qmri.jl"]),
+    # An MR-STAT model made field by field passes counts its arrays do not have.
+    ("jl-mrstat-model-unchecked", "src/qmri/mrstat.jl",
+     "function cmodel(model::MRSTATModel)\n    check_model(model)\n",
+     "function cmodel(model::MRSTATModel)\n",
+     ["jl:qmri.jl"]),
+    # An explicit finalize destroys (deferred) a manager a synchronous copy waits on: the wait
+    # takes the destroy for completion and returns before its bytes arrived.
+    ("jl-finalize-ignores-waits", "src/manager.jl",
+     "    waited = m.waits > 0\n",
+     "    waited = false\n",
+     ["jl:adversarial_round6.jl"]),
+    # copyto! between element types makes view(src, soffs:soffs+n-1) before checking the range.
+    ("jl-converting-copy-unchecked", "src/array.jl",
+     "    check_range(dest, doffs, n); check_range(src, soffs, n)   # before the view: its sum wraps\n",
+     "",
+     ["jl:adversarial_round6.jl"]),
     # A voxel that matches nothing reports atom 0 (the reference starts from a score of -1).
     ("match-zero-signal-reports-atom-0", "rust/kmm/src/qmri/cpu.rs",
      "            let mut best = (0.0f64, -1i64, C64::ZERO);\n",
