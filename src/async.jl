@@ -27,11 +27,11 @@ Queues a copy between a `KmmArray` and host memory (`Array`, a contiguous view o
 (host to device) or read (device to host) before `wait(t)` or `fetch(t)` returns; `fetch(t)`
 returns `dest`. Lengths must match.
 """
-# Queuing (and ordering) a copy is one of the manager's synchronous calls (`waiting`) until
-# its task is registered as pending: a `finalize` cannot destroy the manager in between.
 function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     length(dest) == length(src) || throw(DimensionMismatch(
         "copyto_async!: lengths differ ($(length(dest)) and $(length(src)))"))
+    # Queuing (and ordering) a copy is one of the manager's synchronous calls (`waiting`) until
+    # its task is registered as pending: a `finalize` cannot destroy the manager in between.
     waiting(() -> queue_to_device(dest, src), manager(dest))
 end
 
