@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _args, _lib
 from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
-from ._lifetime import later
+from ._lifetime import end_export, later
 
 _lib_ = _lib.lib
 KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
@@ -23,15 +23,15 @@ _export_lock = threading.RLock()
 
 class _ExportToken(NotCopyable):
     """Held by an exported object (the ctypes array under a `host_view` memoryview): ends the
-    export when that object dies."""
+    export when that object dies (in a collection, once nothing a finalizer kept holds it)."""
 
-    __slots__ = ("_release",)
+    __slots__ = ("end",)
 
     def __init__(self, release):
-        self._release = release
+        self.end = release
 
     def __del__(self):
-        self._release()
+        end_export(self)
 
 
 def take_slots(local):
