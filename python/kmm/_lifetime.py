@@ -31,6 +31,15 @@ def _deferral():
     running, queued, watched, lock = [0], [], [], threading.Lock()
     refcount = sys.getrefcount
 
+    def held(i):
+        return refcount(watched[i])
+
+    # What `held` says of a token only the watch list holds, asked the same way (interpreters
+    # differ in the references a call's argument adds).
+    watched.append(object())
+    unheld = held(0)
+    del watched[:]
+
     def later(fn, *args):
         call = (fn, args)  # made outside the lock: an allocation may start a collection
         with lock:
@@ -54,11 +63,11 @@ def _deferral():
                 return
             calls = queued[:]
             del queued[:]
-            # Two references: the watch list's and refcount's argument. More: a finalizer
-            # kept the export holding the token (it is watched until a later collection's end).
-            unheld = [i for i in range(len(watched)) if refcount(watched[i]) <= 2]
-            tokens = [watched[i] for i in unheld]
-            for i in reversed(unheld):
+            # Held by more than the watch list: a finalizer kept the export holding the token
+            # (it is watched until a later collection's end).
+            ended = [i for i in range(len(watched)) if held(i) <= unheld]
+            tokens = [watched[i] for i in ended]
+            for i in reversed(ended):
                 del watched[i]
         calls.extend((t.end, ()) for t in tokens)
         for fn, args in calls:
