@@ -240,6 +240,32 @@ PLANTS = [
      "            if running[0]:\n                # Holding the token keeps only it",
      "            if False:\n                # Holding the token keeps only it",
      ["py:test_adversarial_python_round6.py"]),
+    # Python: a gc callback added during a collection (kmm imported by a finalizer) counts that
+    # collection's end without its start: the count goes below 0 and no later collection defers.
+    ("py-gc-count-goes-below-zero", "python/kmm/_lifetime.py",
+     "running[0] + 1 if phase == \"start\" else max(running[0] - 1, 0)",
+     "running[0] + 1 if phase == \"start\" else running[0] - 1",
+     ["py:test_adversarial_review_export_watch.py"]),
+    # Python: a DLPack import's deleter runs at the end of the collection that found its owner,
+    # though a finalizer kept the kmm array over the producer's memory.
+    ("py-dlpack-deleter-ignores-kept-imports", [
+        ("python/kmm/dlpack.py", "from ._lifetime import end_export, swap_holder\n",
+         "from ._lifetime import end_export, later, swap_holder\n"),
+        ("python/kmm/dlpack.py", "    def __del__(self):\n        end_export(self)\n\n    def end(self):\n        if self.deleter",
+         "    def __del__(self):\n        later(self.end)\n\n    def end(self):\n        if self.deleter")],
+     ["py:test_adversarial_review_export_watch.py"]),
+    # Python: exports end in the interpreter's last collections at exit (no gc callbacks run
+    # there), under a finalizer of that garbage that still writes through a view (SIGSEGV).
+    ("py-exports-end-at-exit", "python/kmm/_lifetime.py",
+     "            if exiting[0]:\n                return\n            if running[0]:\n                # Holding the token",
+     "            if running[0]:\n                # Holding the token",
+     ["py:test_adversarial_review_export_watch.py"]),
+    # Python: a host_view a finalizer kept keeps its watched, already finalized token: freed only
+    # at a later collection (never with gc disabled), and a cycle through the manager leaks.
+    ("py-kept-export-not-rearmed", "python/kmm/buffer.py",
+     "        return swap_holder(self, lambda: _ExportToken(self.end), holds)\n",
+     "        return False\n",
+     ["py:test_adversarial_review_export_watch.py"]),
     # Python: a manager found in garbage is destroyed in the collector's finalizer pass, under a
     # host_view another finalizer of that garbage still writes through (SIGSEGV).
     ("py-manager-gc-destroys-at-once", "python/kmm/manager.py",

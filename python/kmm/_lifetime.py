@@ -9,26 +9,36 @@ made when the collection ends, once that garbage is gone. Frees outside a collec
 last reference dropped) are made at once, as before.
 
 The collector runs those finalizers before it knows what they kept: one may store an export (a
-`host_view` memoryview) of the garbage somewhere that outlives the collection. So an export
-whose token is finalized during a collection is not ended then: the token is watched, and ended
-at the end of the first collection after which nothing but the watch holds it.
+`host_view` memoryview, or a kmm array over an imported DLPack tensor) of the garbage somewhere
+that outlives the collection. So an export whose token (the object whose death ends it) is
+finalized during a collection is not ended then: the token is watched. At the collection's end,
+a token nothing else holds is ended; one an export still holds hands that export a fresh token
+(`rearm`: the collector runs a finalizer once only), whose death ends it as any export's.
+
+A callback added during a collection (kmm imported by a finalizer, or by another thread while a
+finalizer released the GIL) sees that collection's end without its start: the count of
+collections running stays at 0 or above. The interpreter's last collections at exit call no
+callbacks: exports stay live from the exit on (the process's end gives their memory back), as a
+finalizer of that garbage may still write through one.
 
 A collection may release the GIL (a finalizer that sleeps or waits): a free another thread asks
 for meanwhile waits for the end as well, a little later than it would have been."""
 
+import atexit
 import gc
 import sys
 import threading
 
 
 def _deferral():
-    """(later, end_export, on_gc): `later(fn, *args)` calls fn(*args) now, or at the end of the
-    collection running now; `end_export(token)` calls `token.end()` now, or, in a collection,
-    at the end of the first one after which only the watch holds the token; `on_gc` is the
-    collector's callback that marks their start and end."""
+    """(later, end_export, on_gc, on_exit): `later(fn, *args)` calls fn(*args) now, or at the end
+    of the collection running now; `end_export(token)` calls `token.end()` now, or, in a
+    collection, at its end if nothing else holds the token then (else `token.rearm()`); `on_gc`
+    is the collector's callback that marks their start and end; `on_exit` the atexit hook."""
     # Closures, not globals: a collection at interpreter exit may run after this module's
     # globals are gone (see kmm.dlpack).
-    running, queued, watched, lock = [0], [], [], threading.Lock()
+    running, queued, watched, exiting, lock = [0], [], [], [False], threading.Lock()
+    tried = set()
     refcount = sys.getrefcount
 
     def held(i):
@@ -50,6 +60,8 @@ def _deferral():
 
     def end_export(token):
         with lock:
+            if exiting[0]:
+                return
             if running[0]:
                 # Holding the token keeps only it (and what it ends) alive, not the export.
                 watched.append(token)
@@ -58,26 +70,56 @@ def _deferral():
 
     def on_gc(phase, info):
         with lock:
-            running[0] += 1 if phase == "start" else -1
+            running[0] = running[0] + 1 if phase == "start" else max(running[0] - 1, 0)
             if running[0]:
                 return
             calls = queued[:]
             del queued[:]
-            # Held by more than the watch list: a finalizer kept the export holding the token
-            # (it is watched until a later collection's end).
+            # Held by more than the watch list: a finalizer kept the export holding the token.
             ended = [i for i in range(len(watched)) if held(i) <= unheld]
             tokens = [watched[i] for i in ended]
             for i in reversed(ended):
                 del watched[i]
+            # Each rearmed once: one that found no holder is only watched from then on.
+            kept = [t for t in watched if id(t) not in tried]
+            tried.update(id(t) for t in kept)
+            tried.intersection_update(id(t) for t in watched)
         calls.extend((t.end, ()) for t in tokens)
         for fn, args in calls:
             try:
                 fn(*args)
             except Exception:  # as a __del__'s error: never raised into the collector's caller
                 pass
+        for token in kept:
+            try:
+                moved = token.rearm()
+            except Exception:
+                moved = False
+            if moved:
+                with lock:
+                    # By identity: a token's equality is not ours to call here.
+                    watched[:] = [w for w in watched if w is not token]
+        del kept[:]
 
-    return later, end_export, on_gc
+    def on_exit():
+        with lock:
+            exiting[0] = True
+
+    return later, end_export, on_gc, on_exit
 
 
-later, end_export, _on_gc = _deferral()
+later, end_export, _on_gc, _on_exit = _deferral()
 gc.callbacks.append(_on_gc)
+atexit.register(_on_exit)
+
+
+def swap_holder(old, make, holds):
+    """Puts `make()` where the first object that `holds(referrer)` says holds `old` keeps it (the
+    `rearm` of a token a finalizer kept alive); False, and nothing made, if none does. Scans
+    every tracked object: only for exports a finalizer kept."""
+    for referrer in gc.get_referrers(old):
+        put = holds(referrer)
+        if put is not None:
+            put(make())
+            return True
+    return False

@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _args, _lib
 from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
-from ._lifetime import end_export, later
+from ._lifetime import end_export, later, swap_holder
 
 _lib_ = _lib.lib
 KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
@@ -22,8 +22,8 @@ _export_lock = threading.RLock()
 
 
 class _ExportToken(NotCopyable):
-    """Held by an exported object (the ctypes array under a `host_view` memoryview): ends the
-    export when that object dies (in a collection, once nothing a finalizer kept holds it)."""
+    """Held by an exported object (the ctypes array under a `host_view` memoryview, as its
+    `_kmm_export`): ends the export when that object dies (`kmm._lifetime.end_export`)."""
 
     __slots__ = ("end",)
 
@@ -32,6 +32,16 @@ class _ExportToken(NotCopyable):
 
     def __del__(self):
         end_export(self)
+
+    def rearm(self):
+        """A finalizer kept the exported object past a collection: it gets a fresh token."""
+
+        def holds(r):
+            if type(r) is dict and r.get("_kmm_export") is self:
+                return lambda fresh: r.__setitem__("_kmm_export", fresh)
+            return None
+
+        return swap_holder(self, lambda: _ExportToken(self.end), holds)
 
 
 def take_slots(local):

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _args
 from ._errors import NotCopyable
-from ._lifetime import later
+from ._lifetime import end_export, swap_holder
 
 kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
@@ -317,20 +317,43 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
 
 
 class _Imported(NotCopyable):
-    """Owns a consumed DLPack tensor: calls its deleter when garbage collected."""
+    """Owns a consumed DLPack tensor (held by the kmm buffer over it, as its `_owner`): calls
+    its deleter when it dies (`kmm._lifetime.end_export`: in a collection, at its end, unless a
+    finalizer kept the kmm array over the producer's memory)."""
 
-    def __init__(self, address, deleter_offset, producer):
+    def __init__(self, address, deleter, producer):
         self.address = address
         self.producer = producer  # the object __dlpack__ was called on
+        self.deleter = deleter
+
+    @classmethod
+    def of(cls, address, deleter_offset, producer):
         fn = ctypes.cast(address + deleter_offset, POINTER(c_void_p)).contents.value
-        self.deleter = DELETER(fn) if fn else None
+        return cls(address, DELETER(fn) if fn else None, producer)
 
     def __del__(self):
+        end_export(self)
+
+    def end(self):
         if self.deleter is not None:
             d, self.deleter = self.deleter, None
-            # In a collection, at its end: a finalizer of the same garbage may still use the
-            # kmm array over the producer's memory.
-            later(_call_deleter, d, self.address)
+            _call_deleter(d, self.address)
+
+    def rearm(self):
+        """A finalizer kept the buffer over the tensor past a collection: it gets a fresh owner."""
+        from .buffer import _Imported as ImportedBuffer
+
+        def holds(r):
+            if isinstance(r, ImportedBuffer) and r._owner is self:
+                return lambda fresh: setattr(r, "_owner", fresh)
+            return None
+
+        def make():
+            fresh = _Imported(self.address, self.deleter, self.producer)
+            self.deleter = None  # the fresh owner calls it
+            return fresh
+
+        return swap_holder(self, make, holds)
 
 
 def _call_deleter(deleter, address):
@@ -348,12 +371,12 @@ def consume(capsule, producer):
         if t.version.major > VERSION[0]:
             raise BufferError("DLPack version %d.%d is newer than kmm understands" % (t.version.major, t.version.minor))
         _api.PyCapsule_SetName(capsule, NAME_USED_VERSIONED)
-        owner = _Imported(address, DLManagedTensorVersioned.deleter.offset, producer)
+        owner = _Imported.of(address, DLManagedTensorVersioned.deleter.offset, producer)
         return t.dl_tensor, owner, bool(t.flags & FLAG_READ_ONLY)
     if _api.PyCapsule_IsValid(capsule, NAME_LEGACY):
         address = _api.PyCapsule_GetPointer(capsule, NAME_LEGACY)
         t = DLManagedTensor.from_address(address)
         _api.PyCapsule_SetName(capsule, NAME_USED_LEGACY)
-        owner = _Imported(address, DLManagedTensor.deleter.offset, producer)
+        owner = _Imported.of(address, DLManagedTensor.deleter.offset, producer)
         return t.dl_tensor, owner, False
     raise BufferError("not a live DLPack capsule (already consumed?)")
