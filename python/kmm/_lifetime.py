@@ -38,7 +38,7 @@ def _deferral():
     # Closures, not globals: a collection at interpreter exit may run after this module's
     # globals are gone (see kmm.dlpack).
     running, queued, watched, exiting, lock = [0], [], [], [False], threading.Lock()
-    tried = set()
+    unmovable = set()
     refcount = sys.getrefcount
 
     def held(i):
@@ -80,10 +80,10 @@ def _deferral():
             tokens = [watched[i] for i in ended]
             for i in reversed(ended):
                 del watched[i]
-            # Each rearmed once: one that found no holder is only watched from then on.
-            kept = [t for t in watched if id(t) not in tried]
-            tried.update(id(t) for t in kept)
-            tried.intersection_update(id(t) for t in watched)
+            # Each rearmed once: one that found no holder is only watched from then on (by
+            # id: `unmovable` holds the ids of watched tokens only, which are alive).
+            unmovable.intersection_update(id(t) for t in watched)
+            kept = [t for t in watched if id(t) not in unmovable]
         calls.extend((t.end, ()) for t in tokens)
         for fn, args in calls:
             try:
@@ -95,10 +95,12 @@ def _deferral():
                 moved = token.rearm()
             except Exception:
                 moved = False
-            if moved:
-                with lock:
+            with lock:
+                if moved:
                     # By identity: a token's equality is not ours to call here.
                     watched[:] = [w for w in watched if w is not token]
+                else:
+                    unmovable.add(id(token))
         del kept[:]
 
     def on_exit():
