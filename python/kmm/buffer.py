@@ -7,7 +7,7 @@ import numpy as np
 
 from . import _args, _lib
 from ._errors import InvalidHandleError, NotCopyable, OutOfMemoryError, check, error
-from ._lifetime import end_export, later, swap_holder
+from ._lifetime import end_export, later
 
 _lib_ = _lib.lib
 KINDS = {"device": _lib.KMM_MEMORY_DEVICE, "pinned": _lib.KMM_MEMORY_PINNED}
@@ -33,15 +33,15 @@ class _ExportToken(NotCopyable):
     def __del__(self):
         end_export(self)
 
-    def rearm(self):
-        """A finalizer kept the exported object past a collection: it gets a fresh token."""
+    # Rearmed when a finalizer kept the exported object past a collection: the dict of each
+    # object holding this token (the array's, and a copy's) gets the fresh one.
+    def holding(self, referrer):
+        if type(referrer) is dict and referrer.get("_kmm_export") is self:
+            return lambda fresh: referrer.__setitem__("_kmm_export", fresh)
+        return None
 
-        def holds(r):
-            if type(r) is dict and r.get("_kmm_export") is self:
-                return lambda fresh: r.__setitem__("_kmm_export", fresh)
-            return None
-
-        return swap_holder(self, lambda: _ExportToken(self.end), holds)
+    def fresh(self):
+        return _ExportToken(self.end)
 
 
 def take_slots(local):

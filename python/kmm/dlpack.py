@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _args
 from ._errors import NotCopyable
-from ._lifetime import end_export, swap_holder
+from ._lifetime import end_export
 
 kDLCPU, kDLCUDA, kDLCUDAHost, kDLCUDAManaged = 1, 2, 3, 13
 kDLInt, kDLUInt, kDLFloat, kDLBfloat, kDLComplex, kDLBool = 0, 1, 2, 4, 5, 6
@@ -339,21 +339,19 @@ class _Imported(NotCopyable):
             d, self.deleter = self.deleter, None
             _call_deleter(d, self.address)
 
-    def rearm(self):
-        """A finalizer kept the buffer over the tensor past a collection: it gets a fresh owner."""
+    # Rearmed when a finalizer kept the kmm buffer over the tensor past a collection: it gets a
+    # fresh owner, which calls the deleter.
+    def holding(self, referrer):
         from .buffer import _Imported as ImportedBuffer
 
-        def holds(r):
-            if isinstance(r, ImportedBuffer) and r._owner is self:
-                return lambda fresh: setattr(r, "_owner", fresh)
-            return None
+        if isinstance(referrer, ImportedBuffer) and referrer._owner is self:
+            return lambda fresh: setattr(referrer, "_owner", fresh)
+        return None
 
-        def make():
-            fresh = _Imported(self.address, self.deleter, self.producer)
-            self.deleter = None  # the fresh owner calls it
-            return fresh
-
-        return swap_holder(self, make, holds)
+    def fresh(self):
+        fresh = _Imported(self.address, self.deleter, self.producer)
+        self.deleter = None
+        return fresh
 
 
 def _call_deleter(deleter, address):
