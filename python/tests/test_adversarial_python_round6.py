@@ -12,6 +12,7 @@ import pytest
 
 import kmm
 from conftest import BACKEND
+from _gc_scripts import KIND, run as run_script
 
 MiB = 1 << 20
 
@@ -246,30 +247,15 @@ def test_a_host_view_a_finalizer_keeps_past_the_collection_keeps_its_memory():
     export token with the others, before it knows what they kept: ending the export there freed
     the buffer while the kept view still showed it. The next allocation got the address, and
     writes through the kept view landed in the new buffer. The memory is freed once the kept view
-    is dropped (at the end of a later collection)."""
-    r = _run("""
-        import gc, numpy as np, kmm
-        m = kmm.Manager(backend=%r)
-        b = m.alloc(1 << 20)
-        addr = b.ptr
-        mv = b.host_view()
-        kept = []
-        class Holder:
-            def __del__(self):
-                kept.append(self.mv)
-        h = Holder(); h.me = h; h.mv = mv
-        del b, mv, h
-        gc.collect()
-        nb = m.alloc(1 << 20)
-        nb.copy_from_host(np.zeros(1 << 20, np.uint8))
-        print("same_address", nb.ptr == addr)
-        kept[0][:4] = b"\\xab\\xab\\xab\\xab"
-        print("new_buffer", bytes(nb.copy_to_host(nbytes=4)))
-        print("held", m.stats("pinned" if m.backend != "host" else "device")["live_buffers"])
+    is dropped."""
+    r = run_script("""
+        import kmm
+        #KEEP_AND_REUSE
+        print("held", m.stats(KIND)["live_buffers"])
         del kept[:]
         gc.collect()
-        print("after", m.stats("pinned" if m.backend != "host" else "device")["live_buffers"])
-    """ % BACKEND)
+        print("after", m.stats(KIND)["live_buffers"])
+    """)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "same_address False" in r.stdout, "a freed address was handed out while a kept view showed it:\n" + r.stdout
     assert "new_buffer b'\\x00\\x00\\x00\\x00'" in r.stdout, "a write through a kept view corrupted another buffer:\n" + r.stdout

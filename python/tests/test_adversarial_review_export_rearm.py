@@ -8,53 +8,9 @@ and a forked child starts with no collection running. The second section holds c
 Scenarios whose outcome depends on collection order or interpreter state run in a fresh
 interpreter (`_run`). Host backend."""
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-import kmm
-from conftest import BACKEND
-
-#: The kind `host_view` can show: device memory on the host backend, pinned otherwise.
-KIND = "device" if BACKEND == "host" else "pinned"
-PRELUDE = """
-import gc, sys, os, time, threading, weakref, ctypes, copy, random
-import numpy as np
-BACKEND, KIND = %r, %r
-""" % (BACKEND, KIND)
-#: The watch list, the running count and the set of tokens whose holders were not found
-#: (closure cells of kmm._lifetime).
-WATCHED = """
-import kmm._lifetime as _lt
-_fv = dict(zip(_lt.end_export.__code__.co_freevars, [c.cell_contents for c in _lt.end_export.__closure__]))
-watched, running = _fv["watched"], _fv["running"]
-_gv = dict(zip(_lt._on_gc.__code__.co_freevars, [c.cell_contents for c in _lt._on_gc.__closure__]))
-tried = _gv["unmovable"]
-"""
-
-
-def _run(script, timeout=60, prelude=True):
-    """Runs `script` (after PRELUDE) in a fresh interpreter (this one's environment, this kmm on
-    its path)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(kmm.__file__)),
-                                                      env.get("PYTHONPATH")]))
-    script = textwrap.dedent(script).replace("#WATCHED\n", WATCHED)
-    return subprocess.run([sys.executable, "-c", (PRELUDE if prelude else "") + script], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def _lines(r):
-    return dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
-
-
-def _ok(r):
-    assert r.returncode == 0, "exit status %d\nstdout:\n%s\nstderr:\n%s" % (r.returncode, r.stdout[-3000:],
-                                                                            r.stderr[-3000:])
-    return _lines(r)
+from _gc_scripts import BACKEND, KIND, ok as _ok, lines as _lines, run as _run
 
 
 # =============================================================================================

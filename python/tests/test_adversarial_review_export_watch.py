@@ -5,70 +5,9 @@ gets a fresh token, DLPack imports are watched too, the count of running collect
 or above, and exports stay live at exit. Each test targets one suspected defect (its docstring
 says which); gc-order-sensitive cases run in a fresh interpreter (`_run`). Host backend."""
 
-import os
-import subprocess
-import sys
-import textwrap
+import pytest
 
-import kmm
-from conftest import BACKEND
-
-#: The kind `host_view` can show: device memory on the host backend, pinned otherwise.
-KIND = "device" if BACKEND == "host" else "pinned"
-PRELUDE = """
-import gc, sys, os, time, threading, weakref, ctypes
-import numpy as np
-BACKEND, KIND = %r, %r
-""" % (BACKEND, KIND)
-#: The watch list (the closure cell of kmm._lifetime.end_export), for scripts that check it.
-WATCHED = """
-import kmm._lifetime as _lt
-_fv = dict(zip(_lt.end_export.__code__.co_freevars, [c.cell_contents for c in _lt.end_export.__closure__]))
-watched, running = _fv["watched"], _fv["running"]
-"""
-
-
-def _run(script, timeout=120):
-    """Runs `script` (after PRELUDE) in a fresh interpreter (this one's environment, this kmm on
-    its path)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(kmm.__file__)),
-                                                      env.get("PYTHONPATH")]))
-    script = textwrap.dedent(script).replace("#WATCHED\n", WATCHED).replace("#KEEP_AND_REUSE\n", KEEP_AND_REUSE)
-    return subprocess.run([sys.executable, "-c", PRELUDE + script], capture_output=True,
-                          text=True, timeout=timeout, env=env)
-
-
-def _lines(r):
-    return dict(line.split(" ", 1) for line in r.stdout.splitlines() if " " in line)
-
-
-def _ok(r):
-    assert r.returncode == 0, "exit status %d\nstdout:\n%s\nstderr:\n%s" % (r.returncode, r.stdout[-3000:],
-                                                                            r.stderr[-3000:])
-    return _lines(r)
-
-
-# The kept-view scenario of test_a_host_view_a_finalizer_keeps_past_the_collection_keeps_its_memory,
-# as a snippet: prints same_address / new_buffer after a finalizer kept a view past the collection.
-KEEP_AND_REUSE = """
-m = kmm.Manager(backend=BACKEND)
-b = m.alloc(1 << 20)
-addr = b.ptr
-mv = b.host_view()
-kept = []
-class Holder:
-    def __del__(self):
-        kept.append(self.mv)
-h = Holder(); h.me = h; h.mv = mv
-del b, mv, h
-gc.collect()
-nb = m.alloc(1 << 20)
-nb.copy_from_host(np.zeros(1 << 20, np.uint8))
-print("same_address", nb.ptr == addr)
-kept[0][:4] = b"\\xab\\xab\\xab\\xab"
-print("new_buffer", bytes(nb.copy_to_host(nbytes=4)))
-"""
+from _gc_scripts import BACKEND, KIND, ok as _ok, lines as _lines, run as _run
 
 
 # =============================================================================================
