@@ -276,8 +276,8 @@ PLANTS = [
     # Python: a child forked while another thread's collection runs inherits the count of
     # collections running: every free it asks for is queued for good.
     ("py-fork-child-inherits-a-collection", "python/kmm/_lifetime.py",
-     "    os.register_at_fork(after_in_child=in_child)\n",
-     "",
+     "        os.register_at_fork(after_in_child=in_child)\n",
+     "        pass\n",
      ["py:test_adversarial_review_export_rearm.py"]),
     # Python: a manager found in garbage is destroyed in the collector's finalizer pass, under a
     # host_view another finalizer of that garbage still writes through (SIGSEGV).

@@ -126,7 +126,8 @@ def _deferral():
         del queued[:], watched[:]
         unmovable.clear()
 
-    os.register_at_fork(after_in_child=in_child)
+    if hasattr(os, "register_at_fork"):  # POSIX
+        os.register_at_fork(after_in_child=in_child)
     return later, end_export, on_gc
 
 
