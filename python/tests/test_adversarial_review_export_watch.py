@@ -10,6 +10,15 @@ import pytest
 from _gc_scripts import BACKEND, KIND, ok as _ok, lines as _lines, run as _run
 
 
+
+def _assert_counted_and_kept(r):
+    """After kmm was imported during a collection: no collection counted as running, and the
+    view kept by #KEEP_AND_REUSE kept its memory."""
+    out = _ok(r)
+    assert out.get("running") == "0", "the collection counter is off after an import during a collection:\n" + r.stdout
+    assert out.get("same_address") == "False" and out.get("new_buffer") == "b'\\x00\\x00\\x00\\x00'", (
+        "a kept view's memory was freed and reused:\n" + r.stdout)
+
 # =============================================================================================
 # Findings (expected to FAIL on d584124)
 # =============================================================================================
@@ -33,10 +42,7 @@ def test_kmm_first_imported_inside_a_finalizer_inverts_the_collection_bookkeepin
         print("running", running[0])
         #KEEP_AND_REUSE
     """)
-    out = _ok(r)
-    assert out.get("running") == "0", "the collection counter is off after an import during a collection:\n" + r.stdout
-    assert out.get("same_address") == "False" and out.get("new_buffer") == "b'\\x00\\x00\\x00\\x00'", (
-        "a kept view's memory was freed and reused:\n" + r.stdout)
+    _assert_counted_and_kept(r)
 
 
 def test_kmm_imported_by_another_thread_while_a_collection_waits_inverts_the_bookkeeping():
@@ -59,10 +65,7 @@ def test_kmm_imported_by_another_thread_while_a_collection_waits_inverts_the_boo
         print("running", running[0])
         #KEEP_AND_REUSE
     """)
-    out = _ok(r)
-    assert out.get("running") == "0", "the collection counter is off after an import during a collection:\n" + r.stdout
-    assert out.get("same_address") == "False" and out.get("new_buffer") == "b'\\x00\\x00\\x00\\x00'", (
-        "a kept view's memory was freed and reused:\n" + r.stdout)
+    _assert_counted_and_kept(r)
 
 
 def test_a_kept_host_view_of_a_dlpack_import_keeps_the_producers_memory():
