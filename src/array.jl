@@ -33,25 +33,25 @@ end
     isbitstype(T) || throw(ArgumentError("KmmArray needs an isbits element type, got $T"))
 end
 
+"The bytes of an array of `T` with `dims`, or an `ArgumentError` naming the dimensions (a
+negative one, or a size past `typemax(Int)`). No `try`: it runs at every allocation."
 function checked_bytes(::Type{T}, dims::Dims) where {T}
-    n = 1
+    n = sizeof(T)
+    overflow = false
     for d in dims
-        d >= 0 || throw(ArgumentError("invalid array dimensions $dims: negative dimension"))
-        n = Base.checked_mul(n, d)
+        d >= 0 || throw_bad_dims(dims, "negative dimension")
+        n, o = Base.mul_with_overflow(n, d)
+        overflow |= o
     end
-    Base.checked_mul(n, sizeof(T))
+    overflow && throw_bad_dims(dims, "the size overflows")
+    return n
 end
+@noinline throw_bad_dims(dims, why) = throw(ArgumentError("invalid array dimensions $dims: $why"))
 
 function KmmArray{T,N}(::UndefInitializer, dims::Dims{N}; manager::KmmManager = default_manager(),
                        kind::Symbol = :device) where {T,N}
     check_eltype(T)
-    bytes = try
-        checked_bytes(T, dims)
-    catch err
-        err isa OverflowError || rethrow()
-        throw(ArgumentError("invalid array dimensions $dims: the size overflows"))
-    end
-    s = alloc_storage(manager, bytes, enum_value(KINDS, kind, "kind"))
+    s = alloc_storage(manager, checked_bytes(T, dims), kind_value(kind))
     KmmArray{T,N}(s, 0, dims)
 end
 KmmArray{T,N}(::UndefInitializer, dims::Integer...; kw...) where {T,N} =

@@ -386,6 +386,10 @@ Resets the peak counters (in use and reserved) to the current values.
 reset_peaks!(m::KmmManager = default_manager()) = (GC.@preserve m LibKmm.kmm_manager_reset_peaks(handle(m)); m)
 
 const KINDS = Dict(:device => LibKmm.KMM_MEMORY_DEVICE, :pinned => LibKmm.KMM_MEMORY_PINNED)
+"The C value of a `kind` keyword (`:device` or `:pinned`), else an `ArgumentError` naming them."
+@inline kind_value(kind::Symbol) =
+    kind === :device ? LibKmm.KMM_MEMORY_DEVICE :
+    kind === :pinned ? LibKmm.KMM_MEMORY_PINNED : enum_value(KINDS, kind, "kind")
 
 """
     Kmm.memory_stats(mgr = Kmm.default_manager(), kind = :device) -> LibKmm.KmmMemoryStats
@@ -400,7 +404,7 @@ The counters of one memory kind (`:device` or `:pinned`): `in_use`, `peak_in_use
 """
 function memory_stats(m::KmmManager = default_manager(), kind::Symbol = :device)
     out = Ref{LibKmm.KmmMemoryStats}()
-    GC.@preserve m LibKmm.kmm_manager_stats(handle(m), enum_value(KINDS, kind, "kind"), out)
+    GC.@preserve m LibKmm.kmm_manager_stats(handle(m), kind_value(kind), out)
     out[]
 end
 

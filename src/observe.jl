@@ -54,7 +54,7 @@ The map of the manager's `:device` or `:pinned` memory now: each chunk a row of 
 mapped) and free space. A mapped buffer never moves; an unmapped one may (compaction).
 """
 function memory_map(m::KmmManager = default_manager(); kind::Symbol = :device)
-    code = enum_value(KINDS, kind, "kind")
+    code = kind_value(kind)
     segments = GC.@preserve m c_items(LibKmm.KmmMapSegment, LibKmm.kmm_manager_memory_map, handle(m), code)
     MemoryMap(kind, segments, figure_svg(m, kind === :device ? :device_map : :pinned_map))
 end

@@ -24,13 +24,7 @@ end
 function PinnedArray{T,N}(::UndefInitializer, dims::Dims{N};
                           manager::KmmManager = default_manager()) where {T,N}
     check_eltype(T)
-    bytes = try
-        checked_bytes(T, dims)
-    catch err
-        err isa OverflowError || rethrow()
-        throw(ArgumentError("invalid array dimensions $dims: the size overflows"))
-    end
-    s = alloc_storage(manager, bytes, LibKmm.KMM_MEMORY_PINNED)
+    s = alloc_storage(manager, checked_bytes(T, dims), LibKmm.KMM_MEMORY_PINNED)
     s.hostptr = Ptr{Cvoid}(map_storage(s))   # stays mapped; the free (FORCE) drops the pin
     PinnedArray{T,N}(s, dims)
 end
