@@ -29,6 +29,10 @@ impl Hasher for U64Hasher {
         }
     }
 
+    fn write_i32(&mut self, key: i32) {
+        self.write_u64(u64::from(key as u32));
+    }
+
     fn write_u64(&mut self, key: u64) {
         let h = (self.0 ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         self.0 = h ^ (h >> 32);
@@ -40,7 +44,7 @@ pub(super) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
 /// The allocations of one library.
 pub(super) struct ByAddress {
     /// Device ordinal -> the manager serving the library on that device.
-    pub managers: HashMap<i32, u64>,
+    pub managers: HashMap<i32, u64, BuildHasherDefault<U64Hasher>>,
     /// Address -> (manager, buffer, stream it was allocated for) of every live allocation.
     pub live: U64Map<(u64, u64, u64)>,
     /// Addresses of allocations whose manager was destroyed before the library freed them (a
@@ -50,32 +54,24 @@ pub(super) struct ByAddress {
     /// most, of the size that was asked for.
     pub orphans: U64Map<Option<(u64, u64, u64)>>,
     /// Entries of `live` and held-back allocations per manager: a destroy of a manager with
-    /// none here scans nothing.
+    /// none here scans nothing. A count that drops to 0 stays (`orphan` removes it at the
+    /// manager's destroy), so an allocation and free in turn touch no entry of this map twice.
     held: U64Map<usize>,
 }
 
 impl ByAddress {
     pub fn new() -> Mutex<ByAddress> {
-        Mutex::new(ByAddress { managers: HashMap::new(), live: U64Map::default(), orphans: U64Map::default(), held: U64Map::default() })
+        Mutex::new(ByAddress { managers: HashMap::default(), live: U64Map::default(), orphans: U64Map::default(), held: U64Map::default() })
     }
 
     fn count(&mut self, manager: u64, delta: isize) {
         let n = self.held.entry(manager).or_insert(0);
         *n = n.saturating_add_signed(delta);
-        if *n == 0 {
-            self.held.remove(&manager);
-        }
     }
 
     fn insert_live(&mut self, address: u64, entry: (u64, u64, u64)) {
         self.count(entry.0, 1);
         self.live.insert(address, entry);
-    }
-
-    fn remove_live(&mut self, address: u64) -> Option<(u64, u64, u64)> {
-        let entry = self.live.remove(&address)?;
-        self.count(entry.0, -1);
-        Some(entry)
     }
 }
 
@@ -121,7 +117,7 @@ pub(super) fn orphan_everywhere(manager: u64) {
 /// the library has not freed become orphans (see `ByAddress::orphans`).
 pub(super) fn orphan(table: &Mutex<ByAddress>, manager: u64) {
     let mut t = lock(table);
-    if t.held.remove(&manager).is_none() {
+    if t.held.remove(&manager).unwrap_or(0) == 0 {
         return;
     }
     let dead: Vec<u64> = t.live.iter().filter(|(_, v)| v.0 == manager).map(|(&address, _)| address).collect();
@@ -145,9 +141,17 @@ pub(super) fn orphan(table: &Mutex<ByAddress>, manager: u64) {
 pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Option<u64>, stream: Option<u64>, owner: &str) -> Result<()> {
     let found = {
         let mut t = lock(table);
-        match t.live.get(&ptr) {
-            Some(&(mgr, _, _)) if manager.is_none_or(|m| m == mgr) => t.remove_live(ptr),
-            _ => None,
+        // One lookup in the common case: a free through another manager puts the entry back.
+        match t.live.remove(&ptr) {
+            Some(entry) if manager.is_none_or(|m| m == entry.0) => {
+                t.count(entry.0, -1);
+                Some(entry)
+            }
+            Some(entry) => {
+                t.live.insert(ptr, entry);
+                None
+            }
+            None => None,
         }
     };
     let Some((mgr, b, alloc_stream)) = found else {
