@@ -17,3 +17,7 @@ timeout 120 python3 bench/python_alloc.py "$out/numba_interleaved.json" --only n
   tail -24 | tee "$out/numba_interleaved.txt"
 timeout 120 python3 bench/python_alloc.py "$out/cupy_interleaved.json" --only cupy --cupy-interleaved --repeats 11 2>&1 |
   tail -16 | tee "$out/cupy_interleaved.txt"
+# PyTorch cannot swap allocators in one process: more fresh-process rounds instead, for a
+# tighter interval on its ratio than the main run's five.
+timeout 150 python3 bench/python_alloc.py "$out/torch_rounds.json" --only torch --repeats 11 2>&1 |
+  tail -12 | tee "$out/torch_rounds.txt"
