@@ -78,3 +78,22 @@ end
     @test sprint(show, KmmArray([1, 2])) == "[1, 2]"
     @test occursin("KmmArray", summary(KmmArray([1])))
 end
+
+@testset "a negative or overflowing size is an ArgumentError, and nothing is allocated" begin
+    m = KmmManager(backend = :host)
+    cases = ((() -> KmmArray{Float64}(undef, 2, -1; manager = m), "negative dimension"),
+             (() -> KmmArray{Float64}(undef, 2^31, 2^31; manager = m), "the size overflows"),
+             (() -> KmmArray{UInt8}(undef, typemax(Int), 2, 0; manager = m), "the size overflows"),
+             (() -> PinnedArray{Int32}(undef, 2^62; manager = m), "the size overflows"),
+             (() -> PinnedArray{Int32}(undef, -3; manager = m), "negative dimension"))
+    for (f, why) in cases
+        err = try f(); nothing catch e; e end
+        @test err isa ArgumentError
+        @test err !== nothing && occursin("invalid array dimensions", sprint(showerror, err)) &&
+              occursin(why, sprint(showerror, err))
+    end
+    @test Kmm.memory_stats(m).live_buffers == 0 && Kmm.memory_stats(m, :pinned).live_buffers == 0
+    @test_throws ArgumentError KmmArray{Float64}(undef, 4; manager = m, kind = :managed)
+    @test size(KmmArray{Float64}(undef, 0, typemax(Int); manager = m)) == (0, typemax(Int))
+    close(m)
+end
