@@ -279,6 +279,22 @@ PLANTS = [
      "        os.register_at_fork(after_in_child=in_child)\n",
      "        pass\n",
      ["py:test_adversarial_review_export_rearm.py"]),
+    # Python: kmm.cupy's compiled allocator does not hold the user's CuPy Stream its memory was
+    # allocated for: the stream is destroyed before the free that is ordered after it.
+    ("py-cupy-compiled-drops-user-stream", "python/kmm/_cupy_calls.c",
+     "    a->stream_owner = stream_owner;\n",
+     "    a->stream_owner = NULL;\n    Py_XDECREF(stream_owner);\n",
+     ["py:test_cupy_plugin.py"]),
+    # Python: the same in kmm.cupy's Python path.
+    ("py-cupy-python-path-drops-user-stream", "python/kmm/cupy.py",
+     "    a.stream_owner = current if stream > 2 else None\n",
+     "    a.stream_owner = None\n",
+     ["py:test_cupy_plugin.py"]),
+    # Python: the compiled allocator lets the user's stream go before the free recorded on it.
+    ("py-cupy-stream-released-before-free", "python/kmm/_cupy_calls.c",
+     "    plugin_free(a->handle, a->buffer, a->stream);\n    live--;\n    Py_XDECREF(a->stream_owner); /* after the free that records an event on it */\n",
+     "    Py_XDECREF(a->stream_owner);\n    plugin_free(a->handle, a->buffer, a->stream);\n    live--;\n",
+     ["py:test_cupy_plugin.py"]),
     # Python: a manager found in garbage is destroyed in the collector's finalizer pass, under a
     # host_view another finalizer of that garbage still writes through (SIGSEGV).
     ("py-manager-gc-destroys-at-once", "python/kmm/manager.py",

@@ -10,6 +10,11 @@
  * about 0.6 us per cupy.empty more than a C allocator that does nothing; this one skips the table
  * and CFunctionAllocator's Python-level constructor.
  *
+ * An allocation made for a stream other than CuPy's default ones (handles 0, 1 and 2, which live
+ * as long as the process) holds CuPy's Stream object, from `stream_object()`, until its free: the
+ * free is ordered after that stream, which must not be destroyed first (a `with Stream():` block
+ * whose stream is collected while its arrays live).
+ *
  * An empty request gets MemoryPointer(UnownedMemory(0, 0, None, device), 0), no buffer, as CuPy's
  * own pool gives no memory to one. What it does not serve it hands to `fallback(nbytes, status)`,
  * Python: the first allocation on a device (which makes the device's manager and registers it
@@ -31,6 +36,7 @@ static device_source_fn current_device;
 static PyObject *unowned_memory_type; /* cupy.cuda.memory.UnownedMemory */
 static PyObject *memory_pointer_type; /* cupy.cuda.memory.MemoryPointer */
 static PyObject *fallback;            /* fallback(nbytes, status) -> MemoryPointer, or raises */
+static PyObject *stream_object;       /* cupy.cuda.get_current_stream */
 static PyObject *AllocationType;
 
 /* Each device's manager: its handle, and the kmm.Manager that owns it (every allocation holds a
@@ -50,6 +56,7 @@ static Py_ssize_t live;
 typedef struct {
     PyObject_HEAD
     PyObject *manager;
+    PyObject *stream_owner; /* CuPy's Stream for a stream that may be destroyed, else NULL */
     uint64_t handle, buffer, stream, address, size;
 } Allocation;
 
@@ -60,6 +67,7 @@ static void allocation_dealloc(PyObject *self)
     /* A manager closed meanwhile answers KMM_ERROR_INVALID_HANDLE: its memory went with it. */
     plugin_free(a->handle, a->buffer, a->stream);
     live--;
+    Py_XDECREF(a->stream_owner); /* after the free that records an event on it */
     Py_XDECREF(a->manager);
     ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
     Py_DECREF(type);
@@ -67,6 +75,8 @@ static void allocation_dealloc(PyObject *self)
 
 static PyMemberDef allocation_members[] = {
     {"manager", T_OBJECT, offsetof(Allocation, manager), READONLY, "The kmm.Manager allocated from."},
+    {"stream_owner", T_OBJECT, offsetof(Allocation, stream_owner), READONLY,
+     "CuPy's Stream the memory was allocated for, kept alive until the free (None for CuPy's default streams)."},
     {"buffer", T_ULONGLONG, offsetof(Allocation, buffer), READONLY, "The KmmBuffer handle."},
     {"stream", T_ULONGLONG, offsetof(Allocation, stream), READONLY, "The stream its free is ordered after."},
     {"address", T_ULONGLONG, offsetof(Allocation, address), READONLY, NULL},
@@ -141,17 +151,29 @@ static PyObject *allocate(uint64_t size, uint32_t *status)
     intptr_t stream = current_stream();
     if (stream == -1 && PyErr_Occurred())
         return NULL;
+    /* A stream of the user's, not one of CuPy's default streams (0, 1, 2): its Stream object, so
+     * that the stream outlives the memory's free. */
+    PyObject *stream_owner = NULL;
+    if ((uintptr_t)stream > 2 && stream_object) {
+        stream_owner = PyObject_CallObject(stream_object, NULL);
+        if (!stream_owner)
+            return NULL;
+    }
     uint64_t handle = managers[device].handle, buffer = 0, address = 0;
     *status = plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address);
-    if (*status != KMM_OK)
+    if (*status != KMM_OK) {
+        Py_XDECREF(stream_owner);
         return NULL;
+    }
     Allocation *a = (Allocation *)((allocfunc)PyType_GetSlot((PyTypeObject *)AllocationType, Py_tp_alloc))(
         (PyTypeObject *)AllocationType, 0);
     if (!a) {
         plugin_free(handle, buffer, (uint64_t)stream);
+        Py_XDECREF(stream_owner);
         return NULL;
     }
     live++;
+    a->stream_owner = stream_owner;
     a->manager = managers[device].manager;
     Py_INCREF(a->manager);
     a->handle = handle;
@@ -216,15 +238,16 @@ static int address_of(PyObject *o, const char *name, void **out)
 static PyObject *cupy_bind(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
 {
     void *stream, *device;
-    if (nargs != 5) {
+    if (nargs != 6) {
         PyErr_SetString(PyExc_TypeError, "cupy_bind(stream_source, device_source, UnownedMemory, MemoryPointer, "
-                                         "fallback) takes 5 arguments");
+                                         "fallback, stream_object) takes 6 arguments");
         return NULL;
     }
     if (!address_of(args[0], "stream_source", &stream) || !address_of(args[1], "device_source", &device))
         return NULL;
-    if (!PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "cupy_bind: UnownedMemory and MemoryPointer must be types, fallback callable");
+    if (!PyType_Check(args[2]) || !PyType_Check(args[3]) || !PyCallable_Check(args[4]) || !PyCallable_Check(args[5])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "cupy_bind: UnownedMemory and MemoryPointer must be types, fallback and stream_object callable");
         return NULL;
     }
     current_stream = (stream_source_fn)stream;
@@ -232,6 +255,7 @@ static PyObject *cupy_bind(PyObject *module, PyObject *const *args, Py_ssize_t n
     replace(&unowned_memory_type, args[2]);
     replace(&memory_pointer_type, args[3]);
     replace(&fallback, args[4]);
+    replace(&stream_object, args[5]);
     Py_RETURN_NONE;
 }
 
@@ -281,6 +305,7 @@ static PyObject *cupy_release(PyObject *module, PyObject *unused)
 {
     clear_managers();
     Py_CLEAR(fallback);
+    Py_CLEAR(stream_object);
     Py_CLEAR(unowned_memory_type);
     Py_CLEAR(memory_pointer_type);
     Py_RETURN_NONE;
@@ -296,9 +321,10 @@ static PyMethodDef cupy_methods[] = {
      "cupy_allocate(nbytes) -> a cupy.cuda.MemoryPointer to nbytes of device memory on CuPy's current "
      "device and stream, from that device's Kmm manager (for cupy.cuda.set_allocator)."},
     {"cupy_bind", (PyCFunction)(void (*)(void))cupy_bind, METH_FASTCALL,
-     "cupy_bind(stream_source, device_source, UnownedMemory, MemoryPointer, fallback): the addresses of "
-     "CuPy's get_current_stream_ptr and get_device_id, CuPy's memory types, and fallback(nbytes, status), "
-     "the Python allocator for what cupy_allocate does not serve (status: libkmm's refusal, or 0)."},
+     "cupy_bind(stream_source, device_source, UnownedMemory, MemoryPointer, fallback, stream_object): the "
+     "addresses of CuPy's get_current_stream_ptr and get_device_id, CuPy's memory types, fallback(nbytes, status), "
+     "the Python allocator for what cupy_allocate does not serve (status: libkmm's refusal, or 0), and "
+     "stream_object() -> CuPy's current Stream, held by allocations for streams other than CuPy's defaults."},
     {"cupy_set_manager", (PyCFunction)(void (*)(void))cupy_set_manager, METH_FASTCALL,
      "cupy_set_manager(device, handle, manager) -> whether cupy_allocate serves the device from it."},
     {"cupy_clear_managers", cupy_clear_managers, METH_NOARGS, "Forgets every device's manager."},

@@ -141,7 +141,10 @@ def _serving(device):
 class _Allocation(NotCopyable):
     """Owner of one Kmm buffer; frees it (ordered after `stream`) when CuPy drops it."""
 
-    __slots__ = ("manager", "handle", "buffer", "stream", "ptr", "size")
+    # stream_owner: CuPy's Stream for a stream other than CuPy's defaults (0, 1, 2), which may be
+    # destroyed when collected: held until the free, which is ordered after it (see
+    # _cupy_calls.c). Slots are cleared after __del__, so the stream outlives the free.
+    __slots__ = ("manager", "handle", "buffer", "stream", "ptr", "size", "stream_owner")
     # Held by the class: at interpreter exit the module's globals may be gone before the last
     # allocations are dropped.
     _free = staticmethod(_plugin_free)
@@ -173,7 +176,8 @@ def _raise(status, m, nbytes, kind):
 
 def _alloc(nbytes, kind, device):
     nbytes = _args.nbytes(nbytes)
-    stream = _get_current_stream().ptr
+    current = _get_current_stream()
+    stream = current.ptr
     slots = take_slots(_local)
     scratch, addr = slots
     with _lock:  # the call releases the GIL: a close() meanwhile would not count this buffer
@@ -191,6 +195,7 @@ def _alloc(nbytes, kind, device):
     a.ptr = ptr
     a.size = nbytes
     a.stream = stream
+    a.stream_owner = current if stream > 2 else None
     return a
 
 
@@ -229,7 +234,12 @@ def _capsule_function(module, name, signature):
     return capsule_pointer(capsule, found) if found == signature else None
 
 
-def _compiled_allocator(stream_source=None, device_source=None, fallback=None):
+def _stream_object():
+    """CuPy's current Stream (`_get_current_stream` looked up at each call: tests replace it)."""
+    return _get_current_stream()
+
+
+def _compiled_allocator(stream_source=None, device_source=None, fallback=None, stream_object=None):
     """`kmm._plugin_calls.cupy_allocate` bound to CuPy's current stream and device (or, for tests,
     the C functions at the addresses given, and another fallback), or None where that module was
     not built or this CuPy does not export those functions with the expected signatures."""
@@ -240,7 +250,8 @@ def _compiled_allocator(stream_source=None, device_source=None, fallback=None):
     if not stream_source or not device_source:
         return None
     _compiled.bind(_lib.address_of(_plugin_alloc), _lib.address_of(_plugin_free))
-    _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer, fallback or _allocate_in_python)
+    _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer, fallback or _allocate_in_python,
+                        stream_object or _stream_object)
     return _compiled.cupy_allocate
 
 

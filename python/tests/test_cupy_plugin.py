@@ -363,3 +363,51 @@ def test_compiled_allocator_allocates_and_frees_on_cupys_current_stream(compiled
             assert m.stats("device")["in_use"] == 0
     finally:
         kc._compiled.bind(_lib.address_of(_lib.lib.kmm_plugin_alloc), _lib.address_of(real_free))
+
+
+class _UserStream:
+    """Stands in for a `cupy.cuda.Stream` the user made: destroyed when collected (then
+    `on_destroy()` runs, as CUDA's cuStreamDestroy would)."""
+
+    def __init__(self, ptr, on_destroy):
+        self.ptr, self._on_destroy = ptr, on_destroy
+
+    def __del__(self):
+        self._on_destroy()
+
+
+@pytest.mark.skipif(BACKEND != "host", reason="another manager's host-backend stream stands in for CuPy's")
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_allocations_keep_a_user_stream_alive_until_their_free(compiled, monkeypatch, path):
+    """An array allocated inside `with cupy.cuda.Stream():` outlives the block, and its Stream
+    object may be collected (which destroys the CUDA stream) before the array: the free, ordered
+    after that stream, would record an event on a destroyed stream (refused: the buffer leaked).
+    The allocation holds the Stream until its free; CuPy's default streams (0, 1, 2) are not held."""
+    import weakref
+
+    m, state, allocate = compiled
+    if path == "python":
+        allocate = kc._allocate_in_python
+    with kmm.Manager(backend=BACKEND) as other:
+        in_use_at_destroy = []
+        user = _UserStream(other.stream, lambda: in_use_at_destroy.append(m.stats("device")["in_use"]))
+        monkeypatch.setattr(kc, "_get_current_stream", lambda: user)  # read by both paths
+        state["stream"] = other.stream
+        mp = allocate(1 << 20)
+        owner = mp.mem._owner
+        assert owner.stream == other.stream and owner.stream_owner is user
+        gone = weakref.ref(user)
+        del user, owner
+        state["stream"] = 0
+        monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
+        gc.collect()
+        assert gone() is not None, "the stream was let go while memory allocated for it lives"
+        del mp
+        gc.collect()
+        assert gone() is None, "the stream was kept after the free"
+        assert in_use_at_destroy == [0], "the stream was let go before the free ordered after it"
+        assert m.stats("device")["in_use"] == 0
+        mp = allocate(4096)  # CuPy's default stream: nothing held
+        assert mp.mem._owner.stream_owner is None
+        del mp
+        gc.collect()
