@@ -94,3 +94,26 @@ def test_cupy_pinned_allocator(kc):
     h[:] = 7
     d = cupy.asarray(h)
     assert int(d.sum()) == 7 << 20
+
+
+def test_arrays_outliving_their_stream_are_freed(kc):
+    """Arrays made inside `with cupy.cuda.Stream():` outlive the block and its Stream object:
+    each allocation holds the Stream until its free (ordered after that stream), so the CUDA
+    stream is not destroyed first and every buffer comes back."""
+    import cupy
+
+    m = kc.manager()
+    x = cupy.zeros(1, dtype=cupy.float32)  # the manager exists and serves the fast path
+    in_use, live = m.stats("device")["in_use"], kc.live_allocations()
+    kept = []
+    for i in range(20):
+        with cupy.cuda.Stream(non_blocking=True):
+            kept.append(cupy.full(1 << 18, i, dtype=cupy.float32))
+        gc.collect()  # the Stream object would be collected here
+    assert [float(a[-1]) for a in kept] == [float(i) for i in range(20)]
+    del kept
+    gc.collect()
+    cupy.cuda.Device().synchronize()
+    assert kc.live_allocations() == live
+    assert m.stats("device")["in_use"] == in_use, "buffers freed after a destroyed stream were kept"
+    del x
