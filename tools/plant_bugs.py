@@ -63,6 +63,19 @@ PLANTS = [
      "            *held = None;\n",
      "",
      ["abi_stream_order"]),
+    # kmm_plugin_free_address through a destroyed (or forged) manager answers "not allocated"
+    # instead of KMM_ERROR_INVALID_HANDLE, and a free through a live manager of another's address
+    # is taken for that manager's late free.
+    ("plugin-free-address-skips-the-manager-check", "rust/kmm/src/ffi/by_address.rs",
+     "        if let Some(m) = manager.filter(|&m| !super::registry::is_live(m)) {\n",
+     "        if let Some(m) = manager.filter(|_| false) {\n",
+     ["abi_plugin_by_address", "plugin_model"]),
+    # kmm_plugin_malloc's table holds allocations back at a destroyed manager's addresses though
+    # its frees name the manager: a manager's stats count buffers its caller never got.
+    ("plugin-malloc-holds-allocations-back", "rust/kmm/src/ffi/plugin.rs",
+     "STATE.get_or_init(ByAddress::naming_the_manager)",
+     "STATE.get_or_init(ByAddress::by_address_alone)",
+     ["abi_plugin_by_address"]),
     # A plugin free on a host stream that has ended is refused: the buffer leaks for good.
     ("plugin-free-refuses-an-ended-stream", "rust/kmm/src/manager/lane.rs",
      "            if !self.backend.stream_ended(stream) {\n",

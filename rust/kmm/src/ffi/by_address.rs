@@ -43,6 +43,10 @@ pub(super) type U64Map<V> = HashMap<u64, V, BuildHasherDefault<U64Hasher>>;
 
 /// The allocations of one library.
 pub(super) struct ByAddress {
+    /// Whether the library's frees name the manager (`kmm_plugin_free_address`): then a late free
+    /// through a destroyed manager is told apart by its handle, and no orphans are kept. CuPy's
+    /// and PyTorch's frees name only the address.
+    frees_name_manager: bool,
     /// Device ordinal -> the manager serving the library on that device.
     pub managers: HashMap<i32, u64, BuildHasherDefault<U64Hasher>>,
     /// Address -> (manager, buffer, stream it was allocated for) of every live allocation.
@@ -51,7 +55,8 @@ pub(super) struct ByAddress {
     /// forced close): the library's late free of such an address must not free a new
     /// allocation there. A new allocation that lands on one is held back here until that late
     /// free comes (and the request is served again elsewhere): one allocation per orphan at
-    /// most, of the size that was asked for.
+    /// most, of the size that was asked for; it counts in the stats of its manager, which holds
+    /// its memory. Only for libraries whose frees do not name the manager.
     pub orphans: U64Map<Option<(u64, u64, u64)>>,
     /// Entries of `live` and held-back allocations per manager: a destroy of a manager with
     /// none here scans nothing. A count that drops to 0 stays (`orphan` removes it at the
@@ -60,8 +65,24 @@ pub(super) struct ByAddress {
 }
 
 impl ByAddress {
-    pub fn new() -> Mutex<ByAddress> {
-        Mutex::new(ByAddress { managers: HashMap::default(), live: U64Map::default(), orphans: U64Map::default(), held: U64Map::default() })
+    /// The table of a library whose frees name only the address (CuPy's, PyTorch's).
+    pub fn by_address_alone() -> Mutex<ByAddress> {
+        ByAddress::new(false)
+    }
+
+    /// The table of a library whose frees name the manager too (`kmm_plugin_free_address`).
+    pub fn naming_the_manager() -> Mutex<ByAddress> {
+        ByAddress::new(true)
+    }
+
+    fn new(frees_name_manager: bool) -> Mutex<ByAddress> {
+        Mutex::new(ByAddress {
+            frees_name_manager,
+            managers: HashMap::default(),
+            live: U64Map::default(),
+            orphans: U64Map::default(),
+            held: U64Map::default(),
+        })
     }
 
     fn count(&mut self, manager: u64, delta: isize) {
@@ -123,7 +144,10 @@ pub(super) fn orphan(table: &Mutex<ByAddress>, manager: u64) {
     let dead: Vec<u64> = t.live.iter().filter(|(_, v)| v.0 == manager).map(|(&address, _)| address).collect();
     for address in dead {
         t.live.remove(&address);
-        t.orphans.insert(address, None);
+        // A late free that names the dead manager is refused by its handle: nothing to keep.
+        if !t.frees_name_manager {
+            t.orphans.insert(address, None);
+        }
     }
     // Its held-back allocations go with its teardown: their orphans wait for their late frees
     // as before.
@@ -135,12 +159,17 @@ pub(super) fn orphan(table: &Mutex<ByAddress>, manager: u64) {
 }
 
 /// Frees what `alloc_by_address` recorded at `ptr`, after the work queued so far on `stream`
-/// (`None`: the stream it was allocated for). With `manager`, only an allocation of that manager
-/// matches (so a late free through a destroyed manager cannot hit a newer allocation). A free
-/// that fails leaves the allocation recorded.
+/// (`None`: the stream it was allocated for). With `manager`, the manager must be live and only
+/// its allocation matches (so a late free through a destroyed manager cannot hit a newer
+/// allocation). A free that fails leaves the allocation recorded.
 pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Option<u64>, stream: Option<u64>, owner: &str) -> Result<()> {
     let found = {
         let mut t = lock(table);
+        // Checked under the lock: a destroy unregisters the manager before `orphan` takes its
+        // entries out under this lock, so a live manager here still has them.
+        if let Some(m) = manager.filter(|&m| !super::registry::is_live(m)) {
+            fail!(KMM_ERROR_INVALID_HANDLE, "manager = {m:#x} is not a live manager (destroyed, or never made)");
+        }
         // One lookup in the common case: a free through another manager puts the entry back.
         match t.live.remove(&ptr) {
             Some(entry) if manager.is_none_or(|m| m == entry.0) => {
@@ -171,7 +200,10 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
             }
             fail!(KMM_ERROR_INVALID_HANDLE, "ptr = {ptr:#x} was allocated by a manager since destroyed: its memory went with it");
         }
-        fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)");
+        match manager {
+            Some(m) => fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} on manager {m:#x} (or is freed)"),
+            None => fail!(KMM_ERROR_INVALID_ARGUMENT, "ptr = {ptr:#x} was not allocated by {owner} (or is freed)"),
+        }
     };
     let freed = plugin_free(mgr, b, stream.unwrap_or(alloc_stream));
     if freed.as_ref().is_err_and(|e| e.status != crate::KmmStatus::KMM_ERROR_INVALID_HANDLE) {

@@ -21,7 +21,7 @@ static CUPY_STREAM_ERROR_HOOK: AtomicUsize = AtomicUsize::new(0);
 
 pub(super) fn cupy_state() -> &'static Mutex<ByAddress> {
     static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
-    STATE.get_or_init(ByAddress::new)
+    STATE.get_or_init(ByAddress::by_address_alone)
 }
 
 fn cupy_stream() -> Result<u64> {

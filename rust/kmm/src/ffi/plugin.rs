@@ -75,7 +75,7 @@ pub extern "C" fn kmm_plugin_free(manager: KmmManager, buffer: KmmBuffer, stream
 
 pub(super) fn plugin_table() -> &'static Mutex<ByAddress> {
     static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
-    STATE.get_or_init(ByAddress::new)
+    STATE.get_or_init(ByAddress::naming_the_manager)
 }
 
 /// For allocator plugins that keep only the address: allocates, as `kmm_plugin_alloc` does,

@@ -23,7 +23,7 @@ static TORCH_OOM_POLICY: AtomicU32 = AtomicU32::new(KMM_TORCH_OOM_ABORT);
 
 pub(super) fn torch_state() -> &'static Mutex<ByAddress> {
     static STATE: OnceLock<Mutex<ByAddress>> = OnceLock::new();
-    STATE.get_or_init(ByAddress::new)
+    STATE.get_or_init(ByAddress::by_address_alone)
 }
 
 fn torch_manager(device: i32) -> Result<u64> {
