@@ -76,6 +76,17 @@ PLANTS = [
      "STATE.get_or_init(ByAddress::naming_the_manager)",
      "STATE.get_or_init(ByAddress::by_address_alone)",
      ["abi_plugin_by_address"]),
+    # Two managers' file traces write one file: each overwrites the other's rows.
+    ("trace-file-shared-between-managers", "rust/kmm/src/manager/observe.rs",
+     "        tracer.claim_file(shares_file)?;\n",
+     "        tracer.claim_file(true)?;\n",
+     ["observe"]),
+    # A deferred destroy leaves a file trace's buffered rows unwritten: a process that ends
+    # before the teardown loses them.
+    ("deferred-destroy-leaves-trace-rows-buffered", "rust/kmm/src/ffi/manager.rs",
+     "            m.trace_flush();\n",
+     "",
+     ["observe"]),
     # A plugin free on a host stream that has ended is refused: the buffer leaks for good.
     ("plugin-free-refuses-an-ended-stream", "rust/kmm/src/manager/lane.rs",
      "            if !self.backend.stream_ended(stream) {\n",

@@ -698,3 +698,82 @@ fn a_start_refused_at_the_file_writes_nothing_and_stops_nothing() {
         unsafe { libc::close(fd) };
     }
 }
+
+/// Whole rows of a full-form trace file: every line has the header's fields.
+fn whole_rows(text: &str) -> Vec<&str> {
+    let mut lines = text.lines();
+    let fields = lines.next().unwrap().split(',').count();
+    let rows: Vec<&str> = lines.collect();
+    for row in &rows {
+        assert_eq!(row.split(',').count(), fields, "a torn row: `{row}`");
+    }
+    rows
+}
+
+#[test]
+fn two_managers_cannot_trace_into_one_file() {
+    // Found by an adversarial review (2026-11-28): both starts succeeded and each manager's rows
+    // overwrote the other's. The same manager may restart into its own file.
+    let (a, b) = (pool_manager(), pool_manager());
+    let (path, cpath) = temp_path("shared.csv");
+    ok(kmm_manager_trace_start(a.0, 0, cpath.as_ptr(), 0));
+    let link = std::env::temp_dir().join(format!("kmm-observe-{}-shared-link.csv", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::fs::hard_link(&path, &link).unwrap();
+    let clink = CString::new(link.to_str().unwrap()).unwrap();
+    for p in [&cpath, &clink] {
+        expect_err(kmm_manager_trace_start(b.0, 0, p.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["path =", "another manager's trace writes this file"]);
+    }
+    let x = a.alloc(4096, DEVICE);
+    ok(kmm_manager_trace_start(a.0, 0, clink.as_ptr(), 0)); // a restarts into its own file
+    a.free(x);
+    ok(kmm_manager_trace_stop(a.0));
+    // Stopped: the file is free for b.
+    ok(kmm_manager_trace_start(b.0, 0, cpath.as_ptr(), 0));
+    let y = b.alloc(8192, DEVICE);
+    b.free(y);
+    expect_err(kmm_manager_trace_start(a.0, 0, cpath.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["another manager's trace"]);
+    drop(b); // a destroyed manager's trace lets the file go too
+    ok(kmm_manager_trace_start(a.0, 0, cpath.as_ptr(), 0));
+    ok(kmm_manager_trace_stop(a.0));
+    std::fs::remove_file(path).unwrap();
+    std::fs::remove_file(link).unwrap();
+}
+
+#[test]
+fn a_deferred_destroy_writes_the_file_trace_before_it_returns() {
+    // Found by an adversarial review (2026-11-28): a process that exited after a deferred
+    // destroy (the finalizers' way) lost the rows still buffered, and its last row was torn.
+    // Here the teardown is held up behind a long copy, and the file is read at once.
+    let mut m = pool_manager();
+    let (path, cpath) = temp_path("deferred.csv");
+    ok(kmm_manager_trace_start(m.0, 0, cpath.as_ptr(), 0));
+    const PAIRS: usize = 3000;
+    for _ in 0..PAIRS {
+        let b = m.alloc(4096, DEVICE);
+        m.free(b);
+    }
+    let big = m.alloc(256 << 20, DEVICE);
+    let src = vec![7u8; 256 << 20];
+    ok(kmm_copy_to_device_async(m.0, big, 0, src.as_ptr().cast(), src.len() as u64, std::ptr::null_mut()));
+    let mut before = 0;
+    ok(kmm_live_managers(&mut before));
+    ok(kmm_manager_destroy(std::mem::take(&mut m.0), KMM_DESTROY_DEFERRED));
+    let text = std::fs::read_to_string(&path).unwrap();
+    let rows = whole_rows(&text);
+    let count = |action: &str| rows.iter().filter(|r| r.contains(&format!(",{action},")) && r.contains(",4096,")).count();
+    assert_eq!((count("allocate"), count("free")), (PAIRS, PAIRS), "rows on disk when the destroy returned");
+    // The copy reads `src` until the teardown has waited for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let mut now = 0;
+        ok(kmm_live_managers(&mut now));
+        if now < before || std::time::Instant::now() > deadline {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop(src);
+    whole_rows(&std::fs::read_to_string(&path).unwrap());
+    std::fs::remove_file(path).unwrap();
+}

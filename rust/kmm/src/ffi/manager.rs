@@ -100,6 +100,9 @@ pub extern "C" fn kmm_manager_destroy(manager: KmmManager, flags: u32) -> KmmSta
         // not free a new allocation at that address.
         super::by_address::orphan_everywhere(manager);
         if flags & KMM_DESTROY_DEFERRED != 0 {
+            // The teardown may not end before the process does: what a file trace recorded up
+            // to this call is written now (its teardown's own rows follow, if it ends).
+            m.trace_flush();
             std::thread::Builder::new()
                 .name("kmm-manager-teardown".into())
                 .spawn(move || drop(m))

@@ -87,14 +87,16 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
     };
     let reserved = if r.reserved == u64::MAX { String::new() } else { r.reserved.to_string() };
     let buffer = if r.buffer == 0 { String::new() } else { format!("{:#x}", r.buffer) };
-    writeln!(
-        out,
-        "{},{secs}.{nanos:09},{},{address:#x},{},{stream:#x},{buffer},{kind},{from},{status},{},{reserved}",
+    // One write of the whole row: a buffered file then holds whole rows only, so a process that
+    // ends before the trace's last flush leaves no torn row behind.
+    let row = format!(
+        "{},{secs}.{nanos:09},{},{address:#x},{},{stream:#x},{buffer},{kind},{from},{status},{},{reserved}\n",
         r.thread,
         action.name(),
         r.bytes,
         r.in_use
-    )
+    );
+    out.write_all(row.as_bytes())
 }
 
 /// Reads a trace in either form, or a log of RMM's logging adaptor (its columns only: "free"

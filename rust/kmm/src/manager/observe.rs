@@ -148,6 +148,7 @@ impl Manager {
         // The new file is emptied before the trace recording stops, so that a refusal changes
         // nothing; unless that trace writes the same file: then once it has flushed.
         let shares_file = slot.recording && slot.tracer.as_ref().is_some_and(|before| tracer.shares_file_with(before));
+        tracer.claim_file(shares_file)?;
         if !shares_file {
             tracer.begin()?;
         }
@@ -170,6 +171,13 @@ impl Manager {
         let mut slot = lock(&self.trace);
         // Flushed under the trace's lock: a start into the same file empties it only after.
         self.stop_recording(&mut slot).map_or(Ok(()), |tracer| tracer.finish())
+    }
+
+    /// Writes a recording file trace's rows to its file (see `Tracer::flush`).
+    pub fn trace_flush(&self) {
+        if let Some(tracer) = lock(&self.trace).tracer.as_ref() {
+            tracer.flush();
+        }
     }
 
     /// Takes the recording trace out of every lane (under the trace's lock, `slot`): the trace,

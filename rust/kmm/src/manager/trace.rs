@@ -245,6 +245,29 @@ struct FileStore {
     /// Set when the trace stops: a record made by a call still holding the trace is dropped,
     /// so nothing is written after the stop has flushed the file.
     closed: bool,
+    /// Whether this trace counts in `files_in_use` (see `Tracer::claim_file`).
+    claimed: bool,
+}
+
+/// The files file traces write, by device and inode, with how many traces hold each: traces of
+/// two managers writing one file would overwrite each other's rows.
+fn files_in_use() -> &'static Mutex<std::collections::HashMap<(u64, u64), usize>> {
+    static FILES: std::sync::OnceLock<Mutex<std::collections::HashMap<(u64, u64), usize>>> = std::sync::OnceLock::new();
+    FILES.get_or_init(Default::default)
+}
+
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        if let (true, Some(id)) = (self.claimed, self.id) {
+            let mut files = files_in_use().lock();
+            if let Some(n) = files.get_mut(&id) {
+                *n -= 1;
+                if *n == 0 {
+                    files.remove(&id);
+                }
+            }
+        }
+    }
 }
 
 /// A started trace, shared by the manager's lanes. A ring trace gives each lane a ring of its
@@ -349,7 +372,7 @@ impl Tracer {
                     (m.dev(), m.ino())
                 });
                 let (out, writer) = (BufWriter::new(file), csv::Writer::new(rmm_only));
-                (0, Some(Mutex::new(FileStore { out, path, id, writer, failed: None, closed: false })))
+                (0, Some(Mutex::new(FileStore { out, path, id, writer, failed: None, closed: false, claimed: false })))
             }
         };
         Ok(Tracer {
@@ -470,6 +493,39 @@ impl Tracer {
                 .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot write the trace file: {e}", path.display()))?;
         }
         Ok(())
+    }
+
+    /// Counts a file trace's file as written by it; refused while another trace writes that
+    /// file, unless `shared` (the manager's own recording trace, which stops first).
+    pub(super) fn claim_file(&self, shared: bool) -> Result<()> {
+        if let Some(file) = &self.file {
+            let mut f = file.lock();
+            if let Some(id) = f.id {
+                let mut files = files_in_use().lock();
+                let n = files.entry(id).or_insert(0);
+                if *n > 0 && !shared {
+                    fail!(
+                        KMM_ERROR_INVALID_ARGUMENT,
+                        "path = {}: another manager's trace writes this file (stop it first, or trace into another file)",
+                        f.path.display()
+                    );
+                }
+                *n += 1;
+                f.claimed = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes what a file trace holds in memory to its file, the trace going on (before a
+    /// deferred destroy, whose teardown may not finish before the process exits).
+    pub(super) fn flush(&self) {
+        if let Some(file) = &self.file {
+            let mut f = file.lock();
+            if let Err(e) = f.out.flush() {
+                f.failed.get_or_insert(e.to_string());
+            }
+        }
     }
 
     /// Whether both traces write one file (whatever paths named it).
