@@ -3,7 +3,9 @@
 //! thread. A free is matched to its allocation by the buffer column when the trace has one
 //! (Kmm's traces: moves then do not matter), else by address (RMM's logs). Frees of buffers the
 //! trace never saw allocated (older than the trace) and failed allocations are skipped, and
-//! counted.
+//! counted. A spill gives the buffer's device memory up and its restore takes it again (a free
+//! and an allocation of the replay, not counted as the caller's), so the replay's device memory
+//! in use follows the run's, as the RMM form's rows do.
 
 use kmm::manager::trace::{Action, Record};
 use std::collections::HashMap;
@@ -25,6 +27,9 @@ pub struct Plan {
     /// Frees of buffers allocated before the trace started.
     pub unmatched_frees: usize,
     pub failures: usize,
+    /// Spills and restores of the trace's buffers, replayed as frees and allocations.
+    pub spills: usize,
+    pub restores: usize,
     /// The bytes the trace's live buffers held at their peak, and at its end.
     pub peak_in_use: u64,
     pub in_use_at_end: u64,
@@ -36,6 +41,8 @@ pub fn plan(records: &[Record]) -> Plan {
     let mut plan = Plan::default();
     let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
     let mut free_slots: Vec<usize> = Vec::new();
+    // Buffers spilled (their device memory given up) and not yet restored or freed.
+    let mut spilled: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut in_use = 0u64;
     for r in records.iter().filter(|r| r.kind == 0) {
         match Action::from_u32(r.action) {
@@ -54,7 +61,7 @@ pub fn plan(records: &[Record]) -> Plan {
                 }
                 plan.steps.push(Step::Alloc { bytes: r.bytes, slot });
                 plan.allocs += 1;
-                in_use += r.bytes;
+                in_use = in_use.saturating_add(r.bytes);
                 plan.peak_in_use = plan.peak_in_use.max(in_use);
             }
             Some(Action::Free) => match live.remove(&key(r)) {
@@ -64,8 +71,30 @@ pub fn plan(records: &[Record]) -> Plan {
                     in_use -= bytes;
                     plan.frees += 1;
                 }
+                // A buffer freed while spilled: its device memory went at the spill.
+                None if by_buffer && spilled.remove(&key(r)) => plan.frees += 1,
                 None => plan.unmatched_frees += 1,
             },
+            Some(Action::Spill) if by_buffer => {
+                if let Some((slot, bytes)) = live.remove(&key(r)) {
+                    plan.steps.push(Step::Free { slot });
+                    free_slots.push(slot);
+                    in_use -= bytes;
+                    spilled.insert(key(r));
+                    plan.spills += 1;
+                }
+            }
+            Some(Action::Restore) if by_buffer && spilled.remove(&key(r)) => {
+                let slot = free_slots.pop().unwrap_or_else(|| {
+                    plan.slots += 1;
+                    plan.slots - 1
+                });
+                live.insert(key(r), (slot, r.bytes));
+                plan.steps.push(Step::Alloc { bytes: r.bytes, slot });
+                plan.restores += 1;
+                in_use = in_use.saturating_add(r.bytes);
+                plan.peak_in_use = plan.peak_in_use.max(in_use);
+            }
             Some(Action::Move) if !by_buffer => {
                 if let Some(v) = live.remove(&r.moved_from) {
                     live.insert(r.address, v);

@@ -127,3 +127,97 @@ fn an_rmm_log_replays_by_address() {
     let e = kmm::manager::csv::read("Thread,Time\n").unwrap_err();
     assert!(e.message.contains("lacks one of Action, Pointer, Size"), "{}", e.message);
 }
+
+#[test]
+fn a_trace_of_a_run_that_spilled_replays_to_its_device_peak_in_either_form() {
+    // Found by an adversarial review (2026-11-28): the full form kept spilled buffers in use
+    // (12 MiB where the run's device peak was 4 MiB) while the RMM form, whose spills are frees,
+    // replayed to 4 MiB. Both now follow the device memory, as the run's stats do.
+    let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
+    ok(kmm_config_default(&mut c));
+    c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+    c.chunk_size = 1 << 20;
+    c.hard_limit = 4 << 20;
+    c.spill_limit = 64 << 20;
+    let mut m = 0;
+    ok(kmm_manager_create(&c, &mut m));
+    ok(kmm_manager_trace_start(m, 0, std::ptr::null(), 0));
+    let mut bufs = Vec::new();
+    for _ in 0..12 {
+        let mut b = 0;
+        ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut b));
+        bufs.push(b);
+    }
+    // Two spilled buffers come back (restores), then everything is freed, some while spilled.
+    for &b in &bufs[..2] {
+        let mut p = 0;
+        ok(kmm_buffer_map(m, b, &mut p));
+        ok(kmm_buffer_unmap(m, b));
+    }
+    for b in bufs {
+        ok(kmm_buffer_free(m, b, 0));
+    }
+    let run = stats(m);
+    assert!(run.spills > 0, "the run spilled");
+    let dir = std::env::temp_dir();
+    for (name, flags) in [("full", 0), ("rmm", KMM_TRACE_RMM_ONLY)] {
+        let path = dir.join(format!("kmm-replay-{}-spill-{name}.csv", std::process::id()));
+        let cpath = CString::new(path.to_str().unwrap()).unwrap();
+        ok(kmm_manager_trace_save(m, cpath.as_ptr(), flags));
+        let p = plan(&kmm::manager::csv::read(&std::fs::read_to_string(&path).unwrap()).unwrap());
+        assert_eq!(p.peak_in_use, run.peak_in_use, "{name}: the trace peaks where the run's device memory did");
+        assert_eq!(p.unmatched_frees, 0, "{name}");
+        if name == "full" {
+            assert_eq!((p.allocs, p.frees), (12, 12), "{name}: the caller's operations");
+            assert!(p.spills > 0 && p.restores > 0, "{name}: spills {} restores {}", p.spills, p.restores);
+        }
+        let r = manager();
+        run_plan_through(r, &p);
+        std::fs::remove_file(path).unwrap();
+    }
+    ok(kmm_manager_destroy(m, 0));
+}
+
+/// Replays `p` through the manager `r` (then destroyed): it ends with nothing in use.
+fn run_plan_through(r: KmmManager, p: &kmm_bench::replay::Plan) {
+    run(p, &mut Host(r)).unwrap();
+    let s = stats(r);
+    assert_eq!(s.peak_in_use, p.peak_in_use, "the replay peaks where the trace did");
+    assert_eq!((s.live_buffers, s.in_use), (0, 0));
+    ok(kmm_manager_destroy(r, 0));
+}
+
+#[test]
+fn the_replay_command_refuses_bad_input_with_a_message_not_a_panic() {
+    // Found by an adversarial review (2026-11-28): `--repeat 0` panicked, `--repeat abc` and
+    // unknown options were ignored, and every bad file ended in a panic (exit 101).
+    let dir = std::env::temp_dir();
+    let good = dir.join(format!("kmm-replay-cli-{}-good.csv", std::process::id()));
+    let cut = dir.join(format!("kmm-replay-cli-{}-cut.csv", std::process::id()));
+    let header = "Thread,Time,Action,Pointer,Size,Stream\n";
+    std::fs::write(&good, format!("{header}1,0.1,allocate,0x1000,256,0x0\n1,0.2,free,0x1000,256,0x0\n")).unwrap();
+    std::fs::write(&cut, format!("{header}1,0.1,allocate,0x1000,2")).unwrap();
+    let replay = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay")).args(args).output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (g, c) = (good.to_str().unwrap(), cut.to_str().unwrap());
+    for (args, code, words) in [
+        (vec![g, "--host", "--repeat", "0"], 2, "--repeat 0: the number of timed runs must be an integer in 1..=1000"),
+        (vec![g, "--host", "--repeat", "abc"], 2, "--repeat abc"),
+        (vec!["--repeat", "3"], 2, "no trace file given"),
+        (vec![g, "--hsot"], 2, "unknown option --hsot"),
+        (vec![g, g, "--host"], 2, "one trace at a time"),
+        (vec!["/nonexistent/kmm-trace.csv", "--host"], 1, "replay: /nonexistent/kmm-trace.csv: No such file"),
+        (vec![c, "--host"], 1, "line 2: 5 fields where the header has 6 (a cut-off line?)"),
+    ] {
+        let (status, _, err) = replay(&args);
+        assert_eq!(status, Some(code), "{args:?}: {err}");
+        assert!(err.contains(words) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    let (status, out, err) = replay(&[g, "--host", "--repeat", "1"]);
+    assert_eq!(status, Some(0), "{err}");
+    assert!(out.contains("1 allocations, 1 frees") && out.contains("| Kmm pool, binned (default) |"), "{out}");
+    std::fs::remove_file(good).unwrap();
+    std::fs::remove_file(cut).unwrap();
+}

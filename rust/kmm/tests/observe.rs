@@ -582,9 +582,24 @@ fn the_csv_reader_refuses_what_the_writer_never_writes() {
     let good = "7,0.000000100,allocate failure,0x0,4096,0x0,,device,,KMM_ERROR_OUT_OF_MEMORY,0,\n";
     let r = csv::read(&format!("\u{feff}{header}{good}")).expect("a BOM and a failure row read");
     assert_eq!((r[0].status, r[0].time_ns, r[0].reserved), (KMM_ERROR_OUT_OF_MEMORY as u32, 100, u64::MAX));
+    // Rows with every column (the writer writes them all), the rest left empty.
+    let pad = |row: &str| format!("{row}{}\n", ",".repeat(11 - row.matches(',').count()));
     for (row, words) in [
-        ("7,0.1,allocate\n", "line 2: the pointer is missing"),
-        ("7,0.1,allocate,0x7f\n", "line 2: the size is missing"),
+        ("7,0.1,allocate", "line 2: the pointer is missing"),
+        ("7,0.1,allocate,0x7f", "line 2: the size is missing"),
+        ("7,0.1,allocate,0x10,281474976710657", "line 2: size 281474976710657 is past KMM_MAX_BUFFER_BYTES"),
+        ("7,0.1,allocate,0x10,18446744073709551615", "line 2: size 18446744073709551615 is past"),
+    ] {
+        let e = csv::read(&format!("{header}{}", pad(row))).unwrap_err();
+        assert!(e.message.contains(words), "{row:?}: {}", e.message);
+    }
+    // A row cut off, even mid-field (`2097` of a size), is not read as a smaller size.
+    for row in ["7,0.000000100,allocate,0x7f0000100000,2097\n", "7,0.1,allocate,0x10,5,0x0,,device,,,0\n"] {
+        let e = csv::read(&format!("{header}{row}")).unwrap_err();
+        assert!(e.message.contains("line 2:") && e.message.contains("where the header has 12 (a cut-off line?)"), "{row:?}: {}", e.message);
+    }
+    assert!(csv::read(&format!("{header}{good}{good}")).is_ok());
+    for (row, words) in [
         ("7,inf,allocate,0x10,5\n", "line 2: time `inf`"),
         ("7,-3.5,allocate,0x10,5\n", "line 2: time `-3.5`"),
         ("7,NaN,allocate,0x10,5\n", "line 2: time `NaN`"),
@@ -593,7 +608,7 @@ fn the_csv_reader_refuses_what_the_writer_never_writes() {
         ("7,0.1,allocate,0x10,5,0x0,,shared\n", "line 2: kind `shared`"),
         ("7,0.1,allocate failure,0x0,5,0x0,,device,,KMM_SOMETHING\n", "line 2: status `KMM_SOMETHING`"),
     ] {
-        let e = csv::read(&format!("{header}{row}")).unwrap_err();
+        let e = csv::read(&format!("{header}{}", pad(row.trim_end()))).unwrap_err();
         assert!(e.message.contains(words), "{row:?}: {}", e.message);
     }
     assert!(csv::read("Thread,Time\n").unwrap_err().message.starts_with("line 1:"));

@@ -125,17 +125,55 @@ fn gib(bytes: u64) -> String {
     kmm::manager::human_bytes(bytes)
 }
 
+/// The command line: one trace file, `--host`, `--repeat N`.
+struct Args {
+    path: String,
+    host: bool,
+    repeat: usize,
+}
+
+const USAGE: &str = "usage: replay TRACE.csv [--host] [--repeat N]";
+
+/// Parses the command line; anything it does not know is an error naming it.
+fn parse_args(args: &[String]) -> Result<Args, String> {
+    let (mut path, mut host, mut repeat) = (None::<String>, false, 5usize);
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--host" => host = true,
+            "--repeat" => {
+                let v = it.next().ok_or("--repeat needs a number")?;
+                repeat = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| format!("--repeat {v}: the number of timed runs must be an integer in 1..=1000"))?;
+            }
+            flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
+            p => match &path {
+                None => path = Some(p.to_string()),
+                Some(first) => return Err(format!("one trace at a time: {p} after {first}")),
+            },
+        }
+    }
+    Ok(Args { path: path.ok_or("no trace file given")?, host, repeat })
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let Some(path) = args.iter().find(|a| !a.starts_with("--") && a.parse::<usize>().is_err()) else {
-        eprintln!("usage: replay TRACE.csv [--host] [--repeat N]");
+    let Args { path, host, repeat } = parse_args(&args).unwrap_or_else(|e| {
+        eprintln!("replay: {e}\n{USAGE}");
         std::process::exit(2);
+    });
+    let path = path.as_str();
+    let fail = |what: String| -> ! {
+        eprintln!("replay: {path}: {what}");
+        std::process::exit(1);
     };
-    let repeat = args.iter().position(|a| a == "--repeat").and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok()).unwrap_or(5);
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    let records = kmm::manager::csv::read(&text).unwrap_or_else(|e| panic!("{path}: {}", e.message));
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(e.to_string()));
+    let records = kmm::manager::csv::read(&text).unwrap_or_else(|e| fail(e.message));
     let plan = plan(&records);
-    let cuda = !args.iter().any(|a| a == "--host")
+    let cuda = !host
         && unsafe { sys::is_culib_present() }
         && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
     println!(

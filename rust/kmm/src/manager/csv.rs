@@ -101,8 +101,9 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
 
 /// Reads a trace in either form, or a log of RMM's logging adaptor (its columns only: "free"
 /// or "deallocate" rows become frees; times it wrote as a clock time read as 0). Columns are
-/// found by name; Action, Pointer and Size are required in the header and in every row. Anything
-/// else that is not what the writer writes is an error naming the line and the value.
+/// found by name; Action, Pointer and Size are required in the header and in every row, and every
+/// row has the header's count of fields. Anything else that is not what the writer writes (a
+/// size past `KMM_MAX_BUFFER_BYTES` too) is an error naming the line and the value.
 pub fn read(text: &str) -> Result<Vec<Record>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
@@ -118,6 +119,10 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
     let mut records = Vec::new();
     for (n, line) in lines {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        if fields.len() != names.len() {
+            // Every writer writes every column: fewer is a line cut off (perhaps mid-field).
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {} fields where the header has {} (a cut-off line?)", n + 1, fields.len(), names.len());
+        }
         let bad = |what: &str, value: &str| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {what} `{value}` is not valid", n + 1);
         let required = |i: usize, what: &str| match fields.get(i) {
             Some(v) if !v.is_empty() => Ok(*v),
@@ -165,7 +170,12 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
             action: action as u32,
             kind,
             address: number(required(pointer_col, "pointer")?, "pointer")?,
-            bytes: number(required(size_col, "size")?, "size")?,
+            bytes: match number(required(size_col, "size")?, "size")? {
+                b if b > super::config::MAX_BUFFER_BYTES => {
+                    fail!(KMM_ERROR_INVALID_ARGUMENT, "line {}: size {b} is past KMM_MAX_BUFFER_BYTES ({})", n + 1, super::config::MAX_BUFFER_BYTES)
+                }
+                b => b,
+            },
             stream: number(get(stream), "stream")?,
             buffer: number(get(buffer), "buffer")?,
             moved_from: number(get(from), "from")?,
