@@ -97,6 +97,12 @@ PLANTS = [
      "            Some(Action::Spill) if by_buffer => {\n",
      "            Some(Action::Spill) if false => {\n",
      ["bench:replay"]),
+    # The memory map gives a pool chunk's blocks to whichever chunk comes first: a wrap reaching
+    # into the pool chunk takes (or loses) them.
+    ("map-blocks-to-the-wrong-chunk", "rust/kmm/src/manager/observe.rs",
+     "            let i = if in_chunks(&chunks[..pool], b.0) {\n",
+     "            let i = if in_chunks(&chunks[..pool], b.0) && chunks[pool..].iter().all(|c| c.0 > b.0 || c.0 + c.1 <= b.0) {\n",
+     ["observe"]),
     # A plugin free on a host stream that has ended is refused: the buffer leaks for good.
     ("plugin-free-refuses-an-ended-stream", "rust/kmm/src/manager/lane.rs",
      "            if !self.backend.stream_ended(stream) {\n",

@@ -792,3 +792,37 @@ fn a_deferred_destroy_writes_the_file_trace_before_it_returns() {
     whole_rows(&std::fs::read_to_string(&path).unwrap());
     std::fs::remove_file(path).unwrap();
 }
+
+#[test]
+fn a_wrap_reaching_into_a_pool_chunk_hides_none_of_its_buffers() {
+    // Found by an adversarial review (2026-11-28): a borrowed wrap of [chunk - 4 KiB, chunk +
+    // 64 KiB) became a chunk of its own that took the pool chunk's blocks in the map's one pass:
+    // the pool chunk showed all free and its two buffers (one mapped) were gone.
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 1 << 20;
+    });
+    let (a, b) = (m.alloc(4096, DEVICE), m.alloc(4096, DEVICE));
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, a, &mut p));
+    let before = memory_map(&m, DEVICE);
+    let chunk = before[0].chunk;
+    let chunk_bytes: u64 = before.iter().filter(|s| s.chunk == chunk).map(|s| s.bytes).sum();
+    let mut w = 0;
+    ok(kmm_buffer_wrap(m.0, (chunk - 4096) as *mut std::ffi::c_void, 65536 + 4096, DEVICE, KmmOwnership::KMM_BORROW as u32, &mut w));
+    let map = memory_map(&m, DEVICE);
+    let of = |h: u64| map.iter().filter(|s| s.buffer == h).collect::<Vec<_>>();
+    assert_eq!(of(a).len(), 1, "{map:?}");
+    assert_eq!(of(a)[0].state, KmmSegmentState::KMM_SEGMENT_MAPPED as u32);
+    assert_eq!((of(b).len(), of(b)[0].state), (1, KmmSegmentState::KMM_SEGMENT_IN_USE as u32), "{map:?}");
+    assert_eq!(of(w).len(), 1, "{map:?}");
+    assert_eq!((of(w)[0].chunk, of(w)[0].bytes), (chunk - 4096, 65536 + 4096));
+    // The pool chunk is whole: its segments tile it.
+    let pool: Vec<_> = map.iter().filter(|s| s.chunk == chunk).collect();
+    assert_eq!(pool.iter().map(|s| s.bytes).sum::<u64>(), chunk_bytes, "{pool:?}");
+    assert!(pool.windows(2).all(|x| x[0].address + x[0].bytes == x[1].address), "{pool:?}");
+    ok(kmm_buffer_free(m.0, w, 0));
+    ok(kmm_buffer_unmap(m.0, a));
+    m.free(a);
+    m.free(b);
+}

@@ -265,22 +265,33 @@ impl Manager {
                 _ => merged.push((base, size)),
             }
         }
+        // Each block goes to the chunk that holds its start: a pool chunk, else its own. Wrapped
+        // memory may overlap a pool chunk (a borrowed range reaching into the pool's memory):
+        // each chunk is walked with its own blocks, so neither hides the other's.
+        let pool = chunks.len();
         chunks.extend(merged);
-        chunks.sort_unstable();
-        let mut segments = Vec::with_capacity(blocks.len() * 2 + chunks.len());
-        let mut next_block = blocks.iter().peekable();
-        for &(base, size) in &chunks {
+        let mut owned: Vec<Vec<(u64, u64, u64, u64, bool)>> = vec![Vec::new(); chunks.len()];
+        for b in blocks {
+            let i = if in_chunks(&chunks[..pool], b.0) {
+                chunks[..pool].partition_point(|c| c.0 <= b.0) - 1
+            } else {
+                pool + chunks[pool..].partition_point(|c| c.0 <= b.0) - 1
+            };
+            owned[i].push(b);
+        }
+        let mut order: Vec<usize> = (0..chunks.len()).collect();
+        order.sort_by_key(|&i| chunks[i]);
+        let mut segments = Vec::new();
+        for i in order {
+            let (base, size) = chunks[i];
             let end = base + size;
             let mut at = base;
-            while let Some(&&(addr, bytes, buffer, requested, mapped)) = next_block.peek() {
-                if addr >= end {
-                    break;
-                }
-                next_block.next();
+            for &(addr, bytes, buffer, requested, mapped) in &owned[i] {
                 if addr > at {
                     segments.push(MapSegment { chunk: base, address: at, bytes: addr - at, state: SegmentState::Free, buffer: 0, requested: 0 });
                 }
-                // Wrapped memory that aliases another buffer's shows once: segments never overlap.
+                // Wrapped memory that aliases another buffer's shows once: within a chunk,
+                // segments never overlap.
                 let (start, stop) = (addr.max(at), (addr + bytes).min(end));
                 if stop > start {
                     let state = if mapped { SegmentState::Mapped } else { SegmentState::InUse };
