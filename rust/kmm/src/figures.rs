@@ -4,7 +4,7 @@
 //! the data; the bindings only pass the text on.
 
 use crate::manager::trace::Record;
-use crate::manager::{human_bytes, MemoryMap, SegmentState};
+use crate::manager::{human_bytes, MapSegment, MemoryMap, SegmentState};
 use std::fmt::Write;
 
 const WIDTH: f64 = 760.0;
@@ -103,6 +103,58 @@ const FREE: &str = "#e6e6e6";
 const IN_USE: &str = "#3b75af";
 const MAPPED: &str = "#ef8636";
 
+/// Blocks of one row drawn as one rectangle: those that share its pixels.
+struct Run {
+    x: f64,
+    end: f64,
+    first: MapSegment,
+    blocks: usize,
+    bytes: u64,
+    /// Blocks per state (free, in use, mapped).
+    count: [usize; 3],
+}
+
+impl Run {
+    fn new(s: &MapSegment, x: f64, end: f64) -> Run {
+        let mut count = [0; 3];
+        count[s.state as usize] = 1;
+        Run { x, end, first: *s, blocks: 1, bytes: s.bytes, count }
+    }
+
+    fn add(&mut self, s: &MapSegment, end: f64) {
+        self.end = self.end.max(end);
+        self.blocks += 1;
+        self.bytes += s.bytes;
+        self.count[s.state as usize] += 1;
+    }
+
+    fn draw(&self, out: &mut String, y: f64, h: f64) {
+        let colour = match self.count {
+            [_, _, m] if m > 0 => MAPPED,
+            [_, u, _] if u > 0 => IN_USE,
+            _ => FREE,
+        };
+        let s = &self.first;
+        let what = if self.blocks > 1 {
+            let [f, u, m] = self.count;
+            format!("{} blocks: {m} mapped, {u} in use, {f} free", self.blocks)
+        } else if s.state == SegmentState::Free {
+            "free".to_string()
+        } else {
+            format!("buffer {:#x}: {} asked", s.buffer, human_bytes(s.requested))
+        };
+        let _ = write!(
+            out,
+            "<rect x=\"{:.2}\" y=\"{y}\" width=\"{:.2}\" height=\"{h}\" fill=\"{colour}\" stroke=\"white\" stroke-width=\"0.3\"><title>{:#x}, {}: {}</title></rect>",
+            self.x,
+            self.end - self.x,
+            s.address,
+            human_bytes(self.bytes),
+            escape(&what)
+        );
+    }
+}
+
 /// Each chunk a row, scaled to the largest chunk; blocks coloured by state.
 pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     let chunks: Vec<_> = map.chunks().collect();
@@ -130,28 +182,26 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
             chunk[0].chunk,
             human_bytes(size)
         );
+        // Blocks that fall on the pixels of the one drawn before join it (drawn in the colour of
+        // the busiest state among them): a row draws at most one rectangle per pixel, however
+        // many buffers the chunk holds.
+        let mut run: Option<Run> = None;
         for s in chunk.iter() {
-            let colour = match s.state {
-                SegmentState::Free => FREE,
-                SegmentState::InUse => IN_USE,
-                SegmentState::Mapped => MAPPED,
-            };
             let x = MAP_LEFT + (s.address - s.chunk) as f64 * scale;
             // Every block stays visible, however small next to the largest chunk.
-            let w = (s.bytes as f64 * scale).max(1.0);
-            let what = match s.state {
-                SegmentState::Free => "free".to_string(),
-                _ => format!("buffer {:#x}: {} asked", s.buffer, human_bytes(s.requested)),
-            };
-            let _ = write!(
-                out,
-                "<rect x=\"{x:.2}\" y=\"{}\" width=\"{w:.2}\" height=\"{}\" fill=\"{colour}\" stroke=\"white\" stroke-width=\"0.3\"><title>{:#x}, {}: {}</title></rect>",
-                y + 2.0,
-                row_h - 4.0,
-                s.address,
-                human_bytes(s.bytes),
-                escape(&what)
-            );
+            let end = x + (s.bytes as f64 * scale).max(1.0);
+            match &mut run {
+                Some(r) if x < r.end => r.add(s, end),
+                _ => {
+                    if let Some(r) = run.take() {
+                        r.draw(&mut out, y + 2.0, row_h - 4.0);
+                    }
+                    run = Some(Run::new(s, x, end));
+                }
+            }
+        }
+        if let Some(r) = run {
+            r.draw(&mut out, y + 2.0, row_h - 4.0);
         }
     }
     // The x axis: offset within a chunk.

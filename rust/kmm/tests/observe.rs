@@ -826,3 +826,25 @@ fn a_wrap_reaching_into_a_pool_chunk_hides_none_of_its_buffers() {
     m.free(a);
     m.free(b);
 }
+
+#[test]
+fn a_map_of_many_small_buffers_draws_at_most_a_rectangle_per_pixel() {
+    // Found by an adversarial review (2026-11-28): every block was a rectangle, so 200,000
+    // small buffers made a 36 MB figure, rebuilt for every status and out-of-memory error.
+    let m = pool_manager();
+    let big: Vec<u64> = (0..3).map(|_| m.alloc(256 << 10, DEVICE)).collect();
+    let small: Vec<u64> = (0..20_000).map(|_| m.alloc(64, DEVICE)).collect();
+    let map = memory_map(&m, DEVICE);
+    let rows = map.iter().map(|s| s.chunk).collect::<std::collections::BTreeSet<_>>().len();
+    let text = svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap();
+    let rects = text.matches("<rect").count();
+    assert!(map.len() > 20_000 && rects < rows * 1000, "{} segments drawn as {rects} rectangles in {rows} rows", map.len());
+    assert!(text.len() < 400_000, "{} bytes", text.len());
+    assert!(text.contains(" blocks: ") && text.contains(" in use, "), "a run of blocks names how many it holds");
+    for b in &big {
+        assert!(text.contains(&format!("buffer {b:#x}: 256.00 KiB asked")), "a large buffer keeps its own rectangle");
+    }
+    for b in big.into_iter().chain(small) {
+        m.free(b);
+    }
+}
