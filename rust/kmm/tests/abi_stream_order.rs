@@ -17,21 +17,6 @@ use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
-/// Runs `body` on a thread of its own and fails the test when it has not returned within
-/// `secs`. A stuck body is left behind: its threads and managers cannot be freed.
-fn within<R: Send + 'static>(secs: u64, what: &str, body: impl FnOnce() -> R + Send + 'static) -> R {
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        let result = body();
-        let _ = done.send(());
-        result
-    });
-    match finished.recv_timeout(Duration::from_secs(secs)) {
-        // Returned, or panicked (the sender is dropped): join passes the panic on.
-        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => worker.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: not done after {secs} s (deadlocked)"),
-    }
-}
 
 /// A dead handle naming the registry slot of the live manager `m`: the handle of the manager
 /// the slot held before (a handle is the slot in its low 12 bits and the slot's generation

@@ -36,7 +36,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 const KIB: u64 = 1 << 10;
@@ -149,19 +149,6 @@ unsafe extern "C" fn cupy_error_hook() {
     CUPY_HOOK_CALLS.fetch_add(1, SeqCst);
 }
 
-/// Runs `body` on a thread of its own; fails when it has not returned within `secs`.
-fn within<R: Send + 'static>(secs: u64, what: &str, body: impl FnOnce() -> R + Send + 'static) -> R {
-    let (done, finished) = mpsc::channel();
-    let worker = std::thread::spawn(move || {
-        let result = body();
-        let _ = done.send(());
-        result
-    });
-    match finished.recv_timeout(Duration::from_secs(secs)) {
-        Ok(()) | Err(mpsc::RecvTimeoutError::Disconnected) => worker.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
-        Err(mpsc::RecvTimeoutError::Timeout) => panic!("{what}: not done after {secs} s (deadlocked?)"),
-    }
-}
 
 /// xorshift64*: small, seedable, good enough for walks.
 struct Rng(u64);

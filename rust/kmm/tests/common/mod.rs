@@ -172,3 +172,19 @@ impl Drop for Gate {
         self.open();
     }
 }
+
+/// Runs `body` on a thread of its own and fails the test when it has not returned within
+/// `secs`. A stuck body is left behind: its threads and managers cannot be freed.
+pub fn within<R: Send + 'static>(secs: u64, what: &str, body: impl FnOnce() -> R + Send + 'static) -> R {
+    let (done, finished) = std::sync::mpsc::channel();
+    let worker = std::thread::spawn(move || {
+        let result = body();
+        let _ = done.send(());
+        result
+    });
+    match finished.recv_timeout(std::time::Duration::from_secs(secs)) {
+        // Returned, or panicked (the sender is dropped): join passes the panic on.
+        Ok(()) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => worker.join().unwrap_or_else(|p| std::panic::resume_unwind(p)),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("{what}: not done after {secs} s (deadlocked)"),
+    }
+}
