@@ -1263,14 +1263,16 @@ KmmStatus kmm_manager_create(const KmmConfig *config, KmmManager *out);
  * Destroys a manager: waits for its stream, frees every buffer and event it still holds and
  * gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
  * With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
- * thread, so the call never waits (for finalizers). Thread-safe; waits for calls in flight on
+ * thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
+ * so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
  * the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
  * freed with it; those libraries free by address alone, so until each late free comes, a new
  * allocation of theirs that lands on such an address is held back (it counts in its manager's
  * stats, at most one per address) and the request is served elsewhere; the late free gives it
  * back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
  */
-KmmStatus kmm_manager_destroy(KmmManager manager, uint32_t flags);
+KmmStatus kmm_manager_destroy(KmmManager manager,
+                              uint32_t flags);
 
 /**
  * Waits until all work queued on the manager's stream has run, then gives cached device
@@ -1635,7 +1637,10 @@ KmmStatus kmm_torch_live_allocations(uint64_t *out);
  * records arrive);
  * read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
  * written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
- * `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+ * `KMM_TRACE_RMM_ONLY`). A regular file that another manager's trace writes is refused
+ * (`KMM_ERROR_INVALID_ARGUMENT`) until that trace stops or its manager's teardown ends (a
+ * deferred destroy's may wait for its stream); the manager's own recording file may be named
+ * again. Off by default; while off, tracing costs nothing measurable.
  */
 KmmStatus kmm_manager_trace_start(KmmManager manager,
                                   uint64_t capacity,
@@ -1663,8 +1668,8 @@ KmmStatus kmm_manager_trace_records(KmmManager manager,
 
 /**
  * Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
- * `KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
- * file cannot be written.
+ * `KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace, the
+ * file cannot be written, or a recording file trace (of any manager) writes it.
  */
 KmmStatus kmm_manager_trace_save(KmmManager manager, const char *path, uint32_t flags);
 

@@ -1313,7 +1313,8 @@ end
 Destroys a manager: waits for its stream, frees every buffer and event it still holds and
 gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
 With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
-thread, so the call never waits (for finalizers). Thread-safe; waits for calls in flight on
+thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
+so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
 the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
 freed with it; those libraries free by address alone, so until each late free comes, a new
 allocation of theirs that lands on such an address is held back (it counts in its manager's
@@ -1331,7 +1332,8 @@ end
 Destroys a manager: waits for its stream, frees every buffer and event it still holds and
 gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
 With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
-thread, so the call never waits (for finalizers). Thread-safe; waits for calls in flight on
+thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
+so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
 the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
 freed with it; those libraries free by address alone, so until each late free comes, a new
 allocation of theirs that lands on such an address is held back (it counts in its manager's
@@ -2179,7 +2181,10 @@ address space at the start, `KMM_ERROR_OUT_OF_MEMORY` where it cannot; pages are
 records arrive);
 read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
 written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
-`KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+`KMM_TRACE_RMM_ONLY`). A regular file that another manager's trace writes is refused
+(`KMM_ERROR_INVALID_ARGUMENT`) until that trace stops or its manager's teardown ends (a
+deferred destroy's may wait for its stream); the manager's own recording file may be named
+again. Off by default; while off, tracing costs nothing measurable.
 
 Returns the status; `kmm_manager_trace_start` is the checked form.
 """
@@ -2201,7 +2206,10 @@ address space at the start, `KMM_ERROR_OUT_OF_MEMORY` where it cannot; pages are
 records arrive);
 read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
 written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
-`KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+`KMM_TRACE_RMM_ONLY`). A regular file that another manager's trace writes is refused
+(`KMM_ERROR_INVALID_ARGUMENT`) until that trace stops or its manager's teardown ends (a
+deferred destroy's may wait for its stream); the manager's own recording file may be named
+again. Off by default; while off, tracing costs nothing measurable.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -2259,8 +2267,8 @@ end
 
 """
 Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
-`KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
-file cannot be written.
+`KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace, the
+file cannot be written, or a recording file trace (of any manager) writes it.
 
 Returns the status; `kmm_manager_trace_save` is the checked form.
 """
@@ -2271,8 +2279,8 @@ Returns the status; `kmm_manager_trace_save` is the checked form.
 end
 """
 Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
-`KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
-file cannot be written.
+`KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace, the
+file cannot be written, or a recording file trace (of any manager) writes it.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

@@ -109,6 +109,11 @@ PLANTS = [
      "                Some(r) if x < r.end => r.add(s, end),\n",
      "                Some(r) if false => r.add(s, end),\n",
      ["observe"]),
+    # A trace save empties a file another manager's recording trace writes.
+    ("trace-save-overwrites-a-traced-file", "rust/kmm/src/ffi/trace.rs",
+     "        crate::manager::trace::check_not_traced(&path)?;\n",
+     "",
+     ["observe"]),
     # A plugin free on a host stream that has ended is refused: the buffer leaks for good.
     ("plugin-free-refuses-an-ended-stream", "rust/kmm/src/manager/lane.rs",
      "            if !self.backend.stream_ended(stream) {\n",
@@ -330,6 +335,12 @@ PLANTS = [
     ("py-cupy-compiled-drops-user-stream", "python/kmm/_cupy_calls.c",
      "    a->stream_owner = stream_owner;\n",
      "    a->stream_owner = NULL;\n    Py_XDECREF(stream_owner);\n",
+     ["py:test_cupy_plugin.py"]),
+    # Python: the compiled allocation is not tracked by the collector: a Stream holding memory
+    # allocated for it (a workspace) and that memory's allocation leak for good.
+    ("py-cupy-allocation-not-collected", "python/kmm/_cupy_calls.c",
+     "    Py_VISIT(a->stream_owner);\n",
+     "",
      ["py:test_cupy_plugin.py"]),
     # Python: the same in kmm.cupy's Python path.
     ("py-cupy-python-path-drops-user-stream", "python/kmm/cupy.py",

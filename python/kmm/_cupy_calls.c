@@ -64,6 +64,7 @@ static void allocation_dealloc(PyObject *self)
 {
     Allocation *a = (Allocation *)self;
     PyTypeObject *type = Py_TYPE(self);
+    PyObject_GC_UnTrack(self);
     /* A manager closed meanwhile answers KMM_ERROR_INVALID_HANDLE: its memory went with it. */
     plugin_free(a->handle, a->buffer, a->stream);
     live--;
@@ -71,6 +72,25 @@ static void allocation_dealloc(PyObject *self)
     Py_XDECREF(a->manager);
     ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
     Py_DECREF(type);
+}
+
+/* Tracked by the collector: a Stream the allocation holds may hold the allocation's memory in
+ * turn (a workspace array kept on the stream object), a cycle only the collector can end. */
+static int allocation_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Allocation *a = (Allocation *)self;
+    Py_VISIT(Py_TYPE(self));
+    Py_VISIT(a->manager);
+    Py_VISIT(a->stream_owner);
+    return 0;
+}
+
+/* Only in a cycle: the Stream's reference goes; the buffer is freed when the allocation is, with
+ * the raw stream it keeps. */
+static int allocation_clear(PyObject *self)
+{
+    Py_CLEAR(((Allocation *)self)->stream_owner);
+    return 0;
 }
 
 static PyMemberDef allocation_members[] = {
@@ -88,12 +108,14 @@ static PyType_Slot allocation_slots[] = {
     {Py_tp_doc, "One buffer of kmm.cupy's allocator; freed (after the work queued on its stream) "
                 "when CuPy drops the memory."},
     {Py_tp_dealloc, allocation_dealloc},
+    {Py_tp_traverse, allocation_traverse},
+    {Py_tp_clear, allocation_clear},
     {Py_tp_members, allocation_members},
     {0, NULL},
 };
 
 static PyType_Spec allocation_spec = {
-    "kmm._plugin_calls.CupyAllocation", sizeof(Allocation), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION,
+    "kmm._plugin_calls.CupyAllocation", sizeof(Allocation), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_GC,
     allocation_slots,
 };
 

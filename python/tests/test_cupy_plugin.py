@@ -411,3 +411,30 @@ def test_allocations_keep_a_user_stream_alive_until_their_free(compiled, monkeyp
         assert mp.mem._owner.stream_owner is None
         del mp
         gc.collect()
+
+
+@pytest.mark.skipif(BACKEND != "host", reason="another manager's host-backend stream stands in for CuPy's")
+@pytest.mark.parametrize("path", ["compiled", "python"])
+def test_a_stream_holding_its_own_workspace_is_collected(compiled, monkeypatch, path):
+    """A Stream that keeps memory allocated for it (`s.workspace = cupy.empty(...)`) and that
+    memory's allocation, which holds the Stream, make a cycle: the collector ends it (the
+    compiled allocation is tracked by it), and the buffer comes back (found by review, 2026-11-28:
+    the compiled path leaked both for good)."""
+    import weakref
+
+    m, state, allocate = compiled
+    if path == "python":
+        allocate = kc._allocate_in_python
+    with kmm.Manager(backend=BACKEND) as other:
+        user = _UserStream(other.stream, lambda: None)
+        monkeypatch.setattr(kc, "_get_current_stream", lambda: user)
+        state["stream"] = other.stream
+        user.workspace = allocate(1 << 20)
+        assert user.workspace.mem._owner.stream_owner is user
+        gone = weakref.ref(user)
+        del user
+        state["stream"] = 0
+        monkeypatch.setattr(kc, "_get_current_stream", lambda: _Stream())
+        gc.collect()
+        assert gone() is None, "the stream and its workspace were kept for good"
+        assert m.stats("device")["in_use"] == 0

@@ -748,9 +748,22 @@ fn two_managers_cannot_trace_into_one_file() {
     let y = b.alloc(8192, DEVICE);
     b.free(y);
     expect_err(kmm_manager_trace_start(a.0, 0, cpath.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["another manager's trace"]);
-    drop(b); // a destroyed manager's trace lets the file go too
+    // A save (which empties the file it writes) is refused there too; /dev/null is no file to
+    // overwrite: any number of traces may write it.
+    ok(kmm_manager_trace_start(a.0, 0, std::ptr::null(), 0));
+    expect_err(kmm_manager_trace_save(a.0, cpath.as_ptr(), 0), KMM_ERROR_INVALID_ARGUMENT, &["a recording trace writes this file"]);
+    drop(b); // a destroyed manager's trace lets the file go too, written whole
+    let rows = std::fs::read_to_string(&path).unwrap();
+    assert!(rows.lines().count() >= 3 && rows.contains(",allocate,") && rows.contains(",8192,") && !rows.contains('\0'), "b's trace file: {rows:?}");
+    ok(kmm_manager_trace_save(a.0, cpath.as_ptr(), 0));
     ok(kmm_manager_trace_start(a.0, 0, cpath.as_ptr(), 0));
     ok(kmm_manager_trace_stop(a.0));
+    let null = CString::new("/dev/null").unwrap();
+    let c = pool_manager();
+    ok(kmm_manager_trace_start(a.0, 0, null.as_ptr(), 0));
+    ok(kmm_manager_trace_start(c.0, 0, null.as_ptr(), 0));
+    ok(kmm_manager_trace_stop(a.0));
+    ok(kmm_manager_trace_stop(c.0));
     std::fs::remove_file(path).unwrap();
     std::fs::remove_file(link).unwrap();
 }

@@ -207,7 +207,12 @@ pub(super) fn free_by_address(table: &Mutex<ByAddress>, ptr: u64, manager: Optio
     };
     let freed = plugin_free(mgr, b, stream.unwrap_or(alloc_stream));
     if freed.as_ref().is_err_and(|e| e.status != crate::KmmStatus::KMM_ERROR_INVALID_HANDLE) {
-        lock(table).insert_live(ptr, (mgr, b, alloc_stream));
+        let mut t = lock(table);
+        // Not for a manager destroyed meanwhile: its `orphan` has run (or runs after this, under
+        // the lock, and sees the entry), and its teardown frees the buffer.
+        if super::registry::is_live(mgr) {
+            t.insert_live(ptr, (mgr, b, alloc_stream));
+        }
     }
     freed
 }

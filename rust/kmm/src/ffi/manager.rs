@@ -85,7 +85,8 @@ pub extern "C" fn kmm_manager_create(config: *const KmmConfig, out: *mut KmmMana
 /// Destroys a manager: waits for its stream, frees every buffer and event it still holds and
 /// gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
 /// With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
-/// thread, so the call never waits (for finalizers). Thread-safe; waits for calls in flight on
+/// thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
+/// so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
 /// the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
 /// freed with it; those libraries free by address alone, so until each late free comes, a new
 /// allocation of theirs that lands on such an address is held back (it counts in its manager's

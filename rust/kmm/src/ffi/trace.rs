@@ -205,7 +205,10 @@ fn write_items<T, C: for<'a> From<&'a T>>(items: &[T], out: *mut C, capacity: us
 /// records arrive);
 /// read them, merged in time order, with `kmm_manager_trace_records` or `kmm_manager_trace_save`; else they are
 /// written to the CSV file `path` as they happen (`capacity` is not used; `flags` may hold
-/// `KMM_TRACE_RMM_ONLY`). Off by default; while off, tracing costs nothing measurable.
+/// `KMM_TRACE_RMM_ONLY`). A regular file that another manager's trace writes is refused
+/// (`KMM_ERROR_INVALID_ARGUMENT`) until that trace stops or its manager's teardown ends (a
+/// deferred destroy's may wait for its stream); the manager's own recording file may be named
+/// again. Off by default; while off, tracing costs nothing measurable.
 #[no_mangle]
 pub extern "C" fn kmm_manager_trace_start(manager: KmmManager, capacity: u64, path: *const c_char, flags: u32) -> KmmStatus {
     boundary(|| {
@@ -266,8 +269,8 @@ pub extern "C" fn kmm_manager_trace_records(
 }
 
 /// Writes the ring trace's records to the CSV file `path` (RMM's columns first; `flags` may hold
-/// `KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace or the
-/// file cannot be written.
+/// `KMM_TRACE_RMM_ONLY`). `KMM_ERROR_INVALID_ARGUMENT` when the manager has no ring trace, the
+/// file cannot be written, or a recording file trace (of any manager) writes it.
 #[no_mangle]
 pub extern "C" fn kmm_manager_trace_save(manager: KmmManager, path: *const c_char, flags: u32) -> KmmStatus {
     boundary(|| {
@@ -276,6 +279,7 @@ pub extern "C" fn kmm_manager_trace_save(manager: KmmManager, path: *const c_cha
         let Some((records, ..)) = with_manager(manager, |m| Ok(m.trace_records()))? else {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "manager {manager:#x} has no ring trace (start one with kmm_manager_trace_start, path NULL)");
         };
+        crate::manager::trace::check_not_traced(&path)?;
         let write = || -> std::io::Result<()> {
             let mut out = std::io::BufWriter::new(std::fs::File::create(&path)?);
             let mut writer = csv::Writer::new(flags & KMM_TRACE_RMM_ONLY != 0);

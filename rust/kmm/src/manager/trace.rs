@@ -256,6 +256,23 @@ fn files_in_use() -> &'static Mutex<std::collections::HashMap<(u64, u64), usize>
     FILES.get_or_init(Default::default)
 }
 
+/// A regular file's device and inode (others, like `/dev/null` or a pipe, may be written by
+/// any number of traces: no rows can be overwritten there).
+fn file_id(file: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    file.metadata().ok().filter(|m| m.is_file()).map(|m| (m.dev(), m.ino()))
+}
+
+/// Refuses `path` while a file trace writes it (for a save, which empties the file it writes).
+pub fn check_not_traced(path: &std::path::Path) -> Result<()> {
+    if let Ok(file) = File::open(path) {
+        if file_id(&file).is_some_and(|id| files_in_use().lock().contains_key(&id)) {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: a recording trace writes this file (stop it first, or save into another file)", path.display());
+        }
+    }
+    Ok(())
+}
+
 impl Drop for FileStore {
     fn drop(&mut self) {
         if let (true, Some(id)) = (self.claimed, self.id) {
@@ -367,10 +384,7 @@ impl Tracer {
                     .truncate(false)
                     .open(&path)
                     .map_err(|e| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: cannot create the trace file: {e}", path.display()))?;
-                let id = file.metadata().ok().map(|m| {
-                    use std::os::unix::fs::MetadataExt;
-                    (m.dev(), m.ino())
-                });
+                let id = file_id(&file);
                 let (out, writer) = (BufWriter::new(file), csv::Writer::new(rmm_only));
                 (0, Some(Mutex::new(FileStore { out, path, id, writer, failed: None, closed: false, claimed: false })))
             }
@@ -528,7 +542,7 @@ impl Tracer {
         }
     }
 
-    /// Whether both traces write one file (whatever paths named it).
+    /// Whether both traces write one regular file (whatever paths named it).
     pub(super) fn shares_file_with(&self, other: &Tracer) -> bool {
         let id = |t: &Tracer| t.file.as_ref().and_then(|f| f.lock().id);
         id(self).is_some_and(|a| Some(a) == id(other))
