@@ -132,8 +132,11 @@ fn held_back_cupy_allocations_count_until_their_late_free() {
         assert!(s.live_buffers as usize <= stale.len(), "at most one held back per late free to come");
         most_held = most_held.max(s.live_buffers);
     }
-    // Direct mode maps each buffer on its own: a new one lands where a freed one was.
-    assert!(most_held > 0, "no allocation landed on a dead manager's address: the test tested nothing");
+    // Direct mode maps each buffer on its own: a new one lands where a freed one was, except
+    // under AddressSanitizer (tools/asan.sh), whose quarantine keeps freed addresses unused.
+    if std::env::var_os("ASAN_OPTIONS").is_none() {
+        assert!(most_held > 0, "no allocation landed on a dead manager's address: the test tested nothing");
+    }
     // CuPy's late frees: each gives back what it held back.
     for p in stale {
         kmm_cupy_free(null_mut(), p as *mut c_void, 0);
