@@ -830,6 +830,15 @@ fn a_wrap_reaching_into_a_pool_chunk_hides_none_of_its_buffers() {
     assert_eq!((of(b).len(), of(b)[0].state), (1, KmmSegmentState::KMM_SEGMENT_IN_USE as u32), "{map:?}");
     assert_eq!(of(w).len(), 1, "{map:?}");
     assert_eq!((of(w)[0].chunk, of(w)[0].bytes), (chunk - 4096, 65536 + 4096));
+    // A wrap from inside the chunk to past its end is drawn whole too (found by review: it was
+    // cut at the chunk's end).
+    let mut tail = 0;
+    let at = chunk + chunk_bytes - 4096;
+    ok(kmm_buffer_wrap(m.0, at as *mut std::ffi::c_void, 16384, DEVICE, KmmOwnership::KMM_BORROW as u32, &mut tail));
+    let map = memory_map(&m, DEVICE);
+    let of = |h: u64| map.iter().filter(|s| s.buffer == h).collect::<Vec<_>>();
+    assert_eq!(of(tail).iter().map(|s| (s.chunk, s.address, s.bytes)).collect::<Vec<_>>(), [(at, at, 16384)], "{map:?}");
+    ok(kmm_buffer_free(m.0, tail, 0));
     // The pool chunk is whole: its segments tile it.
     let pool: Vec<_> = map.iter().filter(|s| s.chunk == chunk).collect();
     assert_eq!(pool.iter().map(|s| s.bytes).sum::<u64>(), chunk_bytes, "{pool:?}");

@@ -72,6 +72,12 @@ impl MemoryMap {
 }
 
 /// Whether `addr` lies in one of `chunks` (base, size), sorted by base.
+/// Whether one of the sorted `chunks` holds all of `[addr, addr + size)`.
+fn holds(chunks: &[(u64, u64)], addr: u64, size: u64) -> bool {
+    let i = chunks.partition_point(|c| c.0 <= addr);
+    i > 0 && addr + size <= chunks[i - 1].0 + chunks[i - 1].1
+}
+
 fn in_chunks(chunks: &[(u64, u64)], addr: u64) -> bool {
     let i = chunks.partition_point(|c| c.0 <= addr);
     i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1
@@ -254,7 +260,9 @@ impl Manager {
         chunks.sort_unstable();
         blocks.sort_unstable();
         // Blocks outside every chunk are whole allocations: each is a chunk of its own.
-        let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !in_chunks(&chunks, b.0)).map(|b| (b.0, b.1)).collect();
+        // A block that runs past the end of the chunk it starts in (a wrap of memory reaching
+        // out of a pool chunk) is one too, so that none of it is cut off.
+        let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !holds(&chunks, b.0, b.1)).map(|b| (b.0, b.1)).collect();
         // The same memory wrapped twice (or overlapping wraps) is one chunk; allocations that
         // merely touch (CUDA hands out small ones side by side) stay apart.
         whole.sort_unstable();
@@ -272,7 +280,7 @@ impl Manager {
         chunks.extend(merged);
         let mut owned: Vec<Vec<(u64, u64, u64, u64, bool)>> = vec![Vec::new(); chunks.len()];
         for b in blocks {
-            let i = if in_chunks(&chunks[..pool], b.0) {
+            let i = if holds(&chunks[..pool], b.0, b.1) {
                 chunks[..pool].partition_point(|c| c.0 <= b.0) - 1
             } else {
                 pool + chunks[pool..].partition_point(|c| c.0 <= b.0) - 1
