@@ -106,7 +106,7 @@ PLANTS = [
     # The map cuts a wrap that runs past the end of the pool chunk it starts in.
     ("map-cuts-a-wrap-at-the-chunk-end", [
      ("rust/kmm/src/manager/observe.rs", "blocks.iter().filter(|b| !holds(&chunks, b.0, b.1))", "blocks.iter().filter(|b| !in_chunks(&chunks, b.0))"),
-^     ("rust/kmm/src/manager/observe.rs", "            let i = if holds(&chunks[..pool], b.0, b.1) {\n", "            let i = if in_chunks(&chunks[..pool], b.0) {\n")],
+     ("rust/kmm/src/manager/observe.rs", "            let i = if holds(&chunks[..pool], b.0, b.1) {\n", "            let i = if in_chunks(&chunks[..pool], b.0) {\n")],
      ["observe"]),
     # The memory map draws every block, however many share a pixel: the figure grows with the
     # buffers (36 MB for 200,000).
