@@ -35,77 +35,88 @@ pub struct Plan {
     pub in_use_at_end: u64,
 }
 
+/// A plan being made: the live buffers' slots, the slots free for reuse, the bytes in use.
+#[derive(Default)]
+struct Planner {
+    plan: Plan,
+    live: HashMap<u64, (usize, u64)>,
+    free_slots: Vec<usize>,
+    in_use: u64,
+}
+
+impl Planner {
+    /// Allocates `bytes` for `key` in a slot; an older buffer still live under `key` (an address
+    /// allocated twice without a free between: a log with lost rows) is freed first, and
+    /// counted as a free.
+    fn alloc(&mut self, key: u64, bytes: u64) {
+        if self.free(key) {
+            self.plan.frees += 1;
+        }
+        let slot = self.free_slots.pop().unwrap_or_else(|| {
+            self.plan.slots += 1;
+            self.plan.slots - 1
+        });
+        self.live.insert(key, (slot, bytes));
+        self.plan.steps.push(Step::Alloc { bytes, slot });
+        self.in_use = self.in_use.saturating_add(bytes);
+        self.plan.peak_in_use = self.plan.peak_in_use.max(self.in_use);
+    }
+
+    /// Frees the buffer live under `key`; false when there is none.
+    fn free(&mut self, key: u64) -> bool {
+        let Some((slot, bytes)) = self.live.remove(&key) else {
+            return false;
+        };
+        self.plan.steps.push(Step::Free { slot });
+        self.free_slots.push(slot);
+        self.in_use -= bytes;
+        true
+    }
+}
+
 pub fn plan(records: &[Record]) -> Plan {
     let by_buffer = records.iter().any(|r| r.buffer != 0);
     let key = |r: &Record| if by_buffer { r.buffer } else { r.address };
-    let mut plan = Plan::default();
-    let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
-    let mut free_slots: Vec<usize> = Vec::new();
+    let mut p = Planner::default();
     // Buffers spilled (their device memory given up) and not yet restored or freed.
     let mut spilled: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut in_use = 0u64;
     for r in records.iter().filter(|r| r.kind == 0) {
         match Action::from_u32(r.action) {
             Some(Action::Allocate) => {
-                let slot = free_slots.pop().unwrap_or_else(|| {
-                    plan.slots += 1;
-                    plan.slots - 1
-                });
-                if let Some((old, bytes)) = live.insert(key(r), (slot, r.bytes)) {
-                    // An address allocated twice without a free between (a log with lost rows):
-                    // the older buffer is taken as freed.
-                    plan.steps.push(Step::Free { slot: old });
-                    free_slots.push(old);
-                    in_use -= bytes;
-                    plan.frees += 1;
-                }
-                plan.steps.push(Step::Alloc { bytes: r.bytes, slot });
-                plan.allocs += 1;
-                in_use = in_use.saturating_add(r.bytes);
-                plan.peak_in_use = plan.peak_in_use.max(in_use);
+                p.alloc(key(r), r.bytes);
+                p.plan.allocs += 1;
             }
-            Some(Action::Free) => match live.remove(&key(r)) {
-                Some((slot, bytes)) => {
-                    plan.steps.push(Step::Free { slot });
-                    free_slots.push(slot);
-                    in_use -= bytes;
-                    plan.frees += 1;
+            Some(Action::Free) => {
+                if p.free(key(r)) {
+                    p.plan.frees += 1;
+                } else if by_buffer && spilled.remove(&key(r)) {
+                    // A buffer freed while spilled: its device memory went at the spill.
+                    p.plan.frees += 1;
+                } else {
+                    p.plan.unmatched_frees += 1;
                 }
-                // A buffer freed while spilled: its device memory went at the spill.
-                None if by_buffer && spilled.remove(&key(r)) => plan.frees += 1,
-                None => plan.unmatched_frees += 1,
-            },
+            }
             Some(Action::Spill) if by_buffer => {
-                if let Some((slot, bytes)) = live.remove(&key(r)) {
-                    plan.steps.push(Step::Free { slot });
-                    free_slots.push(slot);
-                    in_use -= bytes;
+                if p.free(key(r)) {
                     spilled.insert(key(r));
-                    plan.spills += 1;
+                    p.plan.spills += 1;
                 }
             }
             Some(Action::Restore) if by_buffer && spilled.remove(&key(r)) => {
-                let slot = free_slots.pop().unwrap_or_else(|| {
-                    plan.slots += 1;
-                    plan.slots - 1
-                });
-                live.insert(key(r), (slot, r.bytes));
-                plan.steps.push(Step::Alloc { bytes: r.bytes, slot });
-                plan.restores += 1;
-                in_use = in_use.saturating_add(r.bytes);
-                plan.peak_in_use = plan.peak_in_use.max(in_use);
+                p.alloc(key(r), r.bytes);
+                p.plan.restores += 1;
             }
             Some(Action::Move) if !by_buffer => {
-                if let Some(v) = live.remove(&r.moved_from) {
-                    live.insert(r.address, v);
+                if let Some(v) = p.live.remove(&r.moved_from) {
+                    p.live.insert(r.address, v);
                 }
             }
-            Some(Action::AllocateFailure) => plan.failures += 1,
+            Some(Action::AllocateFailure) => p.plan.failures += 1,
             _ => {}
         }
     }
-    plan.in_use_at_end = in_use;
-    plan
+    p.plan.in_use_at_end = p.in_use;
+    p.plan
 }
 
 /// What a replay needs of an allocator; `alloc` of zero bytes must give something `free` takes.

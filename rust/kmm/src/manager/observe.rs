@@ -71,13 +71,13 @@ impl MemoryMap {
     }
 }
 
-/// Whether `addr` lies in one of `chunks` (base, size), sorted by base.
-/// Whether one of the sorted `chunks` holds all of `[addr, addr + size)`.
+/// Whether one of `chunks` (base, size), sorted by base, holds all of `[addr, addr + size)`.
 fn holds(chunks: &[(u64, u64)], addr: u64, size: u64) -> bool {
     let i = chunks.partition_point(|c| c.0 <= addr);
     i > 0 && addr + size <= chunks[i - 1].0 + chunks[i - 1].1
 }
 
+/// Whether `addr` lies in one of `chunks` (base, size), sorted by base.
 fn in_chunks(chunks: &[(u64, u64)], addr: u64) -> bool {
     let i = chunks.partition_point(|c| c.0 <= addr);
     i > 0 && addr < chunks[i - 1].0 + chunks[i - 1].1

@@ -12,6 +12,7 @@ use crate::fail;
 use crate::pool::limit::Limit;
 use crate::pool::lane_gauge::LaneGauge;
 use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -251,8 +252,8 @@ struct FileStore {
 
 /// The files file traces write, by device and inode, with how many traces hold each: traces of
 /// two managers writing one file would overwrite each other's rows.
-fn files_in_use() -> &'static Mutex<std::collections::HashMap<(u64, u64), usize>> {
-    static FILES: std::sync::OnceLock<Mutex<std::collections::HashMap<(u64, u64), usize>>> = std::sync::OnceLock::new();
+fn files_in_use() -> &'static Mutex<HashMap<(u64, u64), usize>> {
+    static FILES: std::sync::OnceLock<Mutex<HashMap<(u64, u64), usize>>> = std::sync::OnceLock::new();
     FILES.get_or_init(Default::default)
 }
 
@@ -271,6 +272,15 @@ pub fn check_not_traced(path: &std::path::Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+impl FileStore {
+    /// Writes the rows held in memory; the first error is kept for the stop to report.
+    fn flush(&mut self) {
+        if let Err(e) = self.out.flush() {
+            self.failed.get_or_insert(e.to_string());
+        }
+    }
 }
 
 impl Drop for FileStore {
@@ -535,10 +545,7 @@ impl Tracer {
     /// deferred destroy, whose teardown may not finish before the process exits).
     pub(super) fn flush(&self) {
         if let Some(file) = &self.file {
-            let mut f = file.lock();
-            if let Err(e) = f.out.flush() {
-                f.failed.get_or_insert(e.to_string());
-            }
+            file.lock().flush();
         }
     }
 
@@ -552,9 +559,7 @@ impl Tracer {
         if let Some(file) = &self.file {
             let mut f = file.lock();
             f.closed = true;
-            if let Err(e) = f.out.flush() {
-                f.failed.get_or_insert(e.to_string());
-            }
+            f.flush();
             if let Some(e) = f.failed.take() {
                 fail!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: writing the trace file failed: {e}", f.path.display());
             }
