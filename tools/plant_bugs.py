@@ -604,6 +604,12 @@ PLANTS = [
      "        if let Some(previous) = self.previous.filter(|_| false) {\n",
      ["gpu:gpu_streams"]),
 
+    # Kmm.jl's collection every GC_INTERVAL_BYTES of live growth never runs: arrays dropped in a
+    # loop keep their memory until Julia's GC happens to run (it does not see device memory).
+    ("jl-no-collection-on-growth", "src/storage.jl",
+     "        GC.gc(false)\n        _live_bytes_after_gc[] = _live_bytes[]\n",
+     "        _live_bytes_after_gc[] = _live_bytes[]\n",
+     ["jl:gc.jl"]),
     # --- The Julia binding's fixes of issue 16 (5a1b3bb, 53ec015), each reversed. ---
     # The CUDA extension's record_stream(x, s) records s on x's storage but does not make s
     # wait for the manager's queued work: a kernel on s may run before Kmm's writes to x.
