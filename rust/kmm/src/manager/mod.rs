@@ -315,7 +315,12 @@ impl Manager {
         })
         .or_else(|| {
             // No free block anywhere fits: growing would pass the manager's compaction ratio, so
-            // a lane with room enough compacts to lend it.
+            // a lane with room enough compacts to lend it. Each lane is waited for here (no lane
+            // lock is held): the lanes busy now are those of the threads holding the memory, and
+            // passing them over grew the manager instead, past its ratio, with frees to the
+            // growing lane waiting behind the upstream allocation (16 threads sharing a manager,
+            // H200: peak reserved / in use 1.079-1.096 and free p99 4.9-13.5 us with try_lock,
+            // 1.076-1.079 and 0.8-1.0 us with lock, three alternating runs each).
             let pct = self.config.compaction_ratio_pct as u128;
             let reserved = self.limits[0].used().current();
             let held = self.in_use[0].current() + bytes;
@@ -323,7 +328,7 @@ impl Manager {
                 return None;
             }
             (1..=mask).map(|i| (own + i) & mask).find_map(|lane| {
-                let mut cell = self.cells.lane(lane).try_lock()?;
+                let mut cell = self.cells.lane(lane).lock();
                 cell.as_mut()?.try_alloc_in(bytes, kind, stream, Growth::Lend).ok().flatten()
             })
         })
