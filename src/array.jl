@@ -425,11 +425,12 @@ function Base.view(x::KmmArray{T,N}, I::Vararg{Any,M}) where {T,N,M}
     if length(J) == 1
         j = J[1]
         j isa Integer && return KmmArray{T,0}(x.storage, byteoffset(x, j), ())
-        return KmmArray{T,1}(x.storage, byteoffset(x, isempty(j) ? 1 : first(j)), (length(j),))
+        return KmmArray{T,1}(x.storage, byteoffset(x, isempty(j) ? 1 : first(j)), (Int(length(j)),))
     end
     # indices past the last dimension: checkbounds left them at 1 (or 1:1, a dimension of length 1)
-    lens = map(length, J)
-    dims = Tuple(length(j) for j in J if !(j isa Integer))
+    # Lengths as Int (ranges of UInt or BigInt have lengths of their type; checked in bounds).
+    lens = map(j -> Int(length(j)), J)
+    dims = Tuple(Int(length(j)) for j in J if !(j isa Integer))
     any(iszero, lens) && return KmmArray{T,length(dims)}(x.storage, x.offset, dims)
     k = something(findlast(l -> l > 1, collect(lens)), 0)
     for d in 1:k-1

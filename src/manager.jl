@@ -211,6 +211,7 @@ function Base.close(m::KmmManager)
     # by polling (yielding), so the destroy seldom blocks the thread inside its `ccall`.
     drained = false
     try
+        quiesce_cpu_access()   # a PinnedArray of `m` read or written in place on another thread
         drain_stream(h)
         drained = true
     finally

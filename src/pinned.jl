@@ -14,7 +14,11 @@ source or destination for copies to and from `KmmArray`s.
 
 `pointer(p)` is its host address, valid while `p` is reachable (use `GC.@preserve`);
 `unsafe_wrap(Array, pointer(p), size(p))` gives an `Array` over it. Freed by the garbage
-collector or `Kmm.unsafe_free!`; a freed one throws on access.
+collector or `Kmm.unsafe_free!`; a freed one throws on access. Another thread may be reading
+or writing it meanwhile: with more than one thread, `Kmm.unsafe_free!` and `close` of its
+manager first run a quick collection (tens of microseconds), after which no thread is still
+inside an access (an `Array` from `unsafe_wrap` is not covered: keep `p` alive and unfreed
+while it is used).
 """
 struct PinnedArray{T,N} <: DenseArray{T,N}
     storage::KmmStorage
@@ -47,7 +51,9 @@ Base.elsize(::Type{<:PinnedArray{T}}) where {T} = sizeof(T)
 Base.sizeof(p::PinnedArray{T}) where {T} = length(p) * sizeof(T)
 manager(p::PinnedArray) = p.storage.manager
 isfreed(p::PinnedArray) = p.storage.handle == 0 || p.storage.manager.handle == 0
-unsafe_free!(p::PinnedArray) = (free!(p.storage); nothing)
+# Other threads may be reading or writing the memory in place (p[i], copyto!): see
+# `quiesce_cpu_access`.
+unsafe_free!(p::PinnedArray) = (free!(p.storage; cpu_visible = true); nothing)
 
 @inline function hostptr(p::PinnedArray{T}) where {T}
     handles(p.storage)          # a clear error when freed or when the manager is closed
@@ -118,5 +124,31 @@ function Base.copyto!(dest::PinnedArray{T}, src::Array{T}) where {T}
     GC.@preserve dest src unsafe_copyto!(pointer(dest), pointer(src), length(src))
     dest
 end
+
+# Base's generic copyto!(dest, doffs, src, soffs, n) tests `doffs + n - 1`, which wraps for an
+# unsigned `n` past typemax(Int), then copies @inbounds: through a PinnedArray that reads and
+# writes outside the pinned memory. Both ranges are checked without a sum first; then one
+# memory copy (same element type, contiguous host memory), else Base's loop with Int arguments.
+function copy_host!(dest::AbstractArray, doffs::Integer, src::AbstractArray, soffs::Integer, n::Integer)
+    check_range(dest, doffs, n); check_range(src, soffs, n)
+    n == 0 && return dest
+    if eltype(dest) === eltype(src) && dest isa HostMem && src isa HostMem
+        GC.@preserve dest src unsafe_copyto!(pointer(dest, doffs), pointer(src, soffs), Int(n))
+        return dest
+    end
+    invoke(copyto!, Tuple{AbstractArray,Integer,AbstractArray,Integer,Integer},
+           dest, Int(doffs), src, Int(soffs), Int(n))
+end
+Base.copyto!(dest::PinnedArray, doffs::Integer, src::AbstractArray, soffs::Integer, n::Integer) =
+    copy_host!(dest, doffs, src, soffs, n)
+Base.copyto!(dest::AbstractArray, doffs::Integer, src::PinnedArray, soffs::Integer, n::Integer) =
+    copy_host!(dest, doffs, src, soffs, n)
+Base.copyto!(dest::PinnedArray, doffs::Integer, src::PinnedArray, soffs::Integer, n::Integer) =
+    copy_host!(dest, doffs, src, soffs, n)
+# Another element type than the KmmArray's: through an Array, as for any host array.
+Base.copyto!(dest::PinnedArray, doffs::Integer, src::KmmArray, soffs::Integer, n::Integer) =
+    invoke(copyto!, Tuple{AbstractArray,Integer,KmmArray,Integer,Integer}, dest, doffs, src, soffs, n)
+Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray, soffs::Integer, n::Integer) where {T} =
+    invoke(copyto!, Tuple{KmmArray{T},Integer,AbstractArray,Integer,Integer}, dest, doffs, src, soffs, n)
 
 host_dense(::Type{T}, p::PinnedArray{T}) where {T} = p     # KmmArray(p) copies direct

@@ -57,9 +57,20 @@ end
     return (mh, h)
 end
 
-function free!(s::KmmStorage)
+"""
+After a handle was claimed (an explicit free of memory the CPU reads and writes in place, a
+`close`): lets every other thread finish an access to that memory it is in the middle of. An
+access checks the handles and then reads or writes with no safepoint in between (no allocation,
+a plain `ccall` for a copy), so once a collection, which stops every thread at a safepoint, has
+run, no thread is past its check with the old handle: later accesses see it claimed and throw.
+One thread: no other thread can be there.
+"""
+quiesce_cpu_access() = Threads.nthreads() > 1 ? GC.gc(false) : nothing
+
+function free!(s::KmmStorage; cpu_visible::Bool = false)
     h = claim_handle!(s)
     h == 0 && return nothing
+    cpu_visible && quiesce_cpu_access()   # (a finalizer's free: no other thread holds `s`)
     s.hostptr = C_NULL
     Threads.atomic_sub!(_live_bytes, s.bytes)
     mh = s.manager.handle

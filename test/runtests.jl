@@ -26,6 +26,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "adversarial, fourth run" begin include("adversarial_round4.jl") end
     @testset "adversarial, fifth run" begin include("adversarial_round5.jl") end
     @testset "adversarial, sixth run" begin include("adversarial_round6.jl") end
+    @testset "adversarial, eighth run" begin include("adversarial_round8.jl") end
     @testset "garbage collection" begin include("gc.jl") end
     @testset "out of memory" begin include("oom.jl") end
     @testset "traces, maps and figures" begin include("observe.jl") end

@@ -610,6 +610,28 @@ PLANTS = [
      "        GC.gc(false)\n        _live_bytes_after_gc[] = _live_bytes[]\n",
      "        _live_bytes_after_gc[] = _live_bytes[]\n",
      ["jl:gc.jl"]),
+    # --- The eighth adversarial run's Julia findings, each fix reversed. ---
+    # A PinnedArray's 5-argument copyto! with an Array falls to Base's, whose range check wraps
+    # for an unsigned n and then writes @inbounds past the pinned memory.
+    ("jl-pinned-copyto-wraps", "src/pinned.jl",
+     "Base.copyto!(dest::PinnedArray, doffs::Integer, src::AbstractArray, soffs::Integer, n::Integer) =\n    copy_host!(dest, doffs, src, soffs, n)\n",
+     "",
+     ["jl:adversarial_round8.jl"]),
+    # view's lengths of UInt or BigInt ranges reach the Int-only constructor: a MethodError.
+    ("jl-view-length-not-int", "src/array.jl",
+     "    lens = map(j -> Int(length(j)), J)\n    dims = Tuple(Int(length(j)) for j in J if !(j isa Integer))",
+     "    lens = map(length, J)\n    dims = Tuple(length(j) for j in J if !(j isa Integer))",
+     ["jl:adversarial_round8.jl"]),
+    # close destroys the manager while another thread still copies into one of its PinnedArrays.
+    ("jl-close-under-cpu-copy", "src/manager.jl",
+     "        quiesce_cpu_access()   # a PinnedArray of `m` read or written in place on another thread\n",
+     "",
+     ["jl:adversarial_round8.jl"]),
+    # An explicit free of a PinnedArray while another thread is between its check and its load.
+    ("jl-pinned-free-under-access", "src/pinned.jl",
+     "unsafe_free!(p::PinnedArray) = (free!(p.storage; cpu_visible = true); nothing)",
+     "unsafe_free!(p::PinnedArray) = (free!(p.storage); nothing)",
+     ["jl:adversarial_round8.jl"]),
     # --- The Julia binding's fixes of issue 16 (5a1b3bb, 53ec015), each reversed. ---
     # The CUDA extension's record_stream(x, s) records s on x's storage but does not make s
     # wait for the manager's queued work: a kernel on s may run before Kmm's writes to x.
