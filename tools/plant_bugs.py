@@ -610,6 +610,29 @@ PLANTS = [
      "        GC.gc(false)\n        _live_bytes_after_gc[] = _live_bytes[]\n",
      "        _live_bytes_after_gc[] = _live_bytes[]\n",
      ["jl:gc.jl"]),
+    # --- The eighth adversarial run's Python findings, each fix reversed. ---
+    # An import's producer is let go at its buffer's free, before the stream has passed it: queued
+    # work reads or writes memory the producer gave back.
+    ("py-import-producer-released-at-free", "python/kmm/buffer.py",
+     "    def _freeing(self, manager, handle):\n        return _free_import, (manager, handle, self._owner)\n",
+     "    def _freeing(self, manager, handle):\n        return _free, (manager, handle)\n",
+     ["py:test_adversarial_python_round8.py"]),
+    # Buffer.close() raises InvalidHandleError when another thread destroyed its manager after
+    # the handle was read (the destroy freed the buffer).
+    ("py-buffer-close-raises-after-manager-close", "python/kmm/buffer.py",
+     "    if raising and status and not (status == InvalidHandleError.status and not manager._handle):\n",
+     "    if raising and status:\n",
+     ["py:test_adversarial_python_round8.py"]),
+    # A collected Numba plugin destroys its manager under Numba's live pointers.
+    ("py-numba-plugin-collected-frees-live-memory", "python/kmm/numba.py",
+     "        if held:\n            # Numba's pointers",
+     "        if False:\n            # Numba's pointers",
+     ["py:test_adversarial_python_round8.py"]),
+    # close() with a live export leaves a file trace open: its buffered rows are lost at exit.
+    ("py-close-leaves-trace-open", "python/kmm/manager.py",
+     "                _lib_.kmm_manager_trace_stop(h)\n                return",
+     "                return",
+     ["py:test_adversarial_python_round8.py"]),
     # --- The eighth adversarial run's Julia findings, each fix reversed. ---
     # A PinnedArray's 5-argument copyto! with an Array falls to Base's, whose range check wraps
     # for an unsigned n and then writes @inbounds past the pinned memory.

@@ -123,6 +123,8 @@ class Buffer(NotCopyable):
         self._kind = kind
         self._exports = 0
         self._pending = 0
+        if manager._held:
+            manager._release_passed()  # producers of freed imports whose work has run
         return self
 
     # -- properties -----------------------------------------------------------------------
@@ -197,7 +199,8 @@ class Buffer(NotCopyable):
                     self._pending = 0
             if handle:
                 # Ended by a finalizer (the view's) while the collector runs: freed when it ends.
-                later(_free, manager, handle)
+                fn, args = self._freeing(manager, handle)
+                later(fn, *args)
             manager._end_deferred_close()
 
         return release
@@ -372,8 +375,9 @@ class Buffer(NotCopyable):
             if h and self._exports:
                 self._pending = h
                 return
-        if h and self._manager._handle:
-            check(_buffer_free(self._manager._handle, h, FORCE))
+        if h:
+            fn, args = self._freeing(self._manager, h)
+            fn(*args, raising=True)
 
     def __enter__(self):
         return self
@@ -393,9 +397,14 @@ class Buffer(NotCopyable):
                     if self._exports:
                         self._pending = h
                         return
-                later(_free, self._manager, h)
+                fn, args = self._freeing(self._manager, h)
+                later(fn, *args)
             except Exception:  # interpreter shutdown: the module's globals may be gone
                 pass
+
+    def _freeing(self, manager, handle):
+        """(fn, args): the call that frees `handle` of this buffer."""
+        return _free, (manager, handle)
 
     def __repr__(self):
         if self.closed:
@@ -403,14 +412,27 @@ class Buffer(NotCopyable):
         return "<kmm.Buffer %s %d bytes at %#x>" % (self.kind, self.nbytes, self._ptr)
 
 
-def _free(manager, handle):
-    """Frees a buffer's `handle` unless its manager is gone (destroyed with all its buffers)."""
+def _free(manager, handle, raising=False):
+    """Frees a buffer's `handle` unless its manager is gone (destroyed with all its buffers).
+    `raising`: a failure raises (close()), except the manager's destroy by another thread after
+    its handle was read, which freed the buffer with the rest."""
     try:
         m = manager._handle
-        if m:
-            _buffer_free(m, handle, FORCE)
+        status = _buffer_free(m, handle, FORCE) if m else 0
     except Exception:  # interpreter shutdown
-        pass
+        return
+    if raising and status and not (status == InvalidHandleError.status and not manager._handle):
+        check(status)
+
+
+def _free_import(manager, handle, owner, raising=False):
+    """Frees an import's buffer, then keeps its producer (`owner`) until the work queued so far on
+    the manager's stream has run: the free is stream-ordered, and that work may still read or
+    write the producer's memory (a DLPack deleter or a dropped producer would free it under it)."""
+    try:
+        _free(manager, handle, raising)
+    finally:
+        manager._hold_until_stream_passes(owner)
 
 
 class _Imported(Buffer):
@@ -439,4 +461,8 @@ class _Imported(Buffer):
         self._exports = 0
         self._pending = 0
         self._owner = owner
+        manager._count_import(1)
         return self
+
+    def _freeing(self, manager, handle):
+        return _free_import, (manager, handle, self._owner)

@@ -96,6 +96,7 @@ class Manager(NotCopyable):
         self._owned = True
         self._exports = 0
         self._pending = 0
+        self._init_imports()
         cfg = make_config(**config)
         out = ctypes.c_uint64()
         check(_lib_.kmm_manager_create(ctypes.byref(cfg), ctypes.byref(out)))
@@ -110,8 +111,58 @@ class Manager(NotCopyable):
         self._owned = False
         self._exports = 0
         self._pending = 0
+        self._init_imports()
         self._init_info()
         return self
+
+    # -- imports' producers: kept until the stream has passed their buffers' frees ---------------
+    def _init_imports(self):
+        self._imports = 0      # imported buffers not yet freed
+        self._held = []        # (event, producer) of freed imports, oldest first
+        self._held_lock = threading.Lock()
+
+    def _count_import(self, n):
+        with self._held_lock:
+            self._imports += n
+
+    def _hold_until_stream_passes(self, owner):
+        """After an import's buffer was freed (stream-ordered): keeps its producer `owner` until
+        an event recorded now on the stream has completed, so that no work queued before the
+        free runs on memory the producer gave back. A manager with no handle left was destroyed
+        by close() (which waited for the stream) or is destroyed by its finalizer (which waited
+        for it first while it had imports): the work has run."""
+        h = self._handle
+        ev = ctypes.c_uint64()
+        if h and _lib_.kmm_manager_record_event(h, ctypes.byref(ev)) != 0:
+            # Destroyed meanwhile (see above), or no event to be had: wait for the work now.
+            if self._handle:
+                _lib_.kmm_manager_synchronize(h)
+            h = 0
+        with self._held_lock:
+            self._imports -= 1
+            if h:
+                self._held.append((ev.value, owner))
+        owner = None  # noqa: F841 (let go outside the lock: a producer's release may run Python)
+        self._release_passed()
+
+    def _release_passed(self, all_done=False):
+        """Lets go of the producers whose events have completed (all of them with `all_done`,
+        after a synchronize or a destroy; `all_done = "destroyed"`: their events went with it)."""
+        if not self._held:
+            return
+        h = self._handle or self._pending
+        done = ctypes.c_bool()
+        with self._held_lock:
+            keep, gone = [], []
+            for ev, owner in self._held:
+                if all_done or not h or (_lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
+                    gone.append(owner)
+                    if h and all_done != "destroyed":
+                        _lib_.kmm_event_destroy(h, ev)
+                else:
+                    keep.append((ev, owner))
+            self._held = keep
+        del gone  # outside the lock
 
     def _init_info(self):
         info = _lib.KmmManagerInfo()
@@ -249,6 +300,7 @@ class Manager(NotCopyable):
     def synchronize(self):
         """Waits for all work queued on the manager's stream."""
         check(_lib_.kmm_manager_synchronize(self._live()))
+        self._release_passed(all_done=True)
 
     def wait_stream(self, stream):
         """The manager's stream waits for the work queued so far on the raw `stream`."""
@@ -262,7 +314,8 @@ class Manager(NotCopyable):
     def close(self):
         """Destroys the manager (waits for its stream, frees what is left). Idempotent. While
         `host_view` memoryviews or DLPack exports of its buffers live, the manager closes at once
-        for Python (its methods raise) and is destroyed when the last export lets go. A manager
+        for Python (its methods raise; its trace stops, a file trace is complete) and is
+        destroyed when the last export lets go. A manager
         libkmm owns (`kmm.torch.manager`) is not closed: its buffers free themselves only through
         an open handle, so closing it for Python would leak every one of them."""
         if not self._owned:
@@ -275,9 +328,14 @@ class Manager(NotCopyable):
                 # the exports show is what that work wrote. Under the lock: the last export's
                 # end cannot destroy the manager meanwhile.
                 check(_lib_.kmm_manager_synchronize(h))
+                self._release_passed(all_done=True)
+                # Its trace ends here, as a destroy would end it: a file trace is complete when
+                # close() returns (the export may live until the process exits, with no destroy).
+                _lib_.kmm_manager_trace_stop(h)
                 return
         if h:
             check(_lib_.kmm_manager_destroy(h, 0))
+            self._release_passed(all_done="destroyed")
 
     def _refuse_close_while_held(self, whose, users):
         """For plugins' managers: raises `BufferMappedError` (naming `whose` manager and its
@@ -312,6 +370,11 @@ class Manager(NotCopyable):
                         # that holds an export, which holds its buffer and manager, comes here so).
                         self._pending = h
                         return
+                # Imports whose producers go with this garbage may still be read or written by
+                # queued work: it runs before they are let go (the only wait of a finalizer).
+                if self._imports or self._held:
+                    _lib_.kmm_manager_synchronize(h)
+                    self._release_passed(all_done=True)
                 # In a collection, at its end: a finalizer of the same garbage may still write
                 # through a view of the manager's memory.
                 later(_lib_.kmm_manager_destroy, h, _lib.KMM_DESTROY_DEFERRED)

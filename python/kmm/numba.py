@@ -86,6 +86,9 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
       allocation's offset in it (pool and direct modes; not on the host backend).
     - `reset`: destroys the manager, freeing all its memory (pointers still held dangle, as
       with Numba's own `reset`); the next allocation starts a fresh one.
+    - Collected while Numba's arrays it served live: its manager stays until they are freed
+      (destroyed at a later plugin's next manager), so their memory is never handed out under
+      them.
     """
 
     def __init__(self, *args, **kwargs):
@@ -111,6 +114,8 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
         return m if m is not None and not m.closed else self._create()
 
     def _create(self):
+        if _orphans:
+            _close_finished_orphans()
         with self._lock:
             created = self._manager is None or self._manager.closed
             if created:
@@ -240,8 +245,34 @@ class KmmNumbaMemoryManager(cuda.GetIpcHandleMixin, cuda.HostOnlyCUDAMemoryManag
 
     def __del__(self):
         m = getattr(self, "_manager", None)
-        if m is not None:
+        if m is None or m.closed:
+            return
+        try:
+            held = sum(m.stats(kind)["live_buffers"] for kind in ("device", "pinned"))
+        except Exception:  # interpreter shutdown
+            return
+        if held:
+            # Numba's pointers free themselves through the manager's handle, not this object:
+            # destroyed now, their memory would be handed out again under them. Kept until they
+            # are gone (looked at when a plugin makes its next manager).
+            _orphans.append(m)
+        else:
             m.__del__()
+
+
+#: Managers of collected plugins that still held Numba's memory then.
+_orphans = []
+
+
+def _close_finished_orphans():
+    """Destroys the managers in `_orphans` whose memory Numba has given back."""
+    for m in list(_orphans):
+        try:
+            if not sum(m.stats(kind)["live_buffers"] for kind in ("device", "pinned")):
+                _orphans.remove(m)
+                Manager.close(m)
+        except (InvalidHandleError, ValueError):
+            pass
 
 
 #: Numba's `MemoryPointer` for one Kmm allocation: freed once, by `free()` or when collected,
