@@ -633,6 +633,17 @@ PLANTS = [
      "                _lib_.kmm_manager_trace_stop(h)\n                return",
      "                return",
      ["py:test_adversarial_python_round8.py"]),
+    # A wrap of memory inside a pool chunk goes to that chunk, where the buffer it aliases hides it.
+    ("map-wrap-joins-pool-chunk", "rust/kmm/src/manager/observe.rs",
+     "            if !wrapped && holds(&chunks[..pool], addr, size) {\n",
+     "            if holds(&chunks[..pool], addr, size) {\n",
+     ["observe", "py:test_adversarial_python_round8.py"]),
+    # A stopped file trace keeps its claim on the file while a call (a trim) still holds the trace:
+    # a restart on the same path is refused as "another manager's".
+    ("trace-claim-outlives-stop", "rust/kmm/src/manager/trace.rs",
+     "            f.release_claim();\n            if let Some(e) = f.failed.take() {",
+     "            if let Some(e) = f.failed.take() {",
+     ["py:test_adversarial_python_round8.py"]),
     # --- The eighth adversarial run's Julia findings, each fix reversed. ---
     # A PinnedArray's 5-argument copyto! with an Array falls to Base's, whose range check wraps
     # for an unsigned n and then writes @inbounds past the pinned memory.

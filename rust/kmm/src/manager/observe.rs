@@ -240,52 +240,39 @@ impl Manager {
     pub fn memory_map(&self, kind: MemoryKind) -> MemoryMap {
         let k = kind as usize;
         let mut chunks: Vec<(u64, u64)> = Vec::new();
-        // (address, block size, buffer, requested, mapped)
-        let mut blocks: Vec<(u64, u64, u64, u64, bool)> = Vec::new();
+        // (address, block size, buffer, requested, mapped, wrapped)
+        let mut blocks: Vec<(u64, u64, u64, u64, bool, bool)> = Vec::new();
         for lane in self.lanes() {
             let st = self.lane(lane);
             chunks.extend(st.resources[k].chunks());
             for (handle, r) in st.buffers.iter().filter(|(_, r)| r.kind == kind) {
-                let size = match r.origin {
-                    Origin::Resource(b) | Origin::Adopted(b) | Origin::Lent { block: b, .. } => b.size,
-                    Origin::Borrowed => r.bytes,
+                let (size, wrapped) = match r.origin {
+                    Origin::Resource(b) | Origin::Lent { block: b, .. } => (b.size, false),
+                    Origin::Adopted(b) => (b.size, true),
+                    Origin::Borrowed => (r.bytes, true),
                     Origin::Empty | Origin::Spilled(_) => continue,
                 };
                 // A zero-byte wrap holds no memory.
                 if size > 0 {
-                    blocks.push((r.addr, size, handle, r.bytes, r.pins > 0));
+                    blocks.push((r.addr, size, handle, r.bytes, r.pins > 0, wrapped));
                 }
             }
         }
         chunks.sort_unstable();
         blocks.sort_unstable();
-        // Blocks outside every chunk are whole allocations: each is a chunk of its own.
-        // A block that runs past the end of the chunk it starts in (a wrap of memory reaching
-        // out of a pool chunk) is one too, so that none of it is cut off.
-        let mut whole: Vec<(u64, u64)> = blocks.iter().filter(|b| !holds(&chunks, b.0, b.1)).map(|b| (b.0, b.1)).collect();
-        // The same memory wrapped twice (or overlapping wraps) is one chunk; allocations that
-        // merely touch (CUDA hands out small ones side by side) stay apart.
-        whole.sort_unstable();
-        let mut merged: Vec<(u64, u64)> = Vec::with_capacity(whole.len());
-        for (base, size) in whole {
-            match merged.last_mut() {
-                Some((b, s)) if base < *b + *s => *s = (*s).max(base + size - *b),
-                _ => merged.push((base, size)),
-            }
-        }
-        // Each block goes to the chunk that holds its start: a pool chunk, else its own. Wrapped
-        // memory may overlap a pool chunk (a borrowed range reaching into the pool's memory):
-        // each chunk is walked with its own blocks, so neither hides the other's.
+        // A block of a pool chunk goes to it. Every other block is a chunk of its own: an
+        // allocation outside the pools (direct and CUDA-pool modes), and every wrap, wherever
+        // its memory is (inside or across a pool chunk, or the same memory as another wrap):
+        // each buffer shows, and a pool chunk's segments stay its own blocks.
         let pool = chunks.len();
-        chunks.extend(merged);
-        let mut owned: Vec<Vec<(u64, u64, u64, u64, bool)>> = vec![Vec::new(); chunks.len()];
-        for b in blocks {
-            let i = if holds(&chunks[..pool], b.0, b.1) {
-                chunks[..pool].partition_point(|c| c.0 <= b.0) - 1
+        let mut owned: Vec<Vec<(u64, u64, u64, u64, bool)>> = vec![Vec::new(); pool];
+        for (addr, size, buffer, requested, mapped, wrapped) in blocks {
+            if !wrapped && holds(&chunks[..pool], addr, size) {
+                owned[chunks[..pool].partition_point(|c| c.0 <= addr) - 1].push((addr, size, buffer, requested, mapped));
             } else {
-                pool + chunks[pool..].partition_point(|c| c.0 <= b.0) - 1
-            };
-            owned[i].push(b);
+                chunks.push((addr, size));
+                owned.push(vec![(addr, size, buffer, requested, mapped)]);
+            }
         }
         let mut order: Vec<usize> = (0..chunks.len()).collect();
         order.sort_by_key(|&i| chunks[i]);
@@ -298,8 +285,8 @@ impl Manager {
                 if addr > at {
                     segments.push(MapSegment { chunk: base, address: at, bytes: addr - at, state: SegmentState::Free, buffer: 0, requested: 0 });
                 }
-                // Wrapped memory that aliases another buffer's shows once: within a chunk,
-                // segments never overlap.
+                // Blocks of one chunk never overlap (wraps are chunks of their own); clamped all
+                // the same, so that segments could never overlap or leave their chunk.
                 let (start, stop) = (addr.max(at), (addr + bytes).min(end));
                 if stop > start {
                     let state = if mapped { SegmentState::Mapped } else { SegmentState::InUse };

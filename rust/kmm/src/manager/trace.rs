@@ -283,9 +283,11 @@ impl FileStore {
     }
 }
 
-impl Drop for FileStore {
-    fn drop(&mut self) {
-        if let (true, Some(id)) = (self.claimed, self.id) {
+impl FileStore {
+    /// Stops counting the file as written by this trace (once: at the stop, or at the drop of a
+    /// trace that never stopped).
+    fn release_claim(&mut self) {
+        if let (true, Some(id)) = (std::mem::take(&mut self.claimed), self.id) {
             let mut files = files_in_use().lock();
             if let Some(n) = files.get_mut(&id) {
                 *n -= 1;
@@ -294,6 +296,12 @@ impl Drop for FileStore {
                 }
             }
         }
+    }
+}
+
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        self.release_claim();
     }
 }
 
@@ -555,11 +563,15 @@ impl Tracer {
         id(self).is_some_and(|a| Some(a) == id(other))
     }
 
+    /// Stops a file trace: its file flushed and written no more (a write error is reported here).
     pub(super) fn finish(&self) -> Result<()> {
         if let Some(file) = &self.file {
             let mut f = file.lock();
             f.closed = true;
             f.flush();
+            // Written no more: a new trace (of any manager) may take the file now, though a call
+            // still holding this trace (a trim, an allocation) keeps the store a little longer.
+            f.release_claim();
             if let Some(e) = f.failed.take() {
                 fail!(KMM_ERROR_INVALID_ARGUMENT, "path = {}: writing the trace file failed: {e}", f.path.display());
             }
