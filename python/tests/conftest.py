@@ -53,3 +53,16 @@ def cupy_on_host(monkeypatch, python_path=False):
         monkeypatch.setattr(kc, "_c_malloc", None)
         monkeypatch.setattr(kc, "allocator", kc._uncompiled_allocator)
     return kc
+
+
+def fresh_interpreter(script, timeout=120):
+    """Runs `script` in a fresh interpreter (this one's environment, this kmm on its path)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(kmm.__file__)),
+                                                      env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=timeout, env=env)

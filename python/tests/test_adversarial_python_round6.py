@@ -1,29 +1,18 @@
 """Round 6 of the adversarial tests of the Python binding (host backend). Each test fails on the
 code it was written against (de09b4f), for the defect its docstring names."""
 
-import os
 import pickle
-import subprocess
-import sys
-import textwrap
 
 import numpy as np
 import pytest
 
 import kmm
-from conftest import BACKEND
+from conftest import BACKEND, fresh_interpreter as _run
 from _gc_scripts import KIND, run as run_script
 
 MiB = 1 << 20
 
 
-def _run(script, timeout=120):
-    """Runs `script` in a fresh interpreter (this one's environment, this kmm on its path)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(kmm.__file__)),
-                                                      env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 # -- exports and garbage collection: __del__ ignores live exports -------------------------------

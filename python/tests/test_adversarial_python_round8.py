@@ -3,29 +3,19 @@ and docstrings alone by an independent tester (against e34a772). Each test that 
 names the defect it demonstrates in its docstring; all pass since their fixes."""
 
 import gc
-import os
 import random
-import subprocess
 import sys
-import textwrap
 import threading
 
 import numpy as np
 import pytest
 
 import kmm
-from conftest import BACKEND
+from conftest import BACKEND, fresh_interpreter as _run
 
 MiB = 1 << 20
 
 
-def _run(script, timeout=120):
-    """Runs `script` in a fresh interpreter (this one's environment, this kmm on its path)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(kmm.__file__)),
-                                                      env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=timeout, env=env)
 
 
 # -- imports: the producer's memory is let go before the importing manager's queued work ran ---
