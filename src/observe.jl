@@ -66,7 +66,7 @@ function largest_free(map::MemoryMap)
 end
 
 function Base.show(io::IO, map::MemoryMap)
-    chunks = length(unique(s.chunk for s in map.segments))
+    chunks = count(s -> s.address == s.chunk, map.segments)   # a chunk's first segment
     print(io, "Kmm.MemoryMap(:", map.kind, ", ", chunks, " chunks, ", length(map.segments),
           " segments, ", free_bytes(map), " bytes free, largest ", largest_free(map), ")")
 end

@@ -69,7 +69,8 @@ Base.@propagate_inbounds function Base.getindex(p::PinnedArray{T}, i::Int) where
 end
 Base.@propagate_inbounds function Base.setindex!(p::PinnedArray{T}, v, i::Int) where {T}
     @boundscheck checkbounds(p, i)
-    GC.@preserve p unsafe_store!(hostptr(p), convert(T, v), i)
+    x = convert(T, v)   # before the handle's check: a conversion may reach a safepoint
+    GC.@preserve p unsafe_store!(hostptr(p), x, i)
     p
 end
 

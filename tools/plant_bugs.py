@@ -644,6 +644,31 @@ PLANTS = [
      "            f.release_claim();\n            if let Some(e) = f.failed.take() {",
      "            if let Some(e) = f.failed.take() {",
      ["py:test_adversarial_python_round8.py"]),
+    # --- The review of session 14's changes, each fix reversed. ---
+    # A freed import's producer is queued under a lock that allocates: a collection there runs a
+    # garbage import's queued free in the same thread, which takes the lock again (a hang).
+    ("py-held-under-allocating-lock", "python/kmm/manager.py",
+     "        if h:\n            self._held.append((ev.value, owner))\n",
+     "        if h:\n            with self._imports_lock:\n                self._held.append((ev.value, owner))\n",
+     ["py:test_review_s14.py"]),
+    # A kmm buffer imported through __cuda_array_interface__ is held as an object only: in one
+    # garbage cycle with the import, its own finalizer frees it under the importer's queued work.
+    ("py-cai-kmm-producer-not-exported", "python/kmm/array.py",
+     "    return obj if buf is None else (obj, _ExportToken(buf._export()))\n",
+     "    return obj\n",
+     ["py:test_review_s14.py"]),
+    # Chunks counted by base address: a wrap at a pool chunk's base, or two wraps of one array,
+    # count as one chunk.
+    ("py-map-chunks-by-base", "python/kmm/observe.py",
+     "        chunks = sum(1 for s in self.segments if s.address == s.chunk)  # a chunk's first segment\n",
+     "        chunks = len({s.chunk for s in self.segments})\n",
+     ["py:test_review_s14.py"]),
+    # PinnedArray's setindex! checks the handle before converting the value: a conversion that
+    # reaches a safepoint lets an unsafe_free! pass, and the store lands in freed memory.
+    ("jl-setindex-converts-after-check", "src/pinned.jl",
+     "    x = convert(T, v)   # before the handle's check: a conversion may reach a safepoint\n    GC.@preserve p unsafe_store!(hostptr(p), x, i)\n",
+     "    GC.@preserve p unsafe_store!(hostptr(p), convert(T, v), i)\n",
+     ["jl:review_s14.jl"]),
     # --- The eighth adversarial run's Julia findings, each fix reversed. ---
     # A PinnedArray's 5-argument copyto! with an Array falls to Base's, whose range check wraps
     # for an unsigned n and then writes @inbounds past the pinned memory.

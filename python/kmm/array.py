@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 
 from . import _args, _lib, dlpack
-from .buffer import Buffer, _Imported
+from .buffer import Buffer, _ExportToken, _Imported
 from .manager import chosen, kind_code
 
 
@@ -94,6 +94,14 @@ def _refuse_read_only(why):
     raise BufferError("cannot import read-only memory: %s; kmm arrays are writable (copy it first)" % why)
 
 
+def _producer(obj):
+    """What an import through `__cuda_array_interface__` keeps of its producer `obj`: `obj`, and
+    for a kmm buffer or array an export of its buffer, so that the buffer's free (by the
+    collector too, in one garbage cycle with the import) waits until the import lets go."""
+    buf = obj.buffer if isinstance(obj, DeviceArray) else obj if isinstance(obj, Buffer) else None
+    return obj if buf is None else (obj, _ExportToken(buf._export()))
+
+
 class DeviceArray:
     """An n-dimensional array in Kmm memory. Create with `DeviceArray.empty`, `zeros`,
     `from_host`, `Manager.empty`/`asarray`, or import with `from_cuda_array_interface` /
@@ -154,8 +162,9 @@ class DeviceArray:
     @classmethod
     def from_cuda_array_interface(cls, obj, manager=None):
         """A view of `obj`'s memory (`__cuda_array_interface__` v0 to v3, or the dict itself)
-        without copying; the array keeps `obj` alive. The manager's stream waits for the
-        producer's `stream`."""
+        without copying; the array keeps `obj` alive, and after the array's free until the
+        manager's stream has passed it (let go at the manager's next allocation, import,
+        synchronize or close). The manager's stream waits for the producer's `stream`."""
         cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
         manager = chosen(manager)
         if not isinstance(cai, dict):
@@ -182,13 +191,15 @@ class DeviceArray:
         lo, hi = extent(shape, strides, dtype.itemsize)
         _foreign_stream_wait(manager, cai.get("stream"))
         base = ptr + lo if hi > lo else 0
-        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, obj, "data[0]")
+        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, _producer(obj), "data[0]")
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     @classmethod
     def from_dlpack(cls, obj, manager=None):
         """A view of a DLPack producer's memory (an object with `__dlpack__`, or a capsule)
-        without copying; keeps the producer's tensor alive until the array is collected."""
+        without copying; keeps the producer's tensor alive until the array is freed and the
+        manager's stream has passed that free (let go at the manager's next allocation, import,
+        synchronize or close)."""
         manager = chosen(manager)
         if hasattr(obj, "__dlpack__"):
             dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else dlpack.kDLCUDA

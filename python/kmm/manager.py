@@ -1,5 +1,6 @@
 """`kmm.Manager`: a stream, device and pinned pools, and the buffers allocated from them."""
 
+import collections
 import ctypes
 import threading
 
@@ -116,13 +117,16 @@ class Manager(NotCopyable):
         return self
 
     # -- imports' producers: kept until the stream has passed their buffers' frees ---------------
+    # No lock is held while anything is allocated: a collection starting there may run a queued
+    # `_free_import` of garbage in this thread, which comes back here. The deque's append and
+    # popleft are atomic and allocate no tracked object.
     def _init_imports(self):
-        self._imports = 0      # imported buffers not yet freed
-        self._held = []        # (event, producer) of freed imports, oldest first
-        self._held_lock = threading.Lock()
+        self._imports = 0                   # imported buffers not yet freed
+        self._held = collections.deque()    # (event, producer) of freed imports
+        self._imports_lock = threading.Lock()
 
     def _count_import(self, n):
-        with self._held_lock:
+        with self._imports_lock:  # an int's update: nothing in it starts a collection
             self._imports += n
 
     def _hold_until_stream_passes(self, owner):
@@ -138,31 +142,29 @@ class Manager(NotCopyable):
             if self._handle:
                 _lib_.kmm_manager_synchronize(h)
             h = 0
-        with self._held_lock:
-            self._imports -= 1
-            if h:
-                self._held.append((ev.value, owner))
-        owner = None  # noqa: F841 (let go outside the lock: a producer's release may run Python)
+        if h:
+            self._held.append((ev.value, owner))
+        self._count_import(-1)
+        del owner
         self._release_passed()
 
     def _release_passed(self, all_done=False):
         """Lets go of the producers whose events have completed (all of them with `all_done`,
         after a synchronize or a destroy; `all_done = "destroyed"`: their events went with it)."""
-        if not self._held:
-            return
         h = self._handle or self._pending
         done = ctypes.c_bool()
-        with self._held_lock:
-            keep, gone = [], []
-            for ev, owner in self._held:
-                if all_done or not h or (_lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
-                    gone.append(owner)
-                    if h and all_done != "destroyed":
-                        _lib_.kmm_event_destroy(h, ev)
-                else:
-                    keep.append((ev, owner))
-            self._held = keep
-        del gone  # outside the lock
+        for _ in range(len(self._held)):
+            try:
+                entry = self._held.popleft()
+            except IndexError:  # another thread took the rest
+                return
+            ev = entry[0]
+            if all_done or not h or (_lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
+                if h and all_done != "destroyed":
+                    _lib_.kmm_event_destroy(h, ev)
+                del entry  # the producer goes
+            else:
+                self._held.append(entry)  # still queued: looked at again later
 
     def _init_info(self):
         info = _lib.KmmManagerInfo()

@@ -83,7 +83,7 @@ class MemoryMap:
         return 0.0 if free == 0 else 1.0 - self.largest_free / free
 
     def __repr__(self):
-        chunks = len({s.chunk for s in self.segments})
+        chunks = sum(1 for s in self.segments if s.address == s.chunk)  # a chunk's first segment
         return "<MemoryMap %s: %d chunks, %d segments, %d bytes free (largest %d)>" % (
             self.kind, chunks, len(self.segments), self.free_bytes, self.largest_free)
 

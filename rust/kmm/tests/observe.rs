@@ -530,6 +530,10 @@ fn every_wrap_is_a_chunk_of_its_own_and_zero_byte_wraps_not_in_the_map() {
         assert_eq!(map.iter().filter(|s| s.chunk == base && s.bytes == bytes && s.buffer == h).count(), 1);
     }
     assert_eq!(map.iter().filter(|s| s.buffer == pooled).count(), 1, "the pool buffer keeps its own segment");
+    // Chunks of one base are told apart by their first segments (a review found two wraps of one
+    // address counted as one chunk of twice the size).
+    let pool_chunks = map.iter().filter(|s| s.chunk == pool_chunk && s.address == s.chunk).count();
+    assert_eq!(map.iter().filter(|s| s.address == s.chunk).count(), pool_chunks + 4, "{map:?}");
     assert!(!map.iter().any(|s| s.buffer == w[3]), "a zero-byte wrap holds no memory");
     let total: u64 = map.iter().map(|s| s.bytes).sum();
     assert_eq!(total, m.stats(DEVICE).reserved + 3 * 4096 + 1024, "pool chunks plus each wrap once");

@@ -96,7 +96,9 @@ pub enum KmmSegmentState {
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KmmMapSegment {
     /// The base of the chunk it lies in. Memory not carved from chunks (direct and CUDA-pool
-    /// modes, wrapped memory) is a chunk of its own.
+    /// modes, wrapped memory) is a chunk of its own. A chunk's segments come one after another in
+    /// address order, the first at the chunk's base: chunks of one base (every wrap is a chunk,
+    /// also of memory another chunk holds) are told apart that way.
     pub chunk: u64,
     pub address: u64,
     /// The block's size (the request rounded up), or the free stretch's.

@@ -49,7 +49,9 @@ pub struct MemoryMap {
 
 impl MemoryMap {
     pub fn chunks(&self) -> impl Iterator<Item = &[MapSegment]> {
-        self.segments.chunk_by(|a, b| a.chunk == b.chunk)
+        // A chunk's first segment starts at its base: two chunks of one base (wraps of the same
+        // memory) follow each other apart.
+        self.segments.chunk_by(|a, b| a.chunk == b.chunk && b.address != b.chunk)
     }
 
     pub fn free_bytes(&self) -> u64 {
