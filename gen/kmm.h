@@ -946,7 +946,9 @@ typedef struct {
 typedef struct {
   /**
    * The base of the chunk it lies in. Memory not carved from chunks (direct and CUDA-pool
-   * modes, wrapped memory) is a chunk of its own.
+   * modes, wrapped memory) is a chunk of its own. A chunk's segments come one after another in
+   * address order, the first at the chunk's base: chunks of one base (every wrap is a chunk,
+   * also of memory another chunk holds) are told apart that way.
    */
   uint64_t chunk;
   uint64_t address;

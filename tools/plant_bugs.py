@@ -648,8 +648,8 @@ PLANTS = [
     # A freed import's producer is queued under a lock that allocates: a collection there runs a
     # garbage import's queued free in the same thread, which takes the lock again (a hang).
     ("py-held-under-allocating-lock", "python/kmm/manager.py",
-     "        if h:\n            self._held.append((ev.value, owner))\n",
-     "        if h:\n            with self._imports_lock:\n                self._held.append((ev.value, owner))\n",
+     "            try:\n                entry = self._held.popleft()\n",
+     "            try:\n                with self._imports_lock:\n                    entry = self._held.popleft()\n                    ctypes.c_bool()\n",
      ["py:test_review_s14.py"]),
     # A kmm buffer imported through __cuda_array_interface__ is held as an object only: in one
     # garbage cycle with the import, its own finalizer frees it under the importer's queued work.
