@@ -100,7 +100,11 @@ const _live_bytes = Threads.Atomic{Int}(0)
 const _live_bytes_after_gc = Threads.Atomic{Int}(0)
 
 @inline function maybe_collect(bytes::Int)
-    if _live_bytes[] + bytes - _live_bytes_after_gc[] > GC_INTERVAL_BYTES[]
+    live, base = _live_bytes[], _live_bytes_after_gc[]
+    # Frees since the last collection lowered the live bytes: growth counts from there (else a
+    # collection after a large peak waited for the next growth past that peak).
+    live < base && (_live_bytes_after_gc[] = base = live)
+    if live + bytes - base > GC_INTERVAL_BYTES[]
         GC.gc(false)
         _live_bytes_after_gc[] = _live_bytes[]
     end
