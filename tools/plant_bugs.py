@@ -658,6 +658,16 @@ PLANTS = [
      "        chunks = sum(1 for s in self.segments if s.address == s.chunk)  # a chunk's first segment\n",
      "        chunks = len({s.chunk for s in self.segments})\n",
      ["py:test_review_s14.py"]),
+    # Round 9 (Python): kmm.asarray hands back a view of another kind than asked for.
+    ("py-asarray-view-ignores-kind", "python/kmm/__init__.py",
+     "    if want is not None and want != have:\n",
+     "    if False:\n",
+     ["py:test_adversarial_python_round9.py"]),
+    # Round 9 (Python): a trace path of the wrong type raises os.fsencode's error, naming nothing.
+    ("py-trace-path-type-unnamed", "python/kmm/observe.py",
+     "        raise TypeError(\"path = %r must be a str, bytes or os.PathLike\" % (path,)) from None\n",
+     "        raise\n",
+     ["py:test_adversarial_python_round9.py"]),
     # PinnedArray's setindex! checks the handle before converting the value: a conversion that
     # reaches a safepoint lets an unsafe_free! pass, and the store lands in freed memory.
     ("jl-setindex-converts-after-check", "src/pinned.jl",

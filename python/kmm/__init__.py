@@ -33,6 +33,7 @@ from .array import DeviceArray, from_cuda_array_interface, from_dlpack
 from .buffer import Buffer
 from .manager import Manager, default_manager
 from .manager import chosen as _chosen
+from .manager import kind_code as _kind_code
 
 __all__ = [
     "Manager", "Buffer", "DeviceArray", "default_manager", "empty", "zeros", "asarray",
@@ -57,7 +58,7 @@ def status_name(status):
 
 def _backend_code(backend):
     from .manager import BACKENDS
-    if backend not in BACKENDS:
+    if not isinstance(backend, str) or backend not in BACKENDS:
         raise InvalidArgumentError("backend must be one of %s, got %r" % (sorted(BACKENDS), backend))
     return BACKENDS[backend]
 
@@ -99,11 +100,25 @@ def zeros(shape, dtype="float32", manager=None, kind="device"):
     return DeviceArray.zeros(shape, dtype, manager, kind)
 
 
-def asarray(host, manager=None, kind="device"):
-    """A DeviceArray copy of a host array, or a zero-copy view of a device array (CAI/DLPack)."""
+def asarray(host, manager=None, kind=None):
+    """A DeviceArray copy of a host array (in `kind` memory, "device" unless given), or a
+    zero-copy view of a device array (CAI/DLPack). A view is of the memory it views: asked for
+    another kind than that (a CAI object is imported as device memory), asarray refuses, never handing back
+    the wrong kind (`asarray(x.get(), kind=...)` copies)."""
+    want = None if kind is None else _kind_code(kind)
     if isinstance(host, DeviceArray):
         _chosen(manager)  # checked even where unused
+        _same_kind(want, _kind_code(host.buffer.kind), kind)
         return host
     if hasattr(host, "__cuda_array_interface__"):
+        _same_kind(want, _lib.KMM_MEMORY_DEVICE, kind)  # the import wraps it as device memory
         return DeviceArray.from_cuda_array_interface(host, manager)
-    return DeviceArray.from_host(host, manager, kind)
+    return DeviceArray.from_host(host, manager, "device" if kind is None else kind)
+
+
+def _same_kind(want, have, kind):
+    if want is not None and want != have:
+        raise ValueError(
+            "kind = %r: the array is a view of %s memory, which asarray does not copy (asarray(x.get(), kind=...) does)"
+            % (kind, "device" if have == _lib.KMM_MEMORY_DEVICE else "pinned")
+        )

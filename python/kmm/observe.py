@@ -166,7 +166,10 @@ def save_trace(handle, path, rmm_only):
 def _path(path):
     import os
 
-    text = os.fsencode(path)
+    try:
+        text = os.fsencode(path)
+    except TypeError:
+        raise TypeError("path = %r must be a str, bytes or os.PathLike" % (path,)) from None
     if not text:
         raise ValueError("path is empty")
     if b"\0" in text:

@@ -1,0 +1,57 @@
+"""Adversarial round 9: argument checks the public API promises (docs/python.md, "Arguments":
+bad input raises `TypeError` or a `kmm.KmmError` subclass naming the argument) that the
+current code misses. Each test fails on the current code because of the defect it names."""
+
+import numpy as np
+import pytest
+
+import kmm
+from conftest import expect_named
+
+
+def test_asarray_checks_kind_of_a_device_array_or_cai_object(manager):
+    # kmm.asarray checks `manager` "even where unused" for a DeviceArray, but takes any `kind`
+    # ("bogus", 7, 1.5, True; None is the default: the view's own kind) without a word, for DeviceArray and CAI inputs alike, while
+    # the same call with a host array refuses it (ValueError naming kind).
+    a = manager.asarray(np.arange(3.0))
+    expect_named((ValueError, TypeError), "kind", kmm.asarray, [1.0, 2.0], manager=manager, kind="bogus")
+    for bad in ("bogus", 7, 1.5, True):
+        expect_named((ValueError, TypeError), "kind", kmm.asarray, a, manager=manager, kind=bad)
+        expect_named((ValueError, TypeError), "kind", kmm.asarray, a.buffer, manager=manager, kind=bad)
+    # the default and the view's own kind are accepted, for the array and its buffer's CAI
+    assert kmm.asarray(a, manager=manager) is a
+    assert kmm.asarray(a, manager=manager, kind="device") is a
+    assert kmm.asarray(a.buffer, manager=manager, kind="device").buffer.kind == "device"
+    p = manager.asarray(np.arange(3.0), kind="pinned")
+    assert kmm.asarray(p, manager=manager) is p
+    expect_named(ValueError, "kind", kmm.asarray, p, manager=manager, kind="device")
+
+
+def test_asarray_of_a_device_array_never_hands_back_another_kind_than_asked(manager):
+    # kind="pinned" of a device array silently returns the device array: the caller asked for
+    # page-locked host memory (to host_view() it on CUDA, say) and got device memory. Either
+    # the memory is of the kind asked for, or the call refuses.
+    a = manager.asarray(np.arange(3.0))
+    try:
+        r = kmm.asarray(a, manager=manager, kind="pinned")
+    except (ValueError, TypeError, kmm.KmmError):
+        return
+    assert r.buffer.kind == "pinned", "asked for pinned memory, got %s memory" % r.buffer.kind
+
+
+@pytest.mark.parametrize("bad", [["host"], {"host": 1}, {"host"}])
+def test_backend_of_device_count_and_can_access_peer_is_named_when_refused(bad):
+    # `backend not in BACKENDS` on an unhashable value raises "unhashable type: 'list'",
+    # naming neither the argument nor what it may be.
+    expect_named((TypeError, ValueError, kmm.KmmError), "backend", kmm.device_count, bad)
+    expect_named((TypeError, ValueError, kmm.KmmError), "backend", kmm.can_access_peer, 0, 0, bad)
+
+
+@pytest.mark.parametrize("bad", [5, 1.5, ["/tmp/x.csv"]])
+def test_trace_paths_of_the_wrong_type_are_named(manager, bad, tmp_path):
+    # os.fsencode's own TypeError ("expected str, bytes or os.PathLike object, not int") names
+    # no argument; path is empty / NUL errors do name it.
+    expect_named(TypeError, "path", manager.trace_start, path=bad)
+    manager.trace_start()
+    expect_named(TypeError, "path", manager.save_trace, bad)
+    expect_named(TypeError, "path", manager.save_trace, None)
