@@ -668,6 +668,12 @@ PLANTS = [
      "        raise TypeError(\"path = %r must be a str, bytes or os.PathLike\" % (path,)) from None\n",
      "        raise\n",
      ["py:test_adversarial_python_round9.py"]),
+    # Round 9 (Python): a synchronize lets go of every held import producer, also one whose
+    # import another thread freed after the wait (its copy still queued).
+    ("py-sync-releases-late-imports", "python/kmm/manager.py",
+     "        check(_lib_.kmm_manager_synchronize(self._live()))\n        self._release_passed()\n",
+     "        check(_lib_.kmm_manager_synchronize(self._live()))\n        self._release_passed(destroyed=True)\n",
+     ["py:test_adversarial_python_round9.py"]),
     # PinnedArray's setindex! checks the handle before converting the value: a conversion that
     # reaches a safepoint lets an unsafe_free! pass, and the store lands in freed memory.
     ("jl-setindex-converts-after-check", "src/pinned.jl",

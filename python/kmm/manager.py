@@ -148,10 +148,12 @@ class Manager(NotCopyable):
         del owner
         self._release_passed()
 
-    def _release_passed(self, all_done=False):
-        """Lets go of the producers whose events have completed (all of them with `all_done`,
-        after a synchronize or a destroy; `all_done = "destroyed"`: their events went with it)."""
-        h = self._handle or self._pending
+    def _release_passed(self, destroyed=False):
+        """Lets go of the producers whose events have completed (all of them when `destroyed`:
+        their events went with the manager, which waited for its stream). Each event is asked,
+        also after a synchronize: another thread may have freed an import after the wait, and
+        its event is still to pass."""
+        h = 0 if destroyed else self._handle or self._pending
         done = ctypes.c_bool()
         for _ in range(len(self._held)):
             try:
@@ -159,8 +161,8 @@ class Manager(NotCopyable):
             except IndexError:  # another thread took the rest
                 return
             ev = entry[0]
-            if all_done or not h or (_lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
-                if h and all_done != "destroyed":
+            if not h or (_lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
+                if h:
                     _lib_.kmm_event_destroy(h, ev)
                 del entry  # the producer goes
             else:
@@ -302,7 +304,7 @@ class Manager(NotCopyable):
     def synchronize(self):
         """Waits for all work queued on the manager's stream."""
         check(_lib_.kmm_manager_synchronize(self._live()))
-        self._release_passed(all_done=True)
+        self._release_passed()
 
     def wait_stream(self, stream):
         """The manager's stream waits for the work queued so far on the raw `stream`."""
@@ -330,14 +332,14 @@ class Manager(NotCopyable):
                 # the exports show is what that work wrote. Under the lock: the last export's
                 # end cannot destroy the manager meanwhile.
                 check(_lib_.kmm_manager_synchronize(h))
-                self._release_passed(all_done=True)
+                self._release_passed()
                 # Its trace ends here, as a destroy would end it: a file trace is complete when
                 # close() returns (the export may live until the process exits, with no destroy).
                 _lib_.kmm_manager_trace_stop(h)
                 return
         if h:
             check(_lib_.kmm_manager_destroy(h, 0))
-            self._release_passed(all_done="destroyed")
+            self._release_passed(destroyed=True)
 
     def _refuse_close_while_held(self, whose, users):
         """For plugins' managers: raises `BufferMappedError` (naming `whose` manager and its
@@ -376,7 +378,7 @@ class Manager(NotCopyable):
                 # queued work: it runs before they are let go (the only wait of a finalizer).
                 if self._imports or self._held:
                     _lib_.kmm_manager_synchronize(h)
-                    self._release_passed(all_done=True)
+                    self._release_passed()
                 # In a collection, at its end: a finalizer of the same garbage may still write
                 # through a view of the manager's memory.
                 later(_lib_.kmm_manager_destroy, h, _lib.KMM_DESTROY_DEFERRED)

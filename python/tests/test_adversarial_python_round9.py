@@ -55,3 +55,50 @@ def test_trace_paths_of_the_wrong_type_are_named(manager, bad, tmp_path):
     manager.trace_start()
     expect_named(TypeError, "path", manager.save_trace, bad)
     expect_named(TypeError, "path", manager.save_trace, None)
+
+
+def test_an_import_freed_after_a_synchronize_waited_keeps_its_producer(monkeypatch):
+    # Another thread frees an import (its producer held until an event recorded at the free
+    # passes) after this thread's synchronize has waited but before it let go of the passed
+    # producers: synchronize let go of every held producer, that late one too, while the work
+    # queued before its free (a copy out of its memory) was still to run. The late free is
+    # played in the window itself, in this thread, so the interleaving is certain.
+    import kmm.manager as manager_module
+
+    MiB = 1 << 20
+    m1 = kmm.Manager(backend="host")
+    m2 = kmm.Manager(backend="host")
+    try:
+        src = m1.alloc(MiB)
+        src.copy_from_host(np.full(MiB, 0x22, np.uint8))
+        m1.synchronize()
+        imports = [kmm.from_cuda_array_interface(src, manager=m2)]
+        del src  # the import holds the producer
+        slow = m2.alloc(256 * MiB)
+        dst = m2.alloc(MiB)
+        real = manager_module._lib_
+
+        class Lib:
+            def __getattr__(self, name):
+                return getattr(real, name)
+
+            def kmm_manager_synchronize(self, h):
+                rc = real.kmm_manager_synchronize(h)
+                if imports:  # the other thread, in the window after the wait
+                    slow.fill(b"\0")
+                    dst.copy_from(imports[0].buffer)
+                    imports.clear()  # the import is freed: its producer is held
+                return rc
+
+        monkeypatch.setattr(manager_module, "_lib_", Lib())
+        m2.synchronize()
+        monkeypatch.setattr(manager_module, "_lib_", real)
+        reuse = m1.alloc(MiB)  # the producer's memory, if it was let go
+        reuse.fill(b"\xee")
+        m1.synchronize()
+        m2.synchronize()
+        got = np.frombuffer(dst.copy_to_host(), np.uint8)
+        assert (got == 0x22).all(), "the queued copy read memory its producer gave back: %s" % (np.unique(got),)
+    finally:
+        m1.close()
+        m2.close()
