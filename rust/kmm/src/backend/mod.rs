@@ -200,7 +200,11 @@ pub fn can_access_peer(choice: BackendChoice, device: i32, peer: i32) -> Result<
     let count = device_count(choice)?;
     for (name, d) in [("device", device), ("peer", peer)] {
         if d < 0 || d as i64 >= count as i64 {
-            crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{name} = {d} is not a device of this backend (0..{count})");
+            crate::fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "{name} = {d} is not a device of this backend: {count} device(s){}",
+                if count == 0 { String::new() } else { format!(", numbered 0 to {}", count - 1) }
+            );
         }
     }
     let cuda = match resolve(choice)? {
