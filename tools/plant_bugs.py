@@ -680,6 +680,17 @@ PLANTS = [
      "                if count == 0 { String::new() } else { format!(\", numbered 0 to {}\", count - 1) }\n",
      "                format!(\" (0..{count})\")\n",
      ["multi_device", "jl:adversarial_round9.jl"]),
+    # Round 9 (C ABI): a small restore or allocation that must spill a buffer larger than the
+    # room left under the spill limit fails while the live set fits the device plus the limit.
+    ("spill-no-swap-past-limit", "rust/kmm/src/manager/spill.rs",
+     "                if let Some(more) = self.swap_headroom(bytes, restoring) {\n",
+     "                if let Some(more) = None::<u64> {\n",
+     ["adversarial_round9"]),
+    # The same swap not settled: the host stays past its spill limit.
+    ("spill-swap-not-settled", "rust/kmm/src/manager/spill.rs",
+     "        if swapped_past_limit && result.is_ok() {\n            self.settle();\n",
+     "        if swapped_past_limit && result.is_ok() {\n",
+     ["adversarial_round9"]),
     # PinnedArray's setindex! checks the handle before converting the value: a conversion that
     # reaches a safepoint lets an unsafe_free! pass, and the store lands in freed memory.
     ("jl-setindex-converts-after-check", "src/pinned.jl",

@@ -225,6 +225,45 @@ impl Manager {
         Ok((spilled, contested))
     }
 
+    /// The headroom past the spill limit for a swap that no buffer fitting the limit could
+    /// make (the host near its limit, the victims larger than the room left): the host may hold
+    /// every spilled byte more for a moment, that is any victim the limit alone could hold, and
+    /// `settle` then brings other spilled buffers back into the room the victim left. Only while
+    /// the live bytes fit the hard limit plus the spill limit, so that a placement within both
+    /// exists (with no hard limit the device's room is not known: none).
+    fn swap_headroom(&self, bytes: u64, restoring: bool) -> Option<u64> {
+        let hard = self.config.hard_limit;
+        if hard == 0 {
+            return None;
+        }
+        let device = self.stats(MemoryKind::Device);
+        let spilled = device.spill.spilled_bytes;
+        // A restore's own bytes are among the spilled ones.
+        let incoming = if restoring { 0 } else { bytes };
+        let live = device.usage.in_use.saturating_add(spilled).saturating_add(incoming);
+        (live <= hard.saturating_add(self.spill.limit)).then_some(spilled.max(bytes))
+    }
+
+    /// After a swap past the spill limit (`swap_headroom`): brings spilled buffers back, most
+    /// recently used first, into device memory they find without spilling others, until the
+    /// store is within its limit. Best effort: the allocation or restore it follows has been
+    /// made, and a buffer that finds no room (or was used, freed or restored meanwhile) stays;
+    /// with no room in whole blocks the store stays past its limit by less than the victim.
+    fn settle(&self) {
+        let mut spilled: Vec<(u64, u64)> = Vec::new();
+        for lane in 0..=super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask()) {
+            let st = self.lane(lane);
+            spilled.extend(st.buffers.iter().filter(|(_, r)| r.is_spilled()).map(|(h, r)| (r.last_use, h)));
+        }
+        spilled.sort_unstable_by(|a, b| b.cmp(a));
+        for (_, handle) in spilled {
+            if self.spill.taken() <= self.spill.limit {
+                break;
+            }
+            let _ = self.restore_somewhere(handle, super::handles::lane_of(handle) & self.lane_mask());
+        }
+    }
+
     /// Moves buffers spilled to pinned memory on to pageable memory, least recently used first,
     /// until `goal` bytes moved or none is left (or the host has no pageable memory); returns the
     /// bytes moved. Their pinned blocks go back to the store's pool, whose emptied chunks
@@ -330,6 +369,8 @@ impl Manager {
             return result;
         }
         let mut goal = bytes.max(1);
+        let mut headroom = if restoring { bytes } else { 0 };
+        let mut swapped_past_limit = false;
         // Threads out of memory together spill together: one's spill may serve another, and
         // the buffers one picked may be spilled by another first. A round that spilled nothing
         // while buffers could still spill tries again; the rounds are bounded all the same.
@@ -338,7 +379,15 @@ impl Manager {
                 break;
             }
             let started = Instant::now();
-            let round = self.spill_lru(goal, if restoring { bytes } else { 0 });
+            let mut round = self.spill_lru(goal, headroom);
+            if matches!(round, Ok((0, 0))) && !swapped_past_limit {
+                // No victim fits the limit: a swap past it, settled below, if a placement exists.
+                if let Some(more) = self.swap_headroom(bytes, restoring) {
+                    swapped_past_limit = true;
+                    headroom = more;
+                    round = self.spill_lru(goal, headroom);
+                }
+            }
             // The spilled buffers' blocks are back in their pools, stream-ordered behind the
             // copies out: the attempt may use them at once. Only when they do not serve it are
             // the chunks given back (which waits for those copies) for a chunk of its own size.
@@ -360,6 +409,9 @@ impl Manager {
             }
             *spilled += moved;
             goal = goal.saturating_mul(2);
+        }
+        if swapped_past_limit && result.is_ok() {
+            self.settle();
         }
         result
     }

@@ -119,6 +119,11 @@ impl Spill {
         self.clock.load(Ordering::Relaxed)
     }
 
+    /// Bytes of the host places handed out now (what the limit bounds).
+    pub(super) fn taken(&self) -> u64 {
+        lock(&self.store).taken
+    }
+
     /// Host memory for `bytes` of a buffer about to spill, counted against the limit plus
     /// `headroom`; `None` when it would pass them or the host has none.
     pub(super) fn take(&self, bytes: u64, headroom: u64) -> Result<Option<HostPlace>> {
