@@ -672,7 +672,7 @@ PLANTS = [
     # import another thread freed after the wait (its copy still queued).
     ("py-sync-releases-late-imports", "python/kmm/manager.py",
      "        check(_lib_.kmm_manager_synchronize(self._live()))\n        self._release_passed()\n",
-     "        check(_lib_.kmm_manager_synchronize(self._live()))\n        self._release_passed(destroyed=True)\n",
+     "        check(_lib_.kmm_manager_synchronize(self._live()))\n        self._release_passed(waited=True)\n",
      ["py:test_adversarial_python_round9.py"]),
     # Round 9 (Julia): a device ordinal out of range is reported with Rust's half-open range,
     # "(0..1)" for one device, which reads as 1 included.
@@ -688,9 +688,27 @@ PLANTS = [
      ["adversarial_round9"]),
     # The same swap not settled: the host stays past its spill limit.
     ("spill-swap-not-settled", "rust/kmm/src/manager/spill.rs",
-     "        if swapped_past_limit && result.is_ok() {\n            self.settle();\n",
-     "        if swapped_past_limit && result.is_ok() {\n",
+     "        if swapped_past_limit {\n            self.settle();\n",
+     "        if swapped_past_limit {\n",
      ["adversarial_round9"]),
+    # Review of session 15: the settle restores most recently used first only (a small buffer
+    # first, and then the one that alone would have sufficed finds no room).
+    ("spill-settle-greedy", "rust/kmm/src/manager/spill.rs",
+     "        for &(_, handle, _) in one_that_suffices.chain(spilled.iter()) {\n",
+     "        for &(_, handle, _) in spilled.iter().chain(one_that_suffices) {\n",
+     ["review_s15"]),
+    # Review of session 15: a swap past the limit whose attempt still fails is not settled (the
+    # victims stay on the host, past its limit).
+    ("spill-failed-swap-not-settled", "rust/kmm/src/manager/spill.rs",
+     "        if swapped_past_limit {\n            self.settle();\n",
+     "        if swapped_past_limit && result.is_ok() {\n            self.settle();\n",
+     ["review_s15"]),
+    # Review of session 15: an import freed while close() waits for the stream (the handle
+    # already 0) lets go of its producer at once.
+    ("py-close-releases-during-wait", "python/kmm/manager.py",
+     "        if h or self._closing:\n",
+     "        if h:\n",
+     ["py:test_review_s15.py"]),
     # PinnedArray's setindex! checks the handle before converting the value: a conversion that
     # reaches a safepoint lets an unsafe_free! pass, and the store lands in freed memory.
     ("jl-setindex-converts-after-check", "src/pinned.jl",

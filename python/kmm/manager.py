@@ -122,7 +122,8 @@ class Manager(NotCopyable):
     # popleft are atomic and allocate no tracked object.
     def _init_imports(self):
         self._imports = 0                   # imported buffers not yet freed
-        self._held = collections.deque()    # (event, producer) of freed imports
+        self._held = collections.deque()    # (event, producer) of freed imports; event 0: none
+        self._closing = False               # close() waits for the stream: it lets go of them
         self._imports_lock = threading.Lock()
 
     def _count_import(self, n):
@@ -132,9 +133,9 @@ class Manager(NotCopyable):
     def _hold_until_stream_passes(self, owner):
         """After an import's buffer was freed (stream-ordered): keeps its producer `owner` until
         an event recorded now on the stream has completed, so that no work queued before the
-        free runs on memory the producer gave back. A manager with no handle left was destroyed
-        by close() (which waited for the stream) or is destroyed by its finalizer (which waited
-        for it first while it had imports): the work has run."""
+        free runs on memory the producer gave back. With no handle left the manager is closing
+        (close() lets go once its wait has run), was closed (its destroy waited) or is
+        destroyed by its finalizer (which waits first while it has imports)."""
         h = self._handle
         ev = ctypes.c_uint64()
         if h and _lib_.kmm_manager_record_event(h, ctypes.byref(ev)) != 0:
@@ -142,18 +143,21 @@ class Manager(NotCopyable):
             if self._handle:
                 _lib_.kmm_manager_synchronize(h)
             h = 0
-        if h:
-            self._held.append((ev.value, owner))
+        if h or self._closing:
+            self._held.append((ev.value if h else 0, owner))
         self._count_import(-1)
         del owner
         self._release_passed()
 
-    def _release_passed(self, destroyed=False):
-        """Lets go of the producers whose events have completed (all of them when `destroyed`:
-        their events went with the manager, which waited for its stream). Each event is asked,
-        also after a synchronize: another thread may have freed an import after the wait, and
-        its event is still to pass."""
-        h = 0 if destroyed else self._handle or self._pending
+    def _release_passed(self, waited=False):
+        """Lets go of the producers whose events have completed; of all of them when `waited`:
+        the stream was waited for after the frees, and the manager takes no more work (close,
+        destroy). With no handle left that holds unless close() is still waiting."""
+        h = self._handle or self._pending
+        if not h and not waited:
+            if self._closing:
+                return  # close() lets go of them when its wait has run
+            waited = True
         done = ctypes.c_bool()
         for _ in range(len(self._held)):
             try:
@@ -161,12 +165,18 @@ class Manager(NotCopyable):
             except IndexError:  # another thread took the rest
                 return
             ev = entry[0]
-            if not h or (_lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
-                if h:
+            if waited or (ev and _lib_.kmm_event_query(h, ev, ctypes.byref(done)) == 0 and done.value):
+                if h and ev:
                     _lib_.kmm_event_destroy(h, ev)
                 del entry  # the producer goes
             else:
                 self._held.append(entry)  # still queued: looked at again later
+
+    def _closed(self):
+        """close()'s wait has run: the producers it held go, and so do those of frees that
+        came meanwhile (a free that finds `_closing` cleared lets go of its own)."""
+        self._closing = False
+        self._release_passed(waited=True)
 
     def _init_info(self):
         info = _lib.KmmManagerInfo()
@@ -325,21 +335,27 @@ class Manager(NotCopyable):
         if not self._owned:
             return
         with _export_lock:
+            # Before the handle goes: an import freed meanwhile sees one or the other.
+            self._closing = bool(self._handle)
             h, self._handle = self._handle, 0
             if h and self._exports:
                 self._pending = h
                 # As a destroy would: the work queued so far has run when close returns, so what
                 # the exports show is what that work wrote. Under the lock: the last export's
                 # end cannot destroy the manager meanwhile.
-                check(_lib_.kmm_manager_synchronize(h))
-                self._release_passed()
+                try:
+                    check(_lib_.kmm_manager_synchronize(h))
+                finally:
+                    self._closed()
                 # Its trace ends here, as a destroy would end it: a file trace is complete when
                 # close() returns (the export may live until the process exits, with no destroy).
                 _lib_.kmm_manager_trace_stop(h)
                 return
         if h:
-            check(_lib_.kmm_manager_destroy(h, 0))
-            self._release_passed(destroyed=True)
+            try:
+                check(_lib_.kmm_manager_destroy(h, 0))
+            finally:
+                self._closed()
 
     def _refuse_close_while_held(self, whose, users):
         """For plugins' managers: raises `BufferMappedError` (naming `whose` manager and its

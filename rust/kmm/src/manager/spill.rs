@@ -244,20 +244,24 @@ impl Manager {
         (live <= hard.saturating_add(self.spill.limit)).then_some(spilled.max(bytes))
     }
 
-    /// After a swap past the spill limit (`swap_headroom`): brings spilled buffers back, most
-    /// recently used first, into device memory they find without spilling others, until the
-    /// store is within its limit. Best effort: the allocation or restore it follows has been
-    /// made, and a buffer that finds no room (or was used, freed or restored meanwhile) stays;
-    /// with no room in whole blocks the store stays past its limit by less than the victim.
+    /// After a swap past the spill limit (`swap_headroom`), whether the allocation or restore
+    /// it served was made or not: brings spilled buffers back into device memory they find
+    /// without spilling others, until the store is within its limit. First one that alone
+    /// brings it within (most recently used first), then any, most recently used first. Best
+    /// effort: a buffer that finds no room (or was used, freed or restored meanwhile) stays;
+    /// with no room in whole blocks the store stays past its limit by less than the victims.
     fn settle(&self) {
-        let mut spilled: Vec<(u64, u64)> = Vec::new();
+        let mut spilled: Vec<(u64, u64, u64)> = Vec::new();
         for lane in 0..=super::cells::kind_lane_mask(MemoryKind::Device, self.lane_mask()) {
             let st = self.lane(lane);
-            spilled.extend(st.buffers.iter().filter(|(_, r)| r.is_spilled()).map(|(h, r)| (r.last_use, h)));
+            spilled.extend(st.buffers.iter().filter(|(_, r)| r.is_spilled()).map(|(h, r)| (r.last_use, h, r.bytes)));
         }
         spilled.sort_unstable_by(|a, b| b.cmp(a));
-        for (_, handle) in spilled {
-            if self.spill.taken() <= self.spill.limit {
+        let over = || self.spill.taken().saturating_sub(self.spill.limit);
+        let enough = over();
+        let one_that_suffices = spilled.iter().filter(|&&(_, _, bytes)| bytes >= enough);
+        for &(_, handle, _) in one_that_suffices.chain(spilled.iter()) {
+            if over() == 0 {
                 break;
             }
             let _ = self.restore_somewhere(handle, super::handles::lane_of(handle) & self.lane_mask());
@@ -410,7 +414,8 @@ impl Manager {
             *spilled += moved;
             goal = goal.saturating_mul(2);
         }
-        if swapped_past_limit && result.is_ok() {
+        // Also after a failure: the victims moved for nothing come back.
+        if swapped_past_limit {
             self.settle();
         }
         result
