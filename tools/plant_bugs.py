@@ -18,9 +18,6 @@ import argparse, os, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# The reviewed code of the imports' producers (session 14), restored by a plant: it held a lock
-# around allocations, where a collection could run a garbage import's free in the same thread.
-
 PLANTS = [
     # State::free (manager/lane.rs since the stream-ordering split) accepts a dead handle.
     ("double-free-accepted", "rust/kmm/src/manager/lane.rs",
