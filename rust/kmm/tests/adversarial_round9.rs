@@ -12,6 +12,31 @@ fn spilled(m: &Mgr, b: KmmBuffer) -> u32 {
     i.spilled
 }
 
+/// hard_limit 2 MiB, spill_limit 1 MiB in `mode`: a, b (1 MiB each), s1, s2 (64 KiB each)
+/// written with their patterns, then b and a read: a and b on the device, s1 and s2 spilled.
+fn host_near_its_limit(mode: KmmAllocMode, seed: u64) -> (Mgr, Vec<(KmmBuffer, Vec<u8>)>) {
+    let m = Mgr::with(|c| {
+        c.alloc_mode = mode as u32;
+        c.chunk_size = MIB;
+        c.hard_limit = 2 * MIB;
+        c.spill_limit = MIB;
+    });
+    let bufs: Vec<(KmmBuffer, Vec<u8>)> = [MIB, MIB, 64 * KIB, 64 * KIB]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let b = m.alloc(n, DEVICE);
+            let d = pattern(n as usize, seed + i as u64);
+            m.upload(b, 0, &d);
+            (b, d)
+        })
+        .collect();
+    // Use b, then a: a's restore spills the least recently used small buffers.
+    assert_eq!(m.download(bufs[1].0, 0, 16), bufs[1].1[..16]);
+    assert_eq!(m.download(bufs[0].0, 0, 16), bufs[0].1[..16]);
+    (m, bufs)
+}
+
 /// docs/spill.md: "The user sees time, not an out-of-memory error, while the live buffers fit the
 /// device plus the limit" and "Out of memory comes when the device plus the limit cannot hold the
 /// live buffers, or what is left on the device is mapped or marked never to spill".
@@ -27,26 +52,8 @@ fn spilled(m: &Mgr, b: KmmBuffer) -> u32 {
 #[test]
 fn a_small_spilled_buffer_can_be_read_back_while_the_live_set_fits_device_plus_limit() {
     for (mode, name) in [(KmmAllocMode::KMM_ALLOC_POOL, "pool"), (KmmAllocMode::KMM_ALLOC_DIRECT, "direct")] {
-        let m = Mgr::with(|c| {
-            c.alloc_mode = mode as u32;
-            c.chunk_size = MIB;
-            c.hard_limit = 2 * MIB;
-            c.spill_limit = MIB;
-        });
-        let bufs: Vec<(KmmBuffer, Vec<u8>)> = [MIB, MIB, 64 * KIB, 64 * KIB]
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| {
-                let b = m.alloc(n, DEVICE);
-                let d = pattern(n as usize, 90 + i as u64);
-                m.upload(b, 0, &d);
-                (b, d)
-            })
-            .collect();
+        let (m, bufs) = host_near_its_limit(mode, 90);
         let (a, b, s1, s2) = (bufs[0].0, bufs[1].0, bufs[2].0, bufs[3].0);
-        // Use b, then a: a's restore spills the least recently used small buffers.
-        assert_eq!(m.download(b, 0, 16), bufs[1].1[..16]);
-        assert_eq!(m.download(a, 0, 16), bufs[0].1[..16]);
         let where_ = |m: &Mgr| [a, b, s1, s2].map(|x| spilled(m, x));
         let before = where_(&m);
         let live: u64 = bufs.iter().map(|x| x.1.len() as u64).sum();
@@ -78,24 +85,7 @@ fn a_small_spilled_buffer_can_be_read_back_while_the_live_set_fits_device_plus_l
 /// (2.1875 MiB) fits the device plus the limit (3 MiB).
 #[test]
 fn a_small_allocation_spills_a_large_buffer_while_the_live_set_fits_device_plus_limit() {
-    let m = Mgr::with(|c| {
-        c.chunk_size = MIB;
-        c.hard_limit = 2 * MIB;
-        c.spill_limit = MIB;
-    });
-    let bufs: Vec<(KmmBuffer, Vec<u8>)> = [MIB, MIB, 64 * KIB, 64 * KIB]
-        .iter()
-        .enumerate()
-        .map(|(i, &n)| {
-            let b = m.alloc(n, DEVICE);
-            let d = pattern(n as usize, 70 + i as u64);
-            m.upload(b, 0, &d);
-            (b, d)
-        })
-        .collect();
-    let (a, b) = (bufs[0].0, bufs[1].0);
-    assert_eq!(m.download(b, 0, 16), bufs[1].1[..16]);
-    assert_eq!(m.download(a, 0, 16), bufs[0].1[..16]);
+    let (m, bufs) = host_near_its_limit(KmmAllocMode::KMM_ALLOC_POOL, 70);
     let mut c = 0;
     let st = kmm_buffer_alloc(m.0, 64 * KIB, DEVICE, &mut c);
     assert_eq!(st, KMM_OK, "a 64 KiB allocation with 2.125 MiB live under 2 MiB + 1 MiB failed: {}", last_error());
