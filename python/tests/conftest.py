@@ -66,3 +66,36 @@ def fresh_interpreter(script, timeout=120):
                                                       env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
                           timeout=timeout, env=env)
+
+
+def import_holding_its_producer(m1, m2, nbytes, byte=0x22):
+    """A CAI import into `m2` of a buffer of `m1` filled with `byte`, which only the import keeps
+    alive: in a one-element list, which a test clears to free the import."""
+    src = m1.alloc(nbytes)
+    src.copy_from_host(np.full(nbytes, byte, np.uint8))
+    m1.synchronize()
+    return [kmm.from_cuda_array_interface(src, manager=m2)]
+
+
+def lib_call_with_window(monkeypatch, name, step, after):
+    """Replaces kmm.manager's library by one whose `name` call runs `step()` right before or
+    `after` the real call: another thread's step played in that window, in this thread, so that
+    the interleaving is certain. Returns a function that puts the real library back."""
+    import kmm.manager as manager_module
+
+    real = manager_module._lib_
+
+    def call(*args):
+        if not after:
+            step()
+        rc = getattr(real, name)(*args)
+        if after:
+            step()
+        return rc
+
+    class Lib:
+        def __getattr__(self, attr):
+            return call if attr == name else getattr(real, attr)
+
+    monkeypatch.setattr(manager_module, "_lib_", Lib())
+    return lambda: monkeypatch.setattr(manager_module, "_lib_", real)

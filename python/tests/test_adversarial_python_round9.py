@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import kmm
-from conftest import expect_named
+from conftest import expect_named, import_holding_its_producer, lib_call_with_window
 
 
 def test_asarray_checks_kind_of_a_device_array_or_cai_object(manager):
@@ -63,36 +63,23 @@ def test_an_import_freed_after_a_synchronize_waited_keeps_its_producer(monkeypat
     # producers: synchronize let go of every held producer, that late one too, while the work
     # queued before its free (a copy out of its memory) was still to run. The late free is
     # played in the window itself, in this thread, so the interleaving is certain.
-    import kmm.manager as manager_module
-
     MiB = 1 << 20
     m1 = kmm.Manager(backend="host")
     m2 = kmm.Manager(backend="host")
     try:
-        src = m1.alloc(MiB)
-        src.copy_from_host(np.full(MiB, 0x22, np.uint8))
-        m1.synchronize()
-        imports = [kmm.from_cuda_array_interface(src, manager=m2)]
-        del src  # the import holds the producer
+        imports = import_holding_its_producer(m1, m2, MiB)
         slow = m2.alloc(256 * MiB)
         dst = m2.alloc(MiB)
-        real = manager_module._lib_
 
-        class Lib:
-            def __getattr__(self, name):
-                return getattr(real, name)
+        def late_free():  # the other thread, in the window after the wait
+            if imports:
+                slow.fill(b"\0")
+                dst.copy_from(imports[0].buffer)
+                imports.clear()  # the import is freed: its producer is held
 
-            def kmm_manager_synchronize(self, h):
-                rc = real.kmm_manager_synchronize(h)
-                if imports:  # the other thread, in the window after the wait
-                    slow.fill(b"\0")
-                    dst.copy_from(imports[0].buffer)
-                    imports.clear()  # the import is freed: its producer is held
-                return rc
-
-        monkeypatch.setattr(manager_module, "_lib_", Lib())
+        restore = lib_call_with_window(monkeypatch, "kmm_manager_synchronize", late_free, after=True)
         m2.synchronize()
-        monkeypatch.setattr(manager_module, "_lib_", real)
+        restore()
         reuse = m1.alloc(MiB)  # the producer's memory, if it was let go
         reuse.fill(b"\xee")
         m1.synchronize()

@@ -5,6 +5,7 @@ written against because of the defect it names."""
 import numpy as np
 
 import kmm
+from conftest import import_holding_its_producer, lib_call_with_window
 
 
 def test_an_import_freed_while_close_waits_for_the_stream_keeps_its_producer(monkeypatch):
@@ -15,42 +16,30 @@ def test_an_import_freed_while_close_waits_for_the_stream_keeps_its_producer(mon
     # producer's memory, behind a slow fill) has still to run: the producer's memory is reused
     # by its owner and the late copy writes over the new owner's bytes. The other thread's free
     # is played in the window itself, in this thread, so the interleaving is certain.
-    import kmm.manager as manager_module
-
     MiB = 1 << 20
     m1 = kmm.Manager(backend="host")
     m2 = kmm.Manager(backend="host")
     try:
-        src = m1.alloc(MiB)
-        src.copy_from_host(np.full(MiB, 0x22, np.uint8))
-        m1.synchronize()
-        imports = [kmm.from_cuda_array_interface(src, manager=m2)]
-        del src  # the import holds the producer
+        imports = import_holding_its_producer(m1, m2, MiB)
         ones = m2.alloc(MiB)
         ones.fill(b"\x77")
         m2.synchronize()
         slow = m2.alloc(256 * MiB)
         slow.fill(b"\0")                     # keeps m2's stream busy
         imports[0].buffer.copy_from(ones)    # queued behind it: writes the producer's memory
-        real = manager_module._lib_
         seen = {}
 
-        class Lib:
-            def __getattr__(self, name):
-                return getattr(real, name)
+        def free_in_window():  # the other thread, in the window before close's wait
+            if imports:
+                imports.clear()  # the import is freed: its producer must stay held
+                reuse = m1.alloc(MiB)  # the producer's memory, if it was let go
+                reuse.fill(b"\xee")
+                m1.synchronize()
+                seen["reuse"] = reuse
 
-            def kmm_manager_destroy(self, h, mode):
-                if imports:  # the other thread, in the window before close's wait
-                    imports.clear()  # the import is freed: its producer must stay held
-                    reuse = m1.alloc(MiB)  # the producer's memory, if it was let go
-                    reuse.fill(b"\xee")
-                    m1.synchronize()
-                    seen["reuse"] = reuse
-                return real.kmm_manager_destroy(h, mode)
-
-        monkeypatch.setattr(manager_module, "_lib_", Lib())
+        restore = lib_call_with_window(monkeypatch, "kmm_manager_destroy", free_in_window, after=False)
         m2.close()
-        monkeypatch.setattr(manager_module, "_lib_", real)
+        restore()
         m1.synchronize()
         got = np.frombuffer(seen["reuse"].copy_to_host(), np.uint8)
         assert (got == 0xEE).all(), (
