@@ -103,8 +103,8 @@ def zeros(shape, dtype="float32", manager=None, kind="device"):
 def asarray(host, manager=None, kind=None):
     """A DeviceArray copy of a host array (in `kind` memory, "device" unless given), or a
     zero-copy view of a device array (CAI/DLPack). A view is of the memory it views: asked for
-    another kind than that (a CAI object is imported as device memory), asarray refuses, never handing back
-    the wrong kind (`asarray(x.get(), kind=...)` copies)."""
+    another kind than that (a CAI object is imported as device memory), asarray refuses rather
+    than hand back the wrong kind (`asarray(x.get(), kind=...)` copies)."""
     want = None if kind is None else _kind_code(kind)
     if isinstance(host, DeviceArray):
         _chosen(manager)  # checked even where unused
