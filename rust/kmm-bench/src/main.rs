@@ -229,7 +229,12 @@ fn main() {
         // A traced manager records every operation into rings of the default size (65,536
         // records), or of KMM_BENCH_TRACE_CAPACITY records.
         let capacity: u64 = std::env::var("KMM_BENCH_TRACE_CAPACITY").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-        let timed = |ratio_pct: Option<u32>| {
+        // Kmm's time (median of RUNS runs after a warm-up) and, with a peer, the peer's runs
+        // alternating with Kmm's: a host's speed drifts between and within processes (core.md),
+        // and the ratio of each adjacent pair cancels that drift where two separate medians
+        // would not.
+        const RUNS: usize = 7;
+        let timed = |ratio_pct: Option<u32>, mut peer: Option<&mut dyn Allocator>| {
             let m = manager(backend, |c| {
                 if let Some(pct) = ratio_pct {
                     c.compaction_ratio_pct = pct;
@@ -237,14 +242,27 @@ fn main() {
             });
             let mut kmm = KmmAlloc(m);
             run(&ops, &mut kmm); // warm-up: chunks reserved once, as a long-running pool would be
+            if let Some(p) = peer.as_deref_mut() {
+                run(&ops, p);
+            }
             ok(kmm_manager_reset_peaks(m));
-            let ns = median((0..5).map(|_| run(&ops, &mut kmm)).collect());
+            let (mut own, mut ratios, mut peers) = (Vec::new(), Vec::new(), Vec::new());
+            for _ in 0..RUNS {
+                let ns = run(&ops, &mut kmm);
+                own.push(ns);
+                if let Some(p) = peer.as_deref_mut() {
+                    let peer_ns = run(&ops, p);
+                    peers.push(peer_ns);
+                    ratios.push(peer_ns / ns);
+                }
+            }
             let s = stats(m, DEVICE);
             ok(kmm_manager_destroy(m, 0));
-            (ns, s)
+            (median(own), s, (!ratios.is_empty()).then(|| (median(peers), median(ratios))))
         };
-        let (kmm_ns, s) = timed(None);
-        r.row(&format!("trace {name}: Kmm pool (C ABI)"), format!("{kmm_ns:.1} ns/op"), target);
+        let mut async_peer = CuAsync(stream);
+        let (kmm_ns, s, async_figures) = timed(None, if cuda { Some(&mut async_peer as &mut dyn Allocator) } else { None });
+        r.row(&format!("trace {name}: Kmm pool (C ABI)"), format!("{kmm_ns:.1} ns/op (median of {RUNS} runs)"), target);
         // Tracing's cost: one manager runs the trace with its trace off and recording to rings,
         // alternately, so that the machine's drift between runs cancels in each pair. A new
         // trace's rings are fresh memory: the first run after the start also pays for the
@@ -299,29 +317,31 @@ fn main() {
                 format!("{:.3} ({} / {} bytes)", frag(&s), s.peak_reserved, s.peak_in_use),
                 "<= 1.10",
             );
-            let runs = 6.0 * n as f64; // the warm-up and the five timed runs
+            let runs = (RUNS + 1) as f64 * n as f64; // the warm-up and the timed runs
             r.row(
                 "trace R: compactions (moving unmapped buffers instead of growing)",
                 format!(
-                    "{} in 6 runs: {:.2} per 1000 ops, {:.1} KiB moved per op",
+                    "{} in {} runs: {:.2} per 1000 ops, {:.1} KiB moved per op",
                     s.compactions,
+                    RUNS + 1,
                     s.compactions as f64 * 1000.0 / runs,
                     s.relocated_bytes as f64 / 1024.0 / runs
                 ),
                 "",
             );
-            let (still_ns, still) = timed(Some(0));
+            let (still_ns, still, _) = timed(Some(0), None);
             r.row(
                 "trace R: Kmm pool without compaction (compaction_ratio_pct = 0)",
                 format!("{still_ns:.1} ns/op ({:.2}x the default's time), peak reserved / in use {:.3}", kmm_ns / still_ns, frag(&still)),
                 "peer",
             );
         }
-        if cuda {
-            let mut a = CuAsync(stream);
-            run(&ops, &mut a);
-            let async_ns = median((0..5).map(|_| run(&ops, &mut a)).collect());
-            r.row(&format!("trace {name}: cuMemAllocAsync"), format!("{async_ns:.1} ns/op (Kmm {:.1}x faster)", async_ns / kmm_ns), "");
+        if let Some((async_ns, speedup)) = async_figures {
+            r.row(
+                &format!("trace {name}: cuMemAllocAsync"),
+                format!("{async_ns:.1} ns/op (Kmm {speedup:.1}x faster: median of {RUNS} alternating pairs' ratios)"),
+                "",
+            );
             let direct_ns = run(&ops[..ops.len().min(20_000)], &mut CuDirect);
             r.row(&format!("trace {name}: cuMemAlloc"), format!("{direct_ns:.1} ns/op (Kmm {:.1}x faster)", direct_ns / kmm_ns), "");
         }
@@ -335,7 +355,8 @@ fn main() {
     let threads = arg_value("--threads").unwrap_or(16);
     let ops_per_thread = if quick { 10_000 } else { 200_000 };
     let traces: Vec<Vec<Op>> = (0..threads).map(|t| trace(ops_per_thread, 1000, 256, 4 << 20, 100 + t as u64)).collect();
-    let one = {
+    // One thread's operations per second (median of three runs after a warm-up).
+    let one_thread = || {
         let m = manager(backend, |_| {});
         let mut a = KmmAlloc(m);
         run(&traces[0], &mut a);
@@ -396,14 +417,22 @@ fn main() {
         runs.sort_by(|a, b| a.0.total_cmp(&b.0));
         runs[1]
     };
-    let (separate, _, _, _) = parallel(false, threads);
-    let (separate8, _, _, _) = parallel(false, threads / 2);
+    // Threads with managers of their own against one thread: three rounds, each timing one
+    // thread right before the threads, and the median of the rounds' ratios (the host's speed
+    // drifts between runs; adjacent runs drift least).
+    let own_managers = |threads: usize| {
+        let rounds: Vec<(f64, f64)> = (0..3).map(|_| (one_thread(), parallel_once(false, threads).0)).collect();
+        (median(rounds.iter().map(|r| r.0).collect()), median(rounds.iter().map(|r| r.1).collect()), median(rounds.iter().map(|r| r.1 / r.0).collect()))
+    };
+    let (one, separate, speedup) = own_managers(threads);
+    let (_, separate8, speedup8) = own_managers(threads / 2);
     let (shared, (shared_grown, shared_compacted), shared_stats, warmed_stats) = parallel(true, threads);
     let machine = machine_scaling(threads);
     r.row("1 thread, trace R", format!("{:.2} Mops/s", one / 1e6), "");
     let half = threads / 2;
-    r.row(&format!("{half} threads, own managers"), format!("{:.2} Mops/s ({:.1}x one thread)", separate8 / 1e6, separate8 / one), "context");
-    r.row(&format!("{threads} threads, own managers"), format!("{:.2} Mops/s ({:.1}x one thread)", separate / 1e6, separate / one), ">= 8x at 16");
+    let own_row = |ops: f64, speedup: f64| format!("{:.2} Mops/s ({speedup:.1}x one thread: median of 3 rounds' ratios to one thread timed just before)", ops / 1e6);
+    r.row(&format!("{half} threads, own managers"), own_row(separate8, speedup8), "context");
+    r.row(&format!("{threads} threads, own managers"), own_row(separate, speedup), ">= 8x at 16");
     r.row(
         &format!("{threads} threads, one shared manager"),
         format!(
