@@ -638,18 +638,53 @@ typedef struct {
  * `KMM_ALLOC_POOL`); the counts sum the lanes.
  */
 typedef struct {
+  /**
+   * Bytes of live buffers, as asked for.
+   */
   uint64_t in_use;
+  /**
+   * The most `in_use` has been since the manager's creation or `kmm_manager_reset_peaks`.
+   */
   uint64_t peak_in_use;
+  /**
+   * Bytes the manager holds from the device (or host, for pinned memory).
+   */
   uint64_t reserved;
+  /**
+   * The most `reserved` has been since the creation or the last reset of the peaks.
+   */
   uint64_t peak_reserved;
+  /**
+   * Allocations that succeeded.
+   */
   uint64_t allocs;
   uint64_t frees;
+  /**
+   * Allocations that failed (out of memory, or refused).
+   */
   uint64_t failed_allocs;
   uint64_t live_buffers;
+  /**
+   * Allocations served by a free block the pool already held.
+   */
   uint64_t pool_hits;
+  /**
+   * Times the pool found no free block that fits: once for an allocation that then grew the
+   * pool or moved buffers, and once per attempt for one that failed (the out-of-memory ladder
+   * asks each lane and rung again, so one failure counts several).
+   */
   uint64_t pool_misses;
+  /**
+   * Chunks taken from the device (or host).
+   */
   uint64_t upstream_allocs;
+  /**
+   * Chunks given back.
+   */
   uint64_t upstream_frees;
+  /**
+   * The largest free block the pool holds now.
+   */
   uint64_t largest_free_block;
   /**
    * Allocations served by moving unmapped buffers instead of growing the pool.

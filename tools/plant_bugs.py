@@ -1182,6 +1182,27 @@ PLANTS = [
      "plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address)",
      "plugin_alloc(handle, size, KMM_MEMORY_DEVICE, 0, &buffer, &address)",
      ["py:test_cupy_plugin.py"]),
+    # Round 10 (Python): an `__index__` that returns a bool passes for 0 or 1.
+    ("py-index-returning-bool-accepted", "python/kmm/_args.py",
+     "    if isinstance(v, bool) or not isinstance(v, int):\n",
+     "    if not isinstance(v, int):\n",
+     ["py:test_adversarial_python_round10.py"]),
+    # Round 10 (Python): a dtype NumPy does not know raises NumPy's error, naming nothing.
+    ("py-dtype-error-unnamed", "python/kmm/_args.py",
+     "    try:\n        return np.dtype(dtype)\n    except (TypeError, ValueError) as e:\n",
+     "    try:\n        return np.dtype(dtype)\n    except ZeroDivisionError as e:\n",
+     ["py:test_adversarial_python_round10.py"]),
+    # Round 10 (Python): a backend of the wrong type is a ValueError, not a TypeError.
+    ("py-backend-type-is-value-error", "python/kmm/__init__.py",
+     "    if not isinstance(backend, str):\n        raise TypeError(",
+     "    if not isinstance(backend, str):\n        raise InvalidArgumentError(",
+     ["py:test_adversarial_python_round10.py"]),
+    # Round 10 (Python): a DLPack export orders and records the consumer's stream before the
+    # checks that may refuse it.
+    ("py-dlpack-orders-before-refusing", "python/kmm/dlpack.py",
+     "    buffer._live()\n    # Every refusal before the streams are touched: a refused export changes nothing.\n",
+     "    buffer._live()\n    order_for_consumer(buffer.manager, dev_type, stream)\n",
+     ["py:test_adversarial_python_round10.py"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):

@@ -58,7 +58,9 @@ def status_name(status):
 
 def _backend_code(backend):
     from .manager import BACKENDS
-    if not isinstance(backend, str) or backend not in BACKENDS:
+    if not isinstance(backend, str):
+        raise TypeError("backend = %r must be one of %s (got %s)" % (backend, sorted(BACKENDS), type(backend).__name__))
+    if backend not in BACKENDS:
         raise InvalidArgumentError("backend must be one of %s, got %r" % (sorted(BACKENDS), backend))
     return BACKENDS[backend]
 

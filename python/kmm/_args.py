@@ -3,8 +3,6 @@ they become (no silent truncation, wrap or coercion from floats, strings or bool
 element types, and sizes libkmm can hold. Each error names the argument and the bound, as
 libkmm's own messages do."""
 
-import operator
-
 import numpy as np
 
 from ._errors import InvalidArgumentError, SizeOverflowError
@@ -22,15 +20,29 @@ MAX_BUFFER_BYTES = 1 << 48
 def integer(value, name, lo=0, hi=U64_MAX, error=InvalidArgumentError):
     """`value` as an int if it is an integer (int, NumPy integer, anything with `__index__`;
     not a bool) in `lo..hi`. TypeError for other types, `error` outside the range."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError("%s = %r must be an integer, not a bool" % (name, value))
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError("%s = %r must be an integer (got %s)" % (name, value, type(value).__name__)) from None
+    v = _index(value, name)
     if v < lo or v > hi:
         raise error("%s = %d is outside %s..%s" % (name, v, _bound(lo), _bound(hi)))
     return v
+
+
+def _index(value, name):
+    """`operator.index(value)`, refusing bools: given as such, or returned by an `__index__`
+    (`operator.index` turns those into 0 or 1 with only a warning). `__index__` runs once."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError("%s = %r must be an integer, not a bool" % (name, value))
+    if isinstance(value, int):
+        return int(value)
+    method = getattr(type(value), "__index__", None)
+    try:
+        if method is None:
+            raise TypeError
+        v = method(value)
+    except TypeError:
+        raise TypeError("%s = %r must be an integer (got %s)" % (name, value, type(value).__name__)) from None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError("%s = %r must be an integer (its __index__ returned %r)" % (name, value, v))
+    return int(v)
 
 
 def _bound(n):
@@ -57,12 +69,12 @@ def nbytes(value, name="nbytes"):
 def kind(value, name="kind"):
     """A memory kind: a name ("device", "pinned") as given, or its integer code (Python or
     NumPy, not a bool) as an int; the caller looks it up."""
-    if isinstance(value, (str, bool, np.bool_)):
+    if isinstance(value, str):
         return value
     try:
-        return operator.index(value)
+        return _index(value, name)
     except TypeError:
-        return value  # not an integer: refused by the lookup, which names it
+        return value  # not an integer (or a bool): refused by the lookup, which names it
 
 
 def stream(value, name="stream"):
@@ -74,10 +86,18 @@ def device(value, name="device"):
     return integer(value, name, 0, I32_MAX)
 
 
+def as_dtype(dtype, name="dtype"):
+    """`np.dtype(dtype)`, with NumPy's refusal naming the argument."""
+    try:
+        return np.dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s = %r is not a NumPy data type (%s)" % (name, dtype, e)) from None
+
+
 def plain_dtype(dtype, name="dtype"):
     """A NumPy dtype whose items are plain bytes: Kmm memory cannot hold Python objects (their
     references would not be counted) or zero-size items."""
-    d = np.dtype(dtype)
+    d = as_dtype(dtype, name)
     if d.hasobject:
         raise TypeError("%s = %s holds Python objects; Kmm memory holds plain data only "
                         "(numbers, bools, fixed-size strings and records of them)" % (name, d))
@@ -94,7 +114,7 @@ def plain_dtype(dtype, name="dtype"):
 def shape_and_dtype(shape_, dtype):
     """(shape, dtype) of a new array, checked; a sub-array dtype's dimensions join the shape,
     as in NumPy (empty((2,), (float32, (3,))) is a 2 x 3 float32 array)."""
-    shape_, d = shape(shape_), np.dtype(dtype)
+    shape_, d = shape(shape_), as_dtype(dtype)
     if d.subdtype is not None and not d.hasobject:
         d, dims = d.subdtype
         shape_ = shape(shape_ + dims)

@@ -283,11 +283,7 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
     if copy:
         raise BufferError("kmm exports without copying only (copy=True is not supported)")
     buffer._live()
-    order_for_consumer(buffer.manager, dev_type, stream)
-    consumer = consumer_stream(buffer.manager, dev_type, stream)
-    if consumer is not None:
-        # The consumer's kernels may still read the memory after the array is freed here.
-        buffer.record_stream(consumer)
+    # Every refusal before the streams are touched: a refused export changes nothing.
     ndim = len(array.shape)
     itemsize = array.dtype.itemsize
     shape = (c_int64 * max(ndim, 1))(*array.shape)
@@ -295,13 +291,19 @@ def export(array, stream=None, max_version=None, dl_device=None, copy=None):
         if s % itemsize:
             raise BufferError("stride %d is not a multiple of the item size %d" % (s, itemsize))
     strides = (c_int64 * max(ndim, 1))(*[s // itemsize for s in array.strides])
+    dl_dtype = dtype_to_dl(array.dtype)
+    consumer = consumer_stream(buffer.manager, dev_type, stream)
+    order_for_consumer(buffer.manager, dev_type, stream)
+    if consumer is not None:
+        # The consumer's kernels may still read the memory after the array is freed here.
+        buffer.record_stream(consumer)
     versioned = max_version is not None and max_version >= VERSION
     t = DLManagedTensorVersioned() if versioned else DLManagedTensor()
     dl = t.dl_tensor
     dl.data = buffer._ptr or None
     dl.device = DLDevice(dev_type, dev_id)
     dl.ndim = ndim
-    dl.dtype = dtype_to_dl(array.dtype)
+    dl.dtype = dl_dtype
     dl.shape = ctypes.cast(shape, POINTER(c_int64))
     dl.strides = ctypes.cast(strides, POINTER(c_int64))
     dl.byte_offset = array.offset

@@ -151,18 +151,31 @@ pub struct KmmConfig {
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct KmmMemoryStats {
+    /// Bytes of live buffers, as asked for.
     pub in_use: u64,
+    /// The most `in_use` has been since the manager's creation or `kmm_manager_reset_peaks`.
     pub peak_in_use: u64,
+    /// Bytes the manager holds from the device (or host, for pinned memory).
     pub reserved: u64,
+    /// The most `reserved` has been since the creation or the last reset of the peaks.
     pub peak_reserved: u64,
+    /// Allocations that succeeded.
     pub allocs: u64,
     pub frees: u64,
+    /// Allocations that failed (out of memory, or refused).
     pub failed_allocs: u64,
     pub live_buffers: u64,
+    /// Allocations served by a free block the pool already held.
     pub pool_hits: u64,
+    /// Times the pool found no free block that fits: once for an allocation that then grew the
+    /// pool or moved buffers, and once per attempt for one that failed (the out-of-memory ladder
+    /// asks each lane and rung again, so one failure counts several).
     pub pool_misses: u64,
+    /// Chunks taken from the device (or host).
     pub upstream_allocs: u64,
+    /// Chunks given back.
     pub upstream_frees: u64,
+    /// The largest free block the pool holds now.
     pub largest_free_block: u64,
     /// Allocations served by moving unmapped buffers instead of growing the pool.
     pub compactions: u64,
