@@ -1182,6 +1182,16 @@ PLANTS = [
      "plugin_alloc(handle, size, KMM_MEMORY_DEVICE, (uint64_t)stream, &buffer, &address)",
      "plugin_alloc(handle, size, KMM_MEMORY_DEVICE, 0, &buffer, &address)",
      ["py:test_cupy_plugin.py"]),
+    # Round 10 (C ABI): a restore that fails is not counted in failed_allocs ...
+    ("spill-failed-restore-uncounted", "rust/kmm/src/manager/spill.rs",
+     "                        let mut own = self.lane(lane);\n                        own.usage[MemoryKind::Device as usize].on_failure();\n",
+     "                        let own = self.lane(lane);\n",
+     ["spill"]),
+    # ... nor traced as an allocate failure.
+    ("spill-failed-restore-untraced", "rust/kmm/src/manager/spill.rs",
+     "                    if let Some(t) = self.recording() {\n                        t.record(super::trace::Action::AllocateFailure",
+     "                    if let Some(t) = self.recording().filter(|_| false) {\n                        t.record(super::trace::Action::AllocateFailure",
+     ["spill"]),
     # Round 10 (Python): an `__index__` that returns a bool passes for 0 or 1.
     ("py-index-returning-bool-accepted", "python/kmm/_args.py",
      "    if isinstance(v, bool) or not isinstance(v, int):\n",

@@ -613,3 +613,42 @@ fn a_move_to_pageable_memory_waits_for_the_copy_out() {
     }
     m.free(p);
 }
+
+/// A restore that fails is a failed allocation of device memory (its message says so): counted
+/// in `failed_allocs` and traced as an allocate failure naming the buffer, as a failed
+/// `kmm_buffer_alloc` is. Adversarial run 10: neither happened, so a trace of a workload whose
+/// reads failed showed no failure at all.
+#[test]
+fn a_failed_restore_is_counted_and_traced_as_a_failed_allocation() {
+    const K: u64 = 256 << 10;
+    let m = Mgr::with(|c| {
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32;
+        c.hard_limit = 4 * K;
+        c.spill_limit = 4 * MIB;
+    });
+    let set = fill_set(&m, 5, K); // the fifth spills the first
+    assert_eq!(info(&m, set[0].0).spilled, 1);
+    for (b, _) in &set[1..] {
+        map(&m, *b); // nothing left on the device may go
+    }
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let before = m.stats(DEVICE).failed_allocs;
+    let mut out = [0u8; 16];
+    expect_err(
+        kmm_copy_to_host(m.0, out.as_mut_ptr().cast(), set[0].0, 0, 16),
+        KmmStatus::KMM_ERROR_OUT_OF_MEMORY,
+        &["restoring spilled buffer"],
+    );
+    assert_eq!(m.stats(DEVICE).failed_allocs, before + 1, "the failed restore is counted");
+    let mut n = 0usize;
+    ok(kmm_manager_trace_records(m.0, std::ptr::null_mut(), 0, &mut n, std::ptr::null_mut()));
+    let mut v = vec![KmmTraceRecord::default(); n];
+    ok(kmm_manager_trace_records(m.0, v.as_mut_ptr(), n, &mut n, std::ptr::null_mut()));
+    let failures: Vec<_> = v.iter().filter(|r| r.action == KmmTraceAction::KMM_TRACE_ALLOCATE_FAILURE as u32).collect();
+    assert_eq!(failures.len(), 1, "one allocate failure traced: {v:?}");
+    assert_eq!((failures[0].bytes, failures[0].buffer), (K, set[0].0));
+    assert_eq!(failures[0].status, KmmStatus::KMM_ERROR_OUT_OF_MEMORY as u32);
+    // Nothing lost: once a buffer is unmapped, the read goes through and returns its bytes.
+    ok(kmm_buffer_unmap(m.0, set[1].0));
+    assert_eq!(m.download(set[0].0, 0, 16), set[0].1[..16]);
+}

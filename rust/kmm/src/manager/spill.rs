@@ -432,6 +432,15 @@ impl Manager {
                 let mut spilled = 0;
                 let before = self.stats(MemoryKind::Device).resource;
                 self.climb(bytes, MemoryKind::Device, true, &mut spilled, || self.restore_somewhere(handle, lane)).map_err(|e| {
+                    // A failed allocation of device memory, counted and traced as one.
+                    let home = {
+                        let mut own = self.lane(lane);
+                        own.usage[MemoryKind::Device as usize].on_failure();
+                        own.home
+                    };
+                    if let Some(t) = self.recording() {
+                        t.record(super::trace::Action::AllocateFailure, MemoryKind::Device, 0, bytes, home, handle, e.status as u64);
+                    }
                     let why = format!("restoring spilled buffer {handle:#x}: {}", e.message);
                     let explained = self.explain_out_of_memory(bytes, MemoryKind::Device, &before, spilled, &why);
                     err!(KMM_ERROR_OUT_OF_MEMORY, "{explained}")
