@@ -34,16 +34,18 @@ end
 end
 
 "The bytes of an array of `T` with `dims`, or an `ArgumentError` naming the dimensions (a
-negative one, or a size past `typemax(Int)`). No `try`: it runs at every allocation."
+negative one, or a length or size past `typemax(Int)`: also for elements of no bytes, whose
+`length` would wrap). No `try`: it runs at every allocation."
 function checked_bytes(::Type{T}, dims::Dims) where {T}
-    n = sizeof(T)
+    n = 1
     overflow = false
     for d in dims
         d >= 0 || throw_bad_dims(dims, "negative dimension")
         n, o = Base.mul_with_overflow(n, d)
         overflow |= o
     end
-    overflow && throw_bad_dims(dims, "the size overflows")
+    n, o = Base.mul_with_overflow(n, sizeof(T))
+    (overflow | o) && throw_bad_dims(dims, "the size overflows")
     return n
 end
 @noinline throw_bad_dims(dims, why) = throw(ArgumentError("invalid array dimensions $dims: $why"))
@@ -75,7 +77,21 @@ Negative ones pass on to `checked_bytes`, which names them."""
 end
 
 KmmArray{T,N}(a::AbstractArray{S,N}; kw...) where {T,N,S} =
-    copyto!(KmmArray{T,N}(undef, size(a); kw...), host_dense(T, a))
+    filled(host_dense(T, a)) do   # converted first: a conversion that fails allocates nothing
+        KmmArray{T,N}(undef, size(a); kw...)
+    end
+
+"""`copyto!(new(), src)`, freeing the new array at once when the copy fails: a constructor that
+throws leaves no memory allocated until a collection."""
+function filled(new, src)
+    x = new()
+    try
+        copyto!(x, src)
+    catch
+        unsafe_free!(x)
+        rethrow()
+    end
+end
 KmmArray{T}(a::AbstractArray{S,N}; kw...) where {T,N,S} = KmmArray{T,N}(a; kw...)
 KmmArray(a::AbstractArray{T,N}; kw...) where {T,N} = KmmArray{T,N}(a; kw...)
 
@@ -193,7 +209,7 @@ byteoffset(x::KmmArray{T}, i::Integer) where {T} = x.offset + (Int(i) - 1) * siz
     n == 0 && return nothing
     # No sum that can wrap: offsets near typemax(Int) must fail here, not pass.
     (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||
-        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))
+        throw(BoundsError(a, big(offs):big(offs) + n - 1))  # (no type of the arguments' holds every sum)
     nothing
 end
 

@@ -23,9 +23,15 @@ end
     copyto_async!(dest, src) -> KmmCopyTask
 
 Queues a copy between a `KmmArray` and host memory (`Array`, a contiguous view of one, or a
-`PinnedArray`) in either direction, and returns at once. The host array must not be changed
-(host to device) or read (device to host) before `wait(t)` or `fetch(t)` returns; `fetch(t)`
-returns `dest`. Lengths must match.
+`PinnedArray`) in either direction. The host array must not be changed (host to device) or read
+(device to host) before `wait(t)` or `fetch(t)` returns; `fetch(t)` returns `dest`. Lengths must
+match.
+
+With a `PinnedArray` it returns at once. Pageable memory (an `Array`) cannot be copied by the
+GPU directly: the copy goes through Kmm's pinned staging slots (`KmmManager`'s `staging_chunks`
+of `staging_chunk_size` bytes), and the call returns once all but the last slots' worth is
+queued, so a copy larger than the slots takes most of its time before returning (other tasks
+do not run meanwhile). Use a `PinnedArray` for copies that should overlap other work.
 """
 function copyto_async!(dest::KmmArray{T}, src::HostMem{T}) where {T}
     length(dest) == length(src) || throw(DimensionMismatch(
@@ -177,5 +183,6 @@ function Base.fetch(t::KmmCopyTask)
     t.dest
 end
 
+# Asks whether the copy ran (as `isdone`); a failure to ask shows as pending, never throws.
 Base.show(io::IO, t::KmmCopyTask) =
-    print(io, "KmmCopyTask(", t.event == 0 ? "done" : "pending", ")")
+    print(io, "KmmCopyTask(", (try isdone(t) catch; false end) ? "done" : "pending", ")")

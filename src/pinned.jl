@@ -42,8 +42,7 @@ PinnedArray{T}(::UndefInitializer, dims::Dims{N}; kw...) where {T,N} =
 PinnedArray{T}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
     PinnedArray{T,N}(undef, to_dims(dims); kw...)
 PinnedArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} = PinnedArray{T}(undef, dims; kw...)
-PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} =
-    copyto!(PinnedArray{T,N}(undef, size(a); kw...), a)
+PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} = filled(() -> PinnedArray{T,N}(undef, size(a); kw...), a)
 
 Base.size(p::PinnedArray) = p.dims
 Base.IndexStyle(::Type{<:PinnedArray}) = IndexLinear()
@@ -105,6 +104,13 @@ Base.show(io::IO, m::MIME"text/plain", p::PinnedArray) =
 # repr, string, print and containers (a freed array has no elements to show)
 Base.show(io::IO, p::PinnedArray) =
     isfreed(p) ? summary(io, p) : invoke(show, Tuple{IO,AbstractArray}, io, p)
+# Views and reshapes of one, shown as Julia shows them while the memory lives.
+const PinnedDerived = Union{SubArray{<:Any,<:Any,<:PinnedArray},Base.ReshapedArray{<:Any,<:Any,<:PinnedArray}}
+Base.show(io::IO, m::MIME"text/plain", v::PinnedDerived) =
+    isfreed(parent(v)) ? (summary(io, v); print(io, " (freed)")) :
+    invoke(show, Tuple{IO,MIME"text/plain",AbstractArray}, io, m, v)
+Base.show(io::IO, v::PinnedDerived) =
+    isfreed(parent(v)) ? (summary(io, v); print(io, " (freed)")) : invoke(show, Tuple{IO,AbstractArray}, io, v)
 
 const HostMem{T} = Union{HostDense{T},PinnedArray{T}}
 

@@ -150,7 +150,9 @@ end
 """
 After `call()` (needing `bytes` of `m`'s memory) returned the status `st`: throws unless it is out
 of memory; else runs `GC.gc(false)`, `GC.gc(true)` and `trim!`, retrying after each, and returns
-once a retry succeeds; then a `KmmOutOfMemoryError` with the manager's memory status.
+once a retry succeeds; then a `KmmOutOfMemoryError` with the manager's memory status. Its message
+is the first failure's: that call climbed libkmm's whole ladder (what it released, moved and
+spilled), where the retries after it find that done.
 """
 function retry_out_of_memory(call, st::UInt32, m::KmmManager, bytes::Int)
     st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
@@ -166,8 +168,8 @@ function retry_out_of_memory(call, st::UInt32, m::KmmManager, bytes::Int)
         st = call()
         st == LibKmm.KMM_OK && return nothing
         st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
-        msg = last_error_message()
     end
+    msg *= "\n  then, in Julia: GC.gc(false), GC.gc(true) and trim!(manager, 0), each followed by a retry that ran out of memory too"
     throw(KmmOutOfMemoryError(bytes, msg, memory_status(m)))
 end
 

@@ -1192,6 +1192,52 @@ PLANTS = [
      "                    if let Some(t) = self.recording() {\n                        t.record(super::trace::Action::AllocateFailure",
      "                    if let Some(t) = self.recording().filter(|_| false) {\n                        t.record(super::trace::Action::AllocateFailure",
      ["spill"]),
+    # Round 10 (Julia): a request larger than the hard limit on its own spills every buffer.
+    ("spill-for-a-request-that-cannot-fit", "rust/kmm/src/manager/spill.rs",
+     "        if kind != MemoryKind::Device || self.spill.limit == 0 || self.device_room().is_some_and(|(room, _)| bytes > room) {\n",
+     "        if kind != MemoryKind::Device || self.spill.limit == 0 {\n",
+     ["spill"]),
+    # Round 10 (C ABI): a caller queues without bound on a host stream.
+    ("host-stream-unbounded-queue", "rust/kmm/src/backend/host.rs",
+     "            while *queued >= MAX_QUEUED {\n",
+     "            while *queued >= usize::MAX {\n",
+     ["lib"]),
+    # Round 10 (Julia): the BoundsError of an out-of-range copy is built in Int128, which an
+    # unsigned 128-bit count turns into an InexactError.
+    ("jl-bounds-error-in-int128", "src/array.jl",
+     "        throw(BoundsError(a, big(offs):big(offs) + n - 1))",
+     "        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))",
+     ["jl:adversarial_round10.jl"]),
+    # Round 10 (Julia): scalar access of an element type of no bytes recurses without end.
+    ("jl-zero-size-scalar-recurses", "src/scalar.jl",
+     "    sizeof(T) == 0 && return (check_live(x); T.instance)\n",
+     "",
+     ["jl:adversarial_round10.jl"]),
+    # Round 10 (Julia): elements of no bytes let the dimensions' product wrap.
+    ("jl-zero-size-length-wraps", "src/array.jl",
+     "    n = 1\n    overflow = false\n    for d in dims\n        d >= 0 || throw_bad_dims(dims, \"negative dimension\")\n",
+     "    n = sizeof(T) == 0 ? 0 : 1\n    overflow = false\n    for d in dims\n        d >= 0 || throw_bad_dims(dims, \"negative dimension\")\n",
+     ["jl:adversarial_round10.jl"]),
+    # Round 10 (Julia): a copy task shows its event field, "pending" after the copy ran.
+    ("jl-copy-task-show-reads-field", "src/async.jl",
+     "(try isdone(t) catch; false end) ? \"done\"",
+     "t.event == 0 ? \"done\"",
+     ["jl:adversarial_round10.jl"]),
+    # Round 10 (Julia): KmmArray{T}(a) allocates before converting a.
+    ("jl-constructor-allocates-before-converting", "src/array.jl",
+     "    filled(host_dense(T, a)) do   # converted first: a conversion that fails allocates nothing\n        KmmArray{T,N}(undef, size(a); kw...)\n    end\n",
+     "    copyto!(KmmArray{T,N}(undef, size(a); kw...), host_dense(T, a))\n",
+     ["jl:adversarial_round10.jl"]),
+    # Round 10 (Julia): a failed copy into a new PinnedArray leaves it allocated.
+    ("jl-pinned-constructor-keeps-failed-copy", "src/pinned.jl",
+     "PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} = filled(() -> PinnedArray{T,N}(undef, size(a); kw...), a)\n",
+     "PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} = copyto!(PinnedArray{T,N}(undef, size(a); kw...), a)\n",
+     ["jl:adversarial_round10.jl"]),
+    # Round 10 (Julia): showing a view of a freed PinnedArray throws.
+    ("jl-freed-pinned-view-show-throws", "src/pinned.jl",
+     "Base.show(io::IO, m::MIME\"text/plain\", v::PinnedDerived) =\n    isfreed(parent(v)) ?",
+     "Base.show(io::IO, m::MIME\"text/plain\", v::PinnedDerived) =\n    false ?",
+     ["jl:adversarial_round10.jl"]),
     # Round 10 (Python): an `__index__` that returns a bool passes for 0 or 1.
     ("py-index-returning-bool-accepted", "python/kmm/_args.py",
      "    if isinstance(v, bool) or not isinstance(v, int):\n",

@@ -652,3 +652,33 @@ fn a_failed_restore_is_counted_and_traced_as_a_failed_allocation() {
     ok(kmm_buffer_unmap(m.0, set[1].0));
     assert_eq!(m.download(set[0].0, 0, 16), set[0].1[..16]);
 }
+
+/// A request larger than the hard limit on its own can never be served: spilling must not move
+/// every live buffer to the host for it (adversarial run 10: all 15 went, and stayed there, so
+/// each later use paid a restore), and the message says why nothing spilled.
+#[test]
+fn a_request_larger_than_the_hard_limit_spills_nothing() {
+    let m = Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.chunk_size = 64 << 10;
+        c.hard_limit = MIB;
+        c.spill_limit = 4 * MIB;
+    });
+    let set = fill_set(&m, 15, 60_000);
+    let mut b = 0;
+    expect_err(
+        kmm_buffer_alloc(m.0, 2 * MIB, DEVICE, &mut b),
+        KmmStatus::KMM_ERROR_OUT_OF_MEMORY,
+        &["the request alone is larger than the hard limit"],
+    );
+    let s = m.stats(DEVICE);
+    assert_eq!((s.spilled_buffers, s.spills), (0, 0), "buffers spilled for a request that cannot fit");
+    assert_eq!(s.in_use, 15 * 60_000);
+    // A request that fits once others spill still spills them.
+    let b = m.alloc(MIB - 64 * 1024, DEVICE);
+    assert!(m.stats(DEVICE).spills > 0);
+    m.free(b);
+    for (x, data) in &set {
+        assert_eq!(m.download(*x, 0, data.len()), *data);
+    }
+}

@@ -203,10 +203,52 @@ impl Backend for HostBackend {
 
 type Work = Box<dyn FnOnce() + Send>;
 
+/// The most work items a stream holds queued: a caller that queues more waits until the worker
+/// has run some, as a CUDA launch blocks while its stream's queue is full. Without a bound, a
+/// caller that queues faster than the stream runs (copies in a loop) grew the queue without end,
+/// and a later synchronize waited for millions of copies.
+const MAX_QUEUED: usize = 1024;
+
+thread_local! {
+    /// Set on the streams' worker threads: work that queues more work (on its own stream or
+    /// another, whose worker may wait for this one) never waits for room.
+    static IS_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// How many work items a stream holds queued, and the callers waiting for room.
+#[derive(Default)]
+struct Backlog {
+    queued: Mutex<usize>,
+    room: Condvar,
+}
+
+impl Backlog {
+    /// Counts one more item, waiting for room first (never on a worker thread).
+    fn enter(&self) {
+        let mut queued = lock(&self.queued);
+        if !IS_WORKER.with(|w| w.get()) {
+            while *queued >= MAX_QUEUED {
+                queued = self.room.wait(queued).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        *queued += 1;
+    }
+
+    /// One item ran (or was never queued).
+    fn leave(&self) {
+        let mut queued = lock(&self.queued);
+        *queued -= 1;
+        if *queued == MAX_QUEUED - 1 {
+            self.room.notify_all();
+        }
+    }
+}
+
 /// A stream: a FIFO of closures run by one worker thread.
 pub struct HostStream {
     id: u64,
     queue: Mutex<Option<Sender<Work>>>,
+    backlog: Arc<Backlog>,
     worker: Mutex<Option<JoinHandle<()>>>,
     /// The process generation (see `fork_generation`) the worker thread runs in.
     generation: u64,
@@ -257,16 +299,21 @@ impl HostStream {
     fn new() -> Result<Arc<HostStream>> {
         let (tx, rx) = channel::<Work>();
         let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
+        let backlog = Arc::new(Backlog::default());
+        let ran = backlog.clone();
         let worker = std::thread::Builder::new()
             .name(format!("kmm-host-stream-{id:x}"))
             .spawn(move || {
+                IS_WORKER.with(|w| w.set(true));
                 for work in rx {
                     work();
+                    ran.leave();
                 }
             })
             .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start a host stream thread: {e}"))?;
         let generation = fork_generation();
-        let stream = Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)), generation });
+        let stream =
+            Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), backlog, worker: Mutex::new(Some(worker)), generation });
         lock(stream_registry()).insert(id, Known::Live(Arc::downgrade(&stream)));
         Ok(stream)
     }
@@ -290,9 +337,15 @@ impl HostStream {
 
     fn enqueue(&self, work: Work) -> Result<()> {
         self.check_runs_here()?;
+        // Room first, with the queue's lock not held: the worker may take it (dropping the
+        // stream's last reference inside queued work) while this caller waits.
+        self.backlog.enter();
         match lock(&self.queue).as_ref() {
             Some(tx) if tx.send(work).is_ok() => Ok(()),
-            _ => fail!(KMM_ERROR_BACKEND, "host stream {:#x} has stopped", self.id),
+            _ => {
+                self.backlog.leave();
+                fail!(KMM_ERROR_BACKEND, "host stream {:#x} has stopped", self.id)
+            }
         }
     }
 
@@ -662,5 +715,59 @@ mod tests {
         // Once its work has run, the retired stream is forgotten at the next retirement.
         drop(backend.create_stream().unwrap());
         assert!(!lock(stream_registry()).contains_key(&raw), "a retired stream whose work has run is still known");
+    }
+
+    /// A caller queuing faster than the stream runs waits once `MAX_QUEUED` items are queued
+    /// (adversarial run 10: two threads queued 4.2 million copies in 5 s, and a synchronize
+    /// then ran for longer than 30 s); the worker's own work may queue past the bound.
+    #[test]
+    fn a_full_stream_makes_callers_wait_but_never_its_own_work() {
+        let backend = HostBackend::get(0).unwrap();
+        let stream: Arc<dyn Stream> = Arc::from(backend.create_stream().unwrap());
+        let gate = Arc::new((Mutex::new(false), Condvar::new()));
+        let g = gate.clone();
+        stream
+            .launch_host_fn(Box::new(move || {
+                let mut open = lock(&g.0);
+                while !*open {
+                    open = g.1.wait(open).unwrap();
+                }
+            }))
+            .unwrap();
+        let (queued, ran) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let caller = {
+            let (stream, queued, ran) = (stream.clone(), queued.clone(), ran.clone());
+            std::thread::spawn(move || {
+                for _ in 0..3 * MAX_QUEUED {
+                    let ran = ran.clone();
+                    stream.launch_host_fn(Box::new(move || drop(ran.fetch_add(1, Ordering::SeqCst)))).unwrap();
+                    queued.fetch_add(1, Ordering::SeqCst);
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(300));
+        // The gate's item and MAX_QUEUED - 1 of the caller's fill the queue.
+        assert_eq!(queued.load(Ordering::SeqCst), MAX_QUEUED as u64 - 1, "the caller did not wait for room");
+        *lock(&gate.0) = true;
+        gate.1.notify_all();
+        caller.join().unwrap();
+        stream.synchronize().unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), 3 * MAX_QUEUED as u64);
+        // Work on the stream queuing more than the bound on the same stream does not wait for
+        // itself.
+        let (inner, s) = (ran.clone(), stream.clone());
+        stream
+            .launch_host_fn(Box::new(move || {
+                for _ in 0..2 * MAX_QUEUED {
+                    let inner = inner.clone();
+                    s.launch_host_fn(Box::new(move || drop(inner.fetch_add(1, Ordering::SeqCst)))).unwrap();
+                }
+            }))
+            .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while ran.load(Ordering::SeqCst) < 5 * MAX_QUEUED as u64 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(ran.load(Ordering::SeqCst), 5 * MAX_QUEUED as u64, "work queued by the stream's own work did not all run");
     }
 }

@@ -225,6 +225,15 @@ impl Manager {
         Ok((spilled, contested))
     }
 
+    /// The most bytes of device memory the manager may ever hold, and what bounds it: the hard
+    /// limit, else the device's memory (`None` when the backend cannot say).
+    pub(super) fn device_room(&self) -> Option<(u64, &'static str)> {
+        match self.config.hard_limit {
+            0 => self.backend.memory_info().ok().map(|(_, total)| (total, "the device's memory")),
+            hard => Some((hard, "the hard limit")),
+        }
+    }
+
     /// The headroom past the spill limit for a swap that no buffer fitting the limit could
     /// make (the host near its limit, the victims larger than the room left): the host may hold
     /// every spilled byte more for a moment, that is any victim the limit alone could hold, and
@@ -369,7 +378,9 @@ impl Manager {
                 goal = goal.saturating_mul(2);
             }
         }
-        if kind != MemoryKind::Device || self.spill.limit == 0 {
+        // Spilling cannot make room for a request larger than the device itself: every buffer
+        // would go to the host for nothing (and stay there).
+        if kind != MemoryKind::Device || self.spill.limit == 0 || self.device_room().is_some_and(|(room, _)| bytes > room) {
             return result;
         }
         let mut goal = bytes.max(1);
