@@ -110,3 +110,152 @@ fn events_are_handles_of_their_manager() {
     expect_err(kmm_event_query(a.0, ev, &mut done), KMM_ERROR_INVALID_HANDLE, &[]);
     expect_err(kmm_event_query(a.0, ev, std::ptr::null_mut()), KMM_ERROR_NULL_POINTER, &["done"]);
 }
+
+// A host stream holds at most 1024 queued items (callers wait for room, as on a full CUDA
+// stream). The review of that bound found three ways to hang on it; each test below hung
+// (timed out) on the first version.
+
+/// Runs `body` on a thread and fails the test when it is not done within `secs` of `then`
+/// running (the hang's trigger: a gate opened, say).
+fn done_within(secs: u64, what: &str, body: impl FnOnce() + Send + 'static, then: impl FnOnce()) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        body();
+        let _ = tx.send(());
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    then();
+    if rx.recv_timeout(std::time::Duration::from_secs(secs)).is_err() {
+        panic!("{what}: not done {secs} s later (deadlocked)");
+    }
+}
+
+fn host_manager(f: impl FnOnce(&mut KmmConfig)) -> Mgr {
+    Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        f(c)
+    })
+}
+
+/// rayon's pool threads queuing on a full stream whose worker runs a staged copy out (its
+/// `parallel_copy` runs on that pool): pool threads never wait for room.
+#[test]
+fn rayon_pool_threads_queuing_on_a_full_stream_do_not_deadlock_its_staged_copy() {
+    let m = host_manager(|c| {
+        c.staging_chunk_size = 4 << 20;
+        c.staging_chunks = 4;
+    });
+    Gate::warm(&m);
+    let b = m.alloc(4 << 20, DEVICE);
+    m.sync();
+    let gate = Gate::shut(&m);
+    let h = m.0;
+    done_within(
+        20,
+        "rayon threads queuing on a full stream",
+        move || {
+            let outs: Vec<(u64, Vec<u8>)> = rayon::broadcast(|_| {
+                let mut dst = vec![0u8; 4 << 20];
+                let mut ev = 0;
+                ok(kmm_copy_to_host_async(h, dst.as_mut_ptr().cast(), b, 0, 4 << 20, &mut ev));
+                for _ in 0..1500 {
+                    ok(kmm_fill(h, b, 0, 4096, [1u8].as_ptr().cast(), 1));
+                }
+                (ev, dst)
+            });
+            for (ev, _dst) in &outs {
+                ok(kmm_event_wait(h, *ev));
+                ok(kmm_event_destroy(h, *ev));
+            }
+        },
+        || gate.open(),
+    );
+}
+
+/// A record waiting for room on a full stream while another stream already waits for that
+/// record: no later item of a third caller may be queued before it.
+#[test]
+fn an_event_record_waiting_for_room_is_not_overtaken() {
+    use kmm::backend::host::HostBackend;
+    use kmm::backend::{Backend, Event, Stream};
+    use std::sync::{Arc, Condvar, Mutex};
+    let backend = HostBackend::get(0).unwrap();
+    let (s1, s2): (Arc<dyn Stream>, Arc<dyn Stream>) = (backend.create_stream().unwrap().into(), backend.create_stream().unwrap().into());
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let g = gate.clone();
+    s2.launch_host_fn(Box::new(move || {
+        let mut open = g.0.lock().unwrap();
+        while !*open {
+            open = g.1.wait(open).unwrap();
+        }
+    }))
+    .unwrap();
+    for _ in 0..1023 {
+        s2.launch_host_fn(Box::new(|| {})).unwrap(); // s2 is full
+    }
+    let e: Arc<dyn Event> = backend.create_event().unwrap().into();
+    let (e_u, s2_u) = (e.clone(), s2.clone());
+    let recorder = std::thread::spawn(move || s2_u.record(e_u.as_ref()).unwrap());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    s1.wait_event(e.as_ref()).unwrap(); // s1 waits for the record the recorder makes
+    let e1: Arc<dyn Event> = backend.create_event().unwrap().into();
+    s1.record(e1.as_ref()).unwrap();
+    let waiters: Vec<_> = (0..8)
+        .map(|_| {
+            let (e1, s2) = (e1.clone(), s2.clone());
+            std::thread::spawn(move || s2.wait_event(e1.as_ref()).unwrap())
+        })
+        .collect();
+    done_within(
+        10,
+        "s1 waiting for a record queued on s2 behind a wait for s1",
+        move || {
+            recorder.join().unwrap();
+            waiters.into_iter().for_each(|w| w.join().unwrap());
+            s1.synchronize().unwrap();
+        },
+        || {
+            *gate.0.lock().unwrap() = true;
+            gate.1.notify_all();
+        },
+    );
+}
+
+/// Work that panics ends its stream's worker: callers waiting for room on the full stream
+/// then fail ("has stopped") instead of waiting for ever.
+#[test]
+fn callers_waiting_on_a_full_stream_whose_work_panicked_get_an_error() {
+    use kmm::backend::host::HostBackend;
+    use kmm::backend::{Backend, Stream};
+    use std::sync::{Arc, Condvar, Mutex};
+    let backend = HostBackend::get(0).unwrap();
+    let s: Arc<dyn Stream> = backend.create_stream().unwrap().into();
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let g = gate.clone();
+    s.launch_host_fn(Box::new(move || {
+        let mut open = g.0.lock().unwrap();
+        while !*open {
+            open = g.1.wait(open).unwrap();
+        }
+        panic!("a host function of the test panics (expected)");
+    }))
+    .unwrap();
+    let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let (s2, errs) = (s.clone(), errors.clone());
+    done_within(
+        10,
+        "a caller on a full stream whose worker died",
+        move || {
+            for _ in 0..3000 {
+                if s2.launch_host_fn(Box::new(|| {})).is_err() {
+                    errs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        },
+        || {
+            *gate.0.lock().unwrap() = true;
+            gate.1.notify_all();
+        },
+    );
+    assert!(errors.load(std::sync::atomic::Ordering::SeqCst) > 0, "queuing on a stopped stream succeeded");
+}

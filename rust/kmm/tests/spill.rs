@@ -674,6 +674,22 @@ fn a_request_larger_than_the_hard_limit_spills_nothing() {
     let s = m.stats(DEVICE);
     assert_eq!((s.spilled_buffers, s.spills), (0, 0), "buffers spilled for a request that cannot fit");
     assert_eq!(s.in_use, 15 * 60_000);
+    // Nor one whose block (its bytes rounded up to the alignment) is larger than the limit,
+    // in pool and direct modes (the review of the first version: 8 MiB + 50 bytes against a
+    // limit of 8 MiB + 100 spilled every buffer).
+    for mode in [KmmAllocMode::KMM_ALLOC_POOL, KmmAllocMode::KMM_ALLOC_DIRECT] {
+        let r = Mgr::with(|c| {
+            c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+            c.alloc_mode = mode as u32;
+            c.chunk_size = 2 * MIB;
+            c.hard_limit = 8 * MIB + 100;
+            c.spill_limit = 64 * MIB;
+        });
+        let _live = fill_set(&r, 4, 2 * MIB);
+        let mut x = 0;
+        expect_err(kmm_buffer_alloc(r.0, 8 * MIB + 50, DEVICE, &mut x), KmmStatus::KMM_ERROR_OUT_OF_MEMORY, &["the request alone"]);
+        assert_eq!(r.stats(DEVICE).spilled_buffers, 0, "{mode:?}: buffers spilled for a block larger than the limit");
+    }
     // A request that fits once others spill still spills them.
     let b = m.alloc(MIB - 64 * 1024, DEVICE);
     assert!(m.stats(DEVICE).spills > 0);

@@ -215,32 +215,62 @@ thread_local! {
     static IS_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+/// Whether the calling thread may wait for room on a full stream: not a stream's worker, and
+/// not one of rayon's pool threads, which a worker may wait for (`parallel_copy` of a staged
+/// copy runs on that pool).
+fn may_wait_for_room() -> bool {
+    !IS_WORKER.with(|w| w.get()) && rayon::current_thread_index().is_none()
+}
+
 /// How many work items a stream holds queued, and the callers waiting for room.
 #[derive(Default)]
 struct Backlog {
-    queued: Mutex<usize>,
+    state: Mutex<BacklogState>,
     room: Condvar,
 }
 
+#[derive(Default)]
+struct BacklogState {
+    queued: usize,
+    /// The worker has ended (its work panicked, or the stream stopped): nothing will make room,
+    /// so nobody waits; queuing then fails.
+    closed: bool,
+}
+
 impl Backlog {
-    /// Counts one more item, waiting for room first (never on a worker thread).
+    /// Counts one more item, waiting for room first where the caller may (`may_wait_for_room`).
     fn enter(&self) {
-        let mut queued = lock(&self.queued);
-        if !IS_WORKER.with(|w| w.get()) {
-            while *queued >= MAX_QUEUED {
-                queued = self.room.wait(queued).unwrap_or_else(|e| e.into_inner());
+        let mut st = lock(&self.state);
+        if may_wait_for_room() {
+            while st.queued >= MAX_QUEUED && !st.closed {
+                st = self.room.wait(st).unwrap_or_else(|e| e.into_inner());
             }
         }
-        *queued += 1;
+        st.queued += 1;
     }
 
     /// One item ran (or was never queued).
     fn leave(&self) {
-        let mut queued = lock(&self.queued);
-        *queued -= 1;
-        if *queued == MAX_QUEUED - 1 {
+        let mut st = lock(&self.state);
+        st.queued -= 1;
+        if st.queued == MAX_QUEUED - 1 {
             self.room.notify_all();
         }
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.room.notify_all();
+    }
+}
+
+/// Held by a stream's worker thread: its end, also by a panic in queued work, closes the backlog
+/// (after the queue's receiver is gone, so woken callers find the stream stopped).
+struct ClosesBacklog(Arc<Backlog>);
+
+impl Drop for ClosesBacklog {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
@@ -305,6 +335,7 @@ impl HostStream {
             .name(format!("kmm-host-stream-{id:x}"))
             .spawn(move || {
                 IS_WORKER.with(|w| w.set(true));
+                let _closes = ClosesBacklog(ran.clone()); // dropped after `rx`, also on a panic
                 for work in rx {
                     work();
                     ran.leave();
@@ -340,6 +371,11 @@ impl HostStream {
         // Room first, with the queue's lock not held: the worker may take it (dropping the
         // stream's last reference inside queued work) while this caller waits.
         self.backlog.enter();
+        self.send_entered(work)
+    }
+
+    /// Queues `work`, for which `backlog.enter` made room.
+    fn send_entered(&self, work: Work) -> Result<()> {
         match lock(&self.queue).as_ref() {
             Some(tx) if tx.send(work).is_ok() => Ok(()),
             _ => {
@@ -464,6 +500,9 @@ impl Stream for HostStream {
     fn record(&self, event: &dyn Event) -> Result<()> {
         let event = host_event(event)?;
         self.check_runs_here()?;
+        // Room before the record counts: a `wait_event` of another stream meanwhile waits for
+        // this record, which must then be queued at once, not behind other callers' work.
+        self.backlog.enter();
         let target = {
             let mut st = lock(&event.0.state);
             st.recorded += 1;
@@ -471,7 +510,7 @@ impl Stream for HostStream {
             st.recorded
         };
         let inner = event.0.clone();
-        self.enqueue(Box::new(move || inner.complete(target)))
+        self.send_entered(Box::new(move || inner.complete(target)))
     }
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let event = host_event(event)?;
@@ -734,6 +773,15 @@ mod tests {
                 }
             }))
             .unwrap();
+        // Opens the gate also when an assertion fails (the stream's drop joins its worker).
+        struct Opens(Arc<(Mutex<bool>, Condvar)>);
+        impl Drop for Opens {
+            fn drop(&mut self) {
+                *lock(&self.0 .0) = true;
+                self.0 .1.notify_all();
+            }
+        }
+        let opens = Opens(gate);
         let (queued, ran) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
         let caller = {
             let (stream, queued, ran) = (stream.clone(), queued.clone(), ran.clone());
@@ -748,8 +796,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         // The gate's item and MAX_QUEUED - 1 of the caller's fill the queue.
         assert_eq!(queued.load(Ordering::SeqCst), MAX_QUEUED as u64 - 1, "the caller did not wait for room");
-        *lock(&gate.0) = true;
-        gate.1.notify_all();
+        drop(opens);
         caller.join().unwrap();
         stream.synchronize().unwrap();
         assert_eq!(ran.load(Ordering::SeqCst), 3 * MAX_QUEUED as u64);

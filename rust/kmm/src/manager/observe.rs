@@ -415,7 +415,7 @@ impl Manager {
             )
         } else if self.config.spill_limit == 0 {
             "no spill (KmmConfig.spill_limit is 0)".to_string()
-        } else if let Some((room, what)) = self.device_room().filter(|&(room, _)| bytes > room) {
+        } else if let Some((room, what)) = self.never_fits_device(bytes) {
             format!("no spill (the request alone is larger than {what}, {}: spilling cannot make room for it)", human_bytes(room))
         } else {
             let s = self.spill_stats();

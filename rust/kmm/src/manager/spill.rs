@@ -225,13 +225,17 @@ impl Manager {
         Ok((spilled, contested))
     }
 
-    /// The most bytes of device memory the manager may ever hold, and what bounds it: the hard
-    /// limit, else the device's memory (`None` when the backend cannot say).
-    pub(super) fn device_room(&self) -> Option<(u64, &'static str)> {
-        match self.config.hard_limit {
+    /// For a device request of `bytes` that no room made on the device can serve, its block
+    /// (aligned) being larger than the most the manager may ever hold: that most, and what
+    /// bounds it (the hard limit, else the device's memory). `None` when it may fit, or the
+    /// backend cannot say.
+    pub(super) fn never_fits_device(&self, bytes: u64) -> Option<(u64, &'static str)> {
+        let room = match self.config.hard_limit {
             0 => self.backend.memory_info().ok().map(|(_, total)| (total, "the device's memory")),
             hard => Some((hard, "the hard limit")),
-        }
+        };
+        let block = bytes.checked_next_multiple_of(self.config.alignment).unwrap_or(u64::MAX);
+        room.filter(|&(most, _)| block > most)
     }
 
     /// The headroom past the spill limit for a swap that no buffer fitting the limit could
@@ -380,7 +384,7 @@ impl Manager {
         }
         // Spilling cannot make room for a request larger than the device itself: every buffer
         // would go to the host for nothing (and stay there).
-        if kind != MemoryKind::Device || self.spill.limit == 0 || self.device_room().is_some_and(|(room, _)| bytes > room) {
+        if kind != MemoryKind::Device || self.spill.limit == 0 || self.never_fits_device(bytes).is_some() {
             return result;
         }
         let mut goal = bytes.max(1);
