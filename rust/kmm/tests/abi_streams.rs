@@ -126,7 +126,10 @@ fn done_within(secs: u64, what: &str, body: impl FnOnce() + Send + 'static, then
     std::thread::sleep(std::time::Duration::from_millis(300));
     then();
     if rx.recv_timeout(std::time::Duration::from_secs(secs)).is_err() {
-        panic!("{what}: not done {secs} s later (deadlocked)");
+        // Not a panic: unwinding would destroy the test's manager, which waits for the
+        // deadlocked stream, and the binary would hang instead of failing.
+        eprintln!("{what}: not done {secs} s later (deadlocked)");
+        std::process::exit(101);
     }
 }
 
