@@ -788,7 +788,7 @@ PLANTS = [
      ["jl:adversarial.jl"]),
     # copyto!'s range check sums offset and count: an offset near typemax(Int) wraps and passes.
     ("jl-copyto-range-wraps", "src/array.jl",
-     "    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||\n        throw(BoundsError(a, Int128(offs):Int128(offs) + n - 1))\n",
+     "    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||\n        throw(BoundsError(a, big(offs):big(offs) + n - 1))  # (no type of the arguments' holds every sum)\n",
      "    (offs >= 1 && offs + n - 1 <= length(a)) || throw(BoundsError(a, offs:offs+n-1))\n",
      ["jl:safety.jl"]),
     # KmmManager keywords are converted as they come: wrapped, rounded or InexactError.
@@ -1138,8 +1138,8 @@ PLANTS = [
      ["spill", "stream_model"]),
     # The out-of-memory ladder never spills.
     ("alloc-ladder-never-spills", "rust/kmm/src/manager/spill.rs",
-     "        if kind != MemoryKind::Device || self.spill.limit == 0 {",
-     "        if kind != MemoryKind::Device || self.spill.limit != u64::MAX {",
+     "        if kind != MemoryKind::Device || self.spill.limit == 0 || self.never_fits_device(bytes).is_some() {",
+     "        if kind != MemoryKind::Device || self.spill.limit != u64::MAX || self.never_fits_device(bytes).is_some() {",
      ["spill"]),
     # The pinned ladder forgets the spill store's idle pinned chunks (they count against the
     # pinned limit): pinned allocations fail after spills.
@@ -1199,8 +1199,8 @@ PLANTS = [
      ["spill"]),
     # Round 10 (C ABI): a caller queues without bound on a host stream.
     ("host-stream-unbounded-queue", "rust/kmm/src/backend/host.rs",
-     "            while *queued >= MAX_QUEUED {\n",
-     "            while *queued >= usize::MAX {\n",
+     "            while st.queued >= MAX_QUEUED && !st.closed {\n",
+     "            while st.queued >= usize::MAX && !st.closed {\n",
      ["lib"]),
     # The review of the bound: rayon's pool threads wait for room on a full stream whose
     # worker waits for that pool (a staged copy's parallel_copy).

@@ -180,7 +180,7 @@ fn rayon_pool_threads_queuing_on_a_full_stream_do_not_deadlock_its_staged_copy()
 #[test]
 fn an_event_record_waiting_for_room_is_not_overtaken() {
     use kmm::backend::host::HostBackend;
-    use kmm::backend::{Backend, Event, Stream};
+    use kmm::backend::{Event, Stream};
     use std::sync::{Arc, Condvar, Mutex};
     let backend = HostBackend::get(0).unwrap();
     let (s1, s2): (Arc<dyn Stream>, Arc<dyn Stream>) = (backend.create_stream().unwrap().into(), backend.create_stream().unwrap().into());
@@ -229,7 +229,7 @@ fn an_event_record_waiting_for_room_is_not_overtaken() {
 #[test]
 fn callers_waiting_on_a_full_stream_whose_work_panicked_get_an_error() {
     use kmm::backend::host::HostBackend;
-    use kmm::backend::{Backend, Stream};
+    use kmm::backend::Stream;
     use std::sync::{Arc, Condvar, Mutex};
     let backend = HostBackend::get(0).unwrap();
     let s: Arc<dyn Stream> = backend.create_stream().unwrap().into();
