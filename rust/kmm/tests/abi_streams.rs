@@ -133,6 +133,31 @@ fn done_within(secs: u64, what: &str, body: impl FnOnce() + Send + 'static, then
     }
 }
 
+/// Queues on `stream` work that waits until the returned closure runs, then runs `then` (on the
+/// stream's worker).
+fn gated_host_stream(
+    stream: &dyn kmm::backend::Stream,
+    then: impl FnOnce() + Send + 'static,
+) -> impl FnOnce() {
+    use std::sync::{Arc, Condvar, Mutex};
+    let gate = Arc::new((Mutex::new(false), Condvar::new()));
+    let g = gate.clone();
+    stream
+        .launch_host_fn(Box::new(move || {
+            let mut open = g.0.lock().unwrap();
+            while !*open {
+                open = g.1.wait(open).unwrap();
+            }
+            drop(open);
+            then();
+        }))
+        .unwrap();
+    move || {
+        *gate.0.lock().unwrap() = true;
+        gate.1.notify_all();
+    }
+}
+
 fn host_manager(f: impl FnOnce(&mut KmmConfig)) -> Mgr {
     Mgr::with(|c| {
         c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
@@ -181,18 +206,10 @@ fn rayon_pool_threads_queuing_on_a_full_stream_do_not_deadlock_its_staged_copy()
 fn an_event_record_waiting_for_room_is_not_overtaken() {
     use kmm::backend::host::HostBackend;
     use kmm::backend::{Event, Stream};
-    use std::sync::{Arc, Condvar, Mutex};
+    use std::sync::Arc;
     let backend = HostBackend::get(0).unwrap();
     let (s1, s2): (Arc<dyn Stream>, Arc<dyn Stream>) = (backend.create_stream().unwrap().into(), backend.create_stream().unwrap().into());
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
-    let g = gate.clone();
-    s2.launch_host_fn(Box::new(move || {
-        let mut open = g.0.lock().unwrap();
-        while !*open {
-            open = g.1.wait(open).unwrap();
-        }
-    }))
-    .unwrap();
+    let open = gated_host_stream(s2.as_ref(), || {});
     for _ in 0..1023 {
         s2.launch_host_fn(Box::new(|| {})).unwrap(); // s2 is full
     }
@@ -217,10 +234,7 @@ fn an_event_record_waiting_for_room_is_not_overtaken() {
             waiters.into_iter().for_each(|w| w.join().unwrap());
             s1.synchronize().unwrap();
         },
-        || {
-            *gate.0.lock().unwrap() = true;
-            gate.1.notify_all();
-        },
+        open,
     );
 }
 
@@ -230,19 +244,10 @@ fn an_event_record_waiting_for_room_is_not_overtaken() {
 fn callers_waiting_on_a_full_stream_whose_work_panicked_get_an_error() {
     use kmm::backend::host::HostBackend;
     use kmm::backend::Stream;
-    use std::sync::{Arc, Condvar, Mutex};
+    use std::sync::Arc;
     let backend = HostBackend::get(0).unwrap();
     let s: Arc<dyn Stream> = backend.create_stream().unwrap().into();
-    let gate = Arc::new((Mutex::new(false), Condvar::new()));
-    let g = gate.clone();
-    s.launch_host_fn(Box::new(move || {
-        let mut open = g.0.lock().unwrap();
-        while !*open {
-            open = g.1.wait(open).unwrap();
-        }
-        panic!("a host function of the test panics (expected)");
-    }))
-    .unwrap();
+    let open = gated_host_stream(s.as_ref(), || panic!("a host function of the test panics (expected)"));
     let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let (s2, errs) = (s.clone(), errors.clone());
     done_within(
@@ -255,10 +260,7 @@ fn callers_waiting_on_a_full_stream_whose_work_panicked_get_an_error() {
                 }
             }
         },
-        || {
-            *gate.0.lock().unwrap() = true;
-            gate.1.notify_all();
-        },
+        open,
     );
     assert!(errors.load(std::sync::atomic::Ordering::SeqCst) > 0, "queuing on a stopped stream succeeded");
 }
