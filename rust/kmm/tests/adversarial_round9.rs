@@ -7,9 +7,7 @@ const MIB: u64 = 1 << 20;
 const KIB: u64 = 1 << 10;
 
 fn spilled(m: &Mgr, b: KmmBuffer) -> u32 {
-    let mut i = KmmBufferInfo::default();
-    ok(kmm_buffer_info(m.0, b, &mut i));
-    i.spilled
+    m.info(b).spilled
 }
 
 /// hard_limit 2 MiB, spill_limit 1 MiB in `mode`: a, b (1 MiB each), s1, s2 (64 KiB each)

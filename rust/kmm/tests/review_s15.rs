@@ -8,9 +8,7 @@ const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
 
 fn spilled(m: &Mgr, b: KmmBuffer) -> u32 {
-    let mut i = KmmBufferInfo::default();
-    ok(kmm_buffer_info(m.0, b, &mut i));
-    i.spilled
+    m.info(b).spilled
 }
 
 fn put(m: &Mgr, bytes: u64, seed: u64) -> (KmmBuffer, Vec<u8>) {

@@ -36,11 +36,6 @@ fn host_spill_manager(hard_limit: u64, spill_limit: u64) -> Mgr {
     })
 }
 
-fn info(m: &Mgr, b: KmmBuffer) -> KmmBufferInfo {
-    let mut i = KmmBufferInfo::default();
-    ok(kmm_buffer_info(m.0, b, &mut i));
-    i
-}
 
 fn map(m: &Mgr, b: KmmBuffer) -> u64 {
     let mut p = 0;
@@ -157,19 +152,19 @@ fn mapped_and_never_spill_buffers_stay_on_the_device() {
     };
     let others = fill_set(&m, 8, MIB);
     assert!(m.stats(DEVICE).spills >= 6);
-    assert_eq!((info(&m, mapped).spilled, info(&m, keep).spilled, info(&m, keep).never_spill), (0, 0, 1));
+    assert_eq!((m.info(mapped).spilled, m.info(keep).spilled, m.info(keep).never_spill), (0, 0, 1));
     let again = map(&m, keep);
     assert_eq!(again, keep_addr, "a never-spill buffer did not move");
     ok(kmm_buffer_unmap(m.0, keep));
     // SAFETY: still mapped.
     let bytes = unsafe { std::slice::from_raw_parts(addr as *const u8, MIB as usize) };
     assert!(bytes.iter().all(|&b| b == 0xAB), "a mapped buffer never moves");
-    assert!(others.iter().any(|(b, _)| info(&m, *b).spilled == 1));
+    assert!(others.iter().any(|(b, _)| m.info(*b).spilled == 1));
     // Marking a spilled buffer never-spill brings it back.
-    let (spilled, data) = others.iter().find(|(b, _)| info(&m, *b).spilled == 1).unwrap();
+    let (spilled, data) = others.iter().find(|(b, _)| m.info(*b).spilled == 1).unwrap();
     ok(kmm_buffer_unmap(m.0, mapped));
     ok(kmm_buffer_never_spill(m.0, *spilled, true));
-    assert_eq!(info(&m, *spilled).spilled, 0);
+    assert_eq!(m.info(*spilled).spilled, 0);
     assert_eq!(&m.download(*spilled, 0, data.len()), data);
 }
 
@@ -199,7 +194,7 @@ fn a_spill_waits_for_work_queued_on_a_recorded_stream() {
     gate.wait();
     // Pressure: the buffer (least recently used) spills while the foreign write is queued.
     let others = fill_set(&m, 4, MIB);
-    assert_eq!(info(&m, b).spilled, 1, "the oldest buffer spilled");
+    assert_eq!(m.info(b).spilled, 1, "the oldest buffer spilled");
     assert_eq!(m.download(b, 0, MIB as usize), vec![7u8; MIB as usize], "the spill copied the bytes after the foreign write");
     drop(others);
     foreign.synchronize().unwrap();
@@ -222,7 +217,7 @@ fn a_map_after_a_restore_waits_for_the_copy_in() {
     let data = pattern(MIB as usize, 77);
     m.upload(b, 0, &data);
     let others = fill_set(&m, 4, MIB);
-    assert_eq!(info(&m, b).spilled, 1);
+    assert_eq!(m.info(b).spilled, 1);
     // Room on the device, so the restore needs no rung that waits; then the stream is held
     // back: the copy in stays queued until the gate opens.
     m.free(others[0].0);
@@ -246,7 +241,7 @@ fn a_new_buffer_in_a_spilled_place_waits_for_the_copy_out() {
     // The copy out of `x` stays queued until the gate opens; `y` takes `x`'s place at once.
     let opener = hold_stream_for_100ms(&m);
     let y = m.alloc(4 * MIB, DEVICE);
-    assert_eq!(info(&m, x).spilled, 1);
+    assert_eq!(m.info(x).spilled, 1);
     let p = map(&m, y);
     // SAFETY: host backend, mapped; the map waited for the copy out of this place.
     unsafe { std::ptr::write_bytes(p as *mut u8, 0x5A, 4 * MIB as usize) };
@@ -448,13 +443,13 @@ fn a_failed_never_spill_leaves_the_setting_as_it_was() {
     let a = m.alloc(MIB, DEVICE);
     m.upload(a, 0, &vec![3u8; MIB as usize]);
     let b = m.alloc(2 * MIB, DEVICE);
-    assert_eq!(info(&m, a).spilled, 1);
+    assert_eq!(m.info(a).spilled, 1);
     map(&m, b); // the device is held: `a` cannot come back
     let st = kmm_buffer_never_spill(m.0, a, true);
     assert_eq!(st, KMM_ERROR_OUT_OF_MEMORY);
     let msg = last_error();
     assert!(msg.contains("restoring spilled buffer") && msg.contains("1 more on the host"), "{msg}");
-    assert_eq!((info(&m, a).spilled, info(&m, a).never_spill), (1, 0));
+    assert_eq!((m.info(a).spilled, m.info(a).never_spill), (1, 0));
     ok(kmm_buffer_unmap(m.0, b));
     ok(kmm_buffer_never_spill(m.0, a, true));
     assert_eq!(m.download(a, 0, MIB as usize), vec![3u8; MIB as usize]);
@@ -598,7 +593,7 @@ fn a_move_to_pageable_memory_waits_for_the_copy_out() {
     let opener = hold_stream_for_100ms(&m);
     // Each spills one of the set; the copies out stay queued until the gate opens.
     let more: Vec<_> = (0..4).map(|_| m.alloc(MIB, DEVICE)).collect();
-    assert!(set.iter().all(|(b, _)| info(&m, *b).spilled == 1));
+    assert!(set.iter().all(|(b, _)| m.info(*b).spilled == 1));
     assert_eq!(m.stats(DEVICE).spilled_pageable_bytes, 0);
     let mut p = 0;
     let st = kmm_buffer_alloc(m.0, 4 * MIB, PINNED, &mut p);
@@ -627,7 +622,7 @@ fn a_failed_restore_is_counted_and_traced_as_a_failed_allocation() {
         c.spill_limit = 4 * MIB;
     });
     let set = fill_set(&m, 5, K); // the fifth spills the first
-    assert_eq!(info(&m, set[0].0).spilled, 1);
+    assert_eq!(m.info(set[0].0).spilled, 1);
     for (b, _) in &set[1..] {
         map(&m, *b); // nothing left on the device may go
     }

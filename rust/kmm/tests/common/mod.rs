@@ -97,6 +97,11 @@ impl Mgr {
     pub fn free(&self, b: KmmBuffer) {
         ok(kmm_buffer_free(self.0, b, 0));
     }
+    pub fn info(&self, b: KmmBuffer) -> KmmBufferInfo {
+        let mut i = KmmBufferInfo::default();
+        ok(kmm_buffer_info(self.0, b, &mut i));
+        i
+    }
     pub fn sync(&self) {
         ok(kmm_manager_synchronize(self.0));
     }
