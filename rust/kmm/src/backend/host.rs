@@ -788,7 +788,9 @@ mod tests {
             std::thread::spawn(move || {
                 for _ in 0..3 * MAX_QUEUED {
                     let ran = ran.clone();
-                    stream.launch_host_fn(Box::new(move || drop(ran.fetch_add(1, Ordering::SeqCst)))).unwrap();
+                    stream.launch_host_fn(Box::new(move || {
+                        ran.fetch_add(1, Ordering::SeqCst);
+                    })).unwrap();
                     queued.fetch_add(1, Ordering::SeqCst);
                 }
             })
@@ -807,7 +809,9 @@ mod tests {
             .launch_host_fn(Box::new(move || {
                 for _ in 0..2 * MAX_QUEUED {
                     let inner = inner.clone();
-                    s.launch_host_fn(Box::new(move || drop(inner.fetch_add(1, Ordering::SeqCst)))).unwrap();
+                    s.launch_host_fn(Box::new(move || {
+                        inner.fetch_add(1, Ordering::SeqCst);
+                    })).unwrap();
                 }
             }))
             .unwrap();
