@@ -1197,27 +1197,6 @@ PLANTS = [
      "        if kind != MemoryKind::Device || self.spill.limit == 0 || self.never_fits_device(bytes).is_some() {\n",
      "        if kind != MemoryKind::Device || self.spill.limit == 0 {\n",
      ["spill"]),
-    # Round 10 (C ABI): a caller queues without bound on a host stream.
-    ("host-stream-unbounded-queue", "rust/kmm/src/backend/host.rs",
-     "            while st.queued >= MAX_QUEUED && !st.closed {\n",
-     "            while st.queued >= usize::MAX && !st.closed {\n",
-     ["lib"]),
-    # The review of the bound: rayon's pool threads wait for room on a full stream whose
-    # worker waits for that pool (a staged copy's parallel_copy).
-    ("host-stream-rayon-threads-wait", "rust/kmm/src/backend/host.rs",
-     "    !IS_WORKER.with(|w| w.get()) && rayon::current_thread_index().is_none()\n",
-     "    !IS_WORKER.with(|w| w.get())\n",
-     ["abi_streams"]),
-    # ... a record counts before it has room, and a later item overtakes it.
-    ("host-stream-record-counts-before-room", "rust/kmm/src/backend/host.rs",
-     "        self.backlog.enter();\n        let target = {\n            let mut st = lock(&event.0.state);\n            st.recorded += 1;\n            st.generation = self.generation;\n            st.recorded\n        };\n        let inner = event.0.clone();\n        self.send_entered(Box::new(move || inner.complete(target)))\n",
-     "        let target = {\n            let mut st = lock(&event.0.state);\n            st.recorded += 1;\n            st.generation = self.generation;\n            st.recorded\n        };\n        let inner = event.0.clone();\n        self.enqueue(Box::new(move || inner.complete(target)))\n",
-     ["abi_streams"]),
-    # ... a worker that panicked leaves its callers waiting for room for ever.
-    ("host-stream-panic-leaves-callers-waiting", "rust/kmm/src/backend/host.rs",
-     "                let _closes = ClosesBacklog(ran.clone()); // dropped after `rx`, also on a panic\n",
-     "",
-     ["abi_streams"]),
     # Round 10 (Julia): the BoundsError of an out-of-range copy is built in Int128, which an
     # unsigned 128-bit count turns into an InexactError.
     ("jl-bounds-error-in-int128", "src/array.jl",

@@ -203,82 +203,10 @@ impl Backend for HostBackend {
 
 type Work = Box<dyn FnOnce() + Send>;
 
-/// The most work items a stream holds queued: a caller that queues more waits until the worker
-/// has run some, as a CUDA launch blocks while its stream's queue is full. Without a bound, a
-/// caller that queues faster than the stream runs (copies in a loop) grew the queue without end,
-/// and a later synchronize waited for millions of copies.
-const MAX_QUEUED: usize = 1024;
-
-thread_local! {
-    /// Set on the streams' worker threads: work that queues more work (on its own stream or
-    /// another, whose worker may wait for this one) never waits for room.
-    static IS_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
-/// Whether the calling thread may wait for room on a full stream: not a stream's worker, and
-/// not one of rayon's pool threads, which a worker may wait for (`parallel_copy` of a staged
-/// copy runs on that pool).
-fn may_wait_for_room() -> bool {
-    !IS_WORKER.with(|w| w.get()) && rayon::current_thread_index().is_none()
-}
-
-/// How many work items a stream holds queued, and the callers waiting for room.
-#[derive(Default)]
-struct Backlog {
-    state: Mutex<BacklogState>,
-    room: Condvar,
-}
-
-#[derive(Default)]
-struct BacklogState {
-    queued: usize,
-    /// The worker has ended (its work panicked, or the stream stopped): nothing will make room,
-    /// so nobody waits; queuing then fails.
-    closed: bool,
-}
-
-impl Backlog {
-    /// Counts one more item, waiting for room first where the caller may (`may_wait_for_room`).
-    fn enter(&self) {
-        let mut st = lock(&self.state);
-        if may_wait_for_room() {
-            while st.queued >= MAX_QUEUED && !st.closed {
-                st = self.room.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-        }
-        st.queued += 1;
-    }
-
-    /// One item ran (or was never queued).
-    fn leave(&self) {
-        let mut st = lock(&self.state);
-        st.queued -= 1;
-        if st.queued == MAX_QUEUED - 1 {
-            self.room.notify_all();
-        }
-    }
-
-    fn close(&self) {
-        lock(&self.state).closed = true;
-        self.room.notify_all();
-    }
-}
-
-/// Held by a stream's worker thread: its end, also by a panic in queued work, closes the backlog
-/// (after the queue's receiver is gone, so woken callers find the stream stopped).
-struct ClosesBacklog(Arc<Backlog>);
-
-impl Drop for ClosesBacklog {
-    fn drop(&mut self) {
-        self.0.close();
-    }
-}
-
 /// A stream: a FIFO of closures run by one worker thread.
 pub struct HostStream {
     id: u64,
     queue: Mutex<Option<Sender<Work>>>,
-    backlog: Arc<Backlog>,
     worker: Mutex<Option<JoinHandle<()>>>,
     /// The process generation (see `fork_generation`) the worker thread runs in.
     generation: u64,
@@ -329,22 +257,16 @@ impl HostStream {
     fn new() -> Result<Arc<HostStream>> {
         let (tx, rx) = channel::<Work>();
         let id = NEXT_STREAM_ID.fetch_add(1, Ordering::Relaxed);
-        let backlog = Arc::new(Backlog::default());
-        let ran = backlog.clone();
         let worker = std::thread::Builder::new()
             .name(format!("kmm-host-stream-{id:x}"))
             .spawn(move || {
-                IS_WORKER.with(|w| w.set(true));
-                let _closes = ClosesBacklog(ran.clone()); // dropped after `rx`, also on a panic
                 for work in rx {
                     work();
-                    ran.leave();
                 }
             })
             .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start a host stream thread: {e}"))?;
         let generation = fork_generation();
-        let stream =
-            Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), backlog, worker: Mutex::new(Some(worker)), generation });
+        let stream = Arc::new(HostStream { id, queue: Mutex::new(Some(tx)), worker: Mutex::new(Some(worker)), generation });
         lock(stream_registry()).insert(id, Known::Live(Arc::downgrade(&stream)));
         Ok(stream)
     }
@@ -368,20 +290,9 @@ impl HostStream {
 
     fn enqueue(&self, work: Work) -> Result<()> {
         self.check_runs_here()?;
-        // Room first, with the queue's lock not held: the worker may take it (dropping the
-        // stream's last reference inside queued work) while this caller waits.
-        self.backlog.enter();
-        self.send_entered(work)
-    }
-
-    /// Queues `work`, for which `backlog.enter` made room.
-    fn send_entered(&self, work: Work) -> Result<()> {
         match lock(&self.queue).as_ref() {
             Some(tx) if tx.send(work).is_ok() => Ok(()),
-            _ => {
-                self.backlog.leave();
-                fail!(KMM_ERROR_BACKEND, "host stream {:#x} has stopped", self.id)
-            }
+            _ => fail!(KMM_ERROR_BACKEND, "host stream {:#x} has stopped", self.id),
         }
     }
 
@@ -500,9 +411,6 @@ impl Stream for HostStream {
     fn record(&self, event: &dyn Event) -> Result<()> {
         let event = host_event(event)?;
         self.check_runs_here()?;
-        // Room before the record counts: a `wait_event` of another stream meanwhile waits for
-        // this record, which must then be queued at once, not behind other callers' work.
-        self.backlog.enter();
         let target = {
             let mut st = lock(&event.0.state);
             st.recorded += 1;
@@ -510,7 +418,7 @@ impl Stream for HostStream {
             st.recorded
         };
         let inner = event.0.clone();
-        self.send_entered(Box::new(move || inner.complete(target)))
+        self.enqueue(Box::new(move || inner.complete(target)))
     }
     fn wait_event(&self, event: &dyn Event) -> Result<()> {
         let event = host_event(event)?;
@@ -754,71 +662,5 @@ mod tests {
         // Once its work has run, the retired stream is forgotten at the next retirement.
         drop(backend.create_stream().unwrap());
         assert!(!lock(stream_registry()).contains_key(&raw), "a retired stream whose work has run is still known");
-    }
-
-    /// A caller queuing faster than the stream runs waits once `MAX_QUEUED` items are queued
-    /// (adversarial run 10: two threads queued 4.2 million copies in 5 s, and a synchronize
-    /// then ran for longer than 30 s); the worker's own work may queue past the bound.
-    #[test]
-    fn a_full_stream_makes_callers_wait_but_never_its_own_work() {
-        let backend = HostBackend::get(0).unwrap();
-        let stream: Arc<dyn Stream> = Arc::from(backend.create_stream().unwrap());
-        let gate = Arc::new((Mutex::new(false), Condvar::new()));
-        let g = gate.clone();
-        stream
-            .launch_host_fn(Box::new(move || {
-                let mut open = lock(&g.0);
-                while !*open {
-                    open = g.1.wait(open).unwrap();
-                }
-            }))
-            .unwrap();
-        // Opens the gate also when an assertion fails (the stream's drop joins its worker).
-        struct Opens(Arc<(Mutex<bool>, Condvar)>);
-        impl Drop for Opens {
-            fn drop(&mut self) {
-                *lock(&self.0 .0) = true;
-                self.0 .1.notify_all();
-            }
-        }
-        let opens = Opens(gate);
-        let (queued, ran) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        let caller = {
-            let (stream, queued, ran) = (stream.clone(), queued.clone(), ran.clone());
-            std::thread::spawn(move || {
-                for _ in 0..3 * MAX_QUEUED {
-                    let ran = ran.clone();
-                    stream.launch_host_fn(Box::new(move || {
-                        ran.fetch_add(1, Ordering::SeqCst);
-                    })).unwrap();
-                    queued.fetch_add(1, Ordering::SeqCst);
-                }
-            })
-        };
-        std::thread::sleep(Duration::from_millis(300));
-        // The gate's item and MAX_QUEUED - 1 of the caller's fill the queue.
-        assert_eq!(queued.load(Ordering::SeqCst), MAX_QUEUED as u64 - 1, "the caller did not wait for room");
-        drop(opens);
-        caller.join().unwrap();
-        stream.synchronize().unwrap();
-        assert_eq!(ran.load(Ordering::SeqCst), 3 * MAX_QUEUED as u64);
-        // Work on the stream queuing more than the bound on the same stream does not wait for
-        // itself.
-        let (inner, s) = (ran.clone(), stream.clone());
-        stream
-            .launch_host_fn(Box::new(move || {
-                for _ in 0..2 * MAX_QUEUED {
-                    let inner = inner.clone();
-                    s.launch_host_fn(Box::new(move || {
-                        inner.fetch_add(1, Ordering::SeqCst);
-                    })).unwrap();
-                }
-            }))
-            .unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while ran.load(Ordering::SeqCst) < 5 * MAX_QUEUED as u64 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(ran.load(Ordering::SeqCst), 5 * MAX_QUEUED as u64, "work queued by the stream's own work did not all run");
     }
 }
