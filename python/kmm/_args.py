@@ -32,7 +32,8 @@ def _index(value, name):
     if isinstance(value, (bool, np.bool_)):
         raise TypeError("%s = %r must be an integer, not a bool" % (name, value))
     if isinstance(value, int):
-        return int(value)
+        # The value itself: int(value) would call a subclass's __int__, which may say another.
+        return int.__index__(value)
     method = getattr(type(value), "__index__", None)
     try:
         if method is None:
@@ -42,7 +43,7 @@ def _index(value, name):
         raise TypeError("%s = %r must be an integer (got %s)" % (name, value, type(value).__name__)) from None
     if isinstance(v, bool) or not isinstance(v, int):
         raise TypeError("%s = %r must be an integer (its __index__ returned %r)" % (name, value, v))
-    return int(v)
+    return int.__index__(v)
 
 
 def _bound(n):

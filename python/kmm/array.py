@@ -42,6 +42,15 @@ def _foreign_stream_wait(manager, stream):
 
 def _stores_as_given(host, dtype):
     """Whether `host`'s values are stored as `dtype` without another value in their place."""
+    if host.dtype.kind in "mM" and host.dtype != dtype:
+        # NumPy calls a finer unit "safe" (s into ns), but the count is multiplied and wraps
+        # (2^62 s into ns); a coarser one truncates. Only values that come back are as given.
+        if host.dtype.kind != dtype.kind:
+            return False
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            back = host.astype(dtype).astype(host.dtype)
+        return bool((back.view(np.int64) == host.view(np.int64)).all())
     if np.can_cast(host.dtype, dtype, "safe"):
         return True
     if dtype.kind in "fc":
@@ -362,7 +371,12 @@ class DeviceArray:
             raise TypeError("host = array of %s cannot be stored as %s without changing values "
                             "(cast it first, e.g. host.astype(%r))" % (host.dtype, self.dtype, self.dtype.str))
         _refuse_finite_values_past_float_range(host, self.dtype)
-        host = np.require(host, dtype=self.dtype, requirements="C")
+        try:
+            host = np.require(host, dtype=self.dtype, requirements="C")
+        except UnicodeError:
+            # Bytes into a str array decode as ASCII: other bytes have no one character.
+            raise TypeError("host = array of %s holds bytes that are not ASCII, which %s cannot store "
+                            "(decode them first)" % (host.dtype, self.dtype)) from None
         if host.shape != self.shape:
             raise ValueError("shape %s does not match %s" % (host.shape, self.shape))
         self.buffer.copy_from_host(host, offset=self.offset)
