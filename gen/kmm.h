@@ -1103,7 +1103,10 @@ KmmStatus kmm_buffer_never_spill(KmmManager manager, KmmBuffer buffer, bool neve
  * `KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
  * again for each use. A spilled buffer comes back to the device first. Work on other streams that
  * uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
- * before, `kmm_manager_wait_stream` after, before the unmap).
+ * before, `kmm_manager_wait_stream` after, before the unmap). A new buffer's memory, like any
+ * stream-ordered allocation's, is free of the work of the buffer that had it before only for
+ * work ordered after the manager's stream: `map` does not wait for that work (on the host
+ * backend, where device memory is host memory, synchronize before the CPU writes it).
  */
 KmmStatus kmm_buffer_map(KmmManager manager, KmmBuffer buffer, uint64_t *ptr);
 

@@ -809,7 +809,10 @@ valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (co
 `KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
 again for each use. A spilled buffer comes back to the device first. Work on other streams that
 uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
-before, `kmm_manager_wait_stream` after, before the unmap).
+before, `kmm_manager_wait_stream` after, before the unmap). A new buffer's memory, like any
+stream-ordered allocation's, is free of the work of the buffer that had it before only for
+work ordered after the manager's stream: `map` does not wait for that work (on the host
+backend, where device memory is host memory, synchronize before the CPU writes it).
 
 Returns the status; `kmm_buffer_map` is the checked form.
 """
@@ -825,7 +828,10 @@ valid until the matching `kmm_buffer_unmap`; an unmapped buffer may be moved (co
 `KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
 again for each use. A spilled buffer comes back to the device first. Work on other streams that
 uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
-before, `kmm_manager_wait_stream` after, before the unmap).
+before, `kmm_manager_wait_stream` after, before the unmap). A new buffer's memory, like any
+stream-ordered allocation's, is free of the work of the buffer that had it before only for
+work ordered after the manager's stream: `map` does not wait for that work (on the host
+backend, where device memory is host memory, synchronize before the CPU writes it).
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

@@ -300,7 +300,7 @@ Base.copyto!(dest::KmmArray{T}, src::AbstractArray) where {T} = copyto!(dest, ho
 function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::AbstractArray, soffs::Integer,
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
-    nothing_to_copy(n, dest) && return dest
+    nothing_to_copy(n, dest, src) && return dest
     copyto!(dest, doffs, host_dense(T, vec(collect(src))[soffs:soffs+n-1]), 1, n)
 end
 
@@ -317,7 +317,7 @@ function Base.copyto!(dest::AbstractArray, doffs::Integer, src::KmmArray, soffs:
                       n::Integer)
     # dest too: Base's generic copyto! tests doffs + n - 1, which wraps, then writes @inbounds
     check_range(dest, doffs, n); check_range(src, soffs, n)
-    nothing_to_copy(n, src) && return dest
+    nothing_to_copy(n, dest, src) && return dest
     copyto!(dest, doffs, Array(view(src, soffs:soffs+n-1)), 1, n)
 end
 

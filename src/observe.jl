@@ -94,6 +94,8 @@ Base.show(io::IO, t::MemoryTrace) =
 Base.show(io::IO, ::MIME"image/svg+xml", t::MemoryTrace) = print(io, t.svg)
 
 function path_arg(path, name)
+    # Not a Symbol or anything else String() converts: a file named after it is not asked for.
+    path isa AbstractString || throw(ArgumentError("$name = $(repr(path)) must be a string (a file path)"))
     text = String(path)
     isempty(text) && throw(ArgumentError("$name is empty"))
     occursin('\0', text) && throw(ArgumentError("$name contains a NUL character"))

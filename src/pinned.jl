@@ -104,8 +104,9 @@ Base.show(io::IO, m::MIME"text/plain", p::PinnedArray) =
 # repr, string, print and containers (a freed array has no elements to show)
 Base.show(io::IO, p::PinnedArray) =
     isfreed(p) ? summary(io, p) : invoke(show, Tuple{IO,AbstractArray}, io, p)
-# Views and reshapes of one, shown as Julia shows them while the memory lives.
-const PinnedDerived = Union{SubArray{<:Any,<:Any,<:PinnedArray},Base.ReshapedArray{<:Any,<:Any,<:PinnedArray}}
+# Views, reshapes and reinterpretations of one, shown as Julia shows them while the memory lives.
+const PinnedDerived = Union{SubArray{<:Any,<:Any,<:PinnedArray},Base.ReshapedArray{<:Any,<:Any,<:PinnedArray},
+                            Base.ReinterpretArray{<:Any,<:Any,<:Any,<:PinnedArray}}
 Base.show(io::IO, m::MIME"text/plain", v::PinnedDerived) =
     isfreed(parent(v)) ? (summary(io, v); print(io, " (freed)")) :
     invoke(show, Tuple{IO,MIME"text/plain",AbstractArray}, io, m, v)
@@ -138,7 +139,7 @@ end
 # memory copy (same element type, contiguous host memory), else Base's loop with Int arguments.
 function copy_host!(dest::AbstractArray, doffs::Integer, src::AbstractArray, soffs::Integer, n::Integer)
     check_range(dest, doffs, n); check_range(src, soffs, n)
-    n == 0 && return dest
+    nothing_to_copy(n, dest, src) && return dest
     if eltype(dest) === eltype(src) && dest isa HostMem && src isa HostMem
         GC.@preserve dest src unsafe_copyto!(pointer(dest, doffs), pointer(src, soffs), Int(n))
         return dest

@@ -1269,6 +1269,51 @@ PLANTS = [
      "        except UnicodeError:\n            # Bytes into a str array",
      "        except ZeroDivisionError:\n            # Bytes into a str array",
      ["py:test_adversarial_python_round11.py"]),
+    # Round 11 (observability): a block under a pixel joins the whole next block, in its colour.
+    ("map-small-block-joins-the-next-whole", "rust/kmm/src/figures.rs",
+     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {\n",
+     "            if let Some(r) = run.as_mut().filter(|r| x < r.end) {\n",
+     ["observe"]),
+    # Round 11 (observability): a timeline of records in its last pixels draws nothing seen.
+    ("timeline-of-one-record-blank", "rust/kmm/src/figures.rs",
+     "    if right - points[0].0 < 4.0 {\n",
+     "    if false {\n",
+     ["observe"]),
+    # Round 11 (observability): the note of chunks not drawn shares the legend's line.
+    ("map-note-over-the-legend", "rust/kmm/src/figures.rs",
+     "{more} more not drawn</text>\", WIDTH - RIGHT, TOP - 6.0);",
+     "{more} more not drawn</text>\", WIDTH - RIGHT, height - 12.0);",
+     ["observe"]),
+    # Round 11 (observability): the replay leaves wrapped buffers out of its peak and counts.
+    ("replay-drops-wraps", "rust/kmm-bench/src/replay.rs",
+     "            Some(Action::Allocate) | Some(Action::Wrap) => {\n",
+     "            Some(Action::Allocate) => {\n",
+     ["bench:replay"]),
+    # Round 11 (observability): live bytes past 2^64 are capped and printed as a peak.
+    ("replay-peak-saturates", "rust/kmm-bench/src/replay.rs",
+     "        self.in_use = self.in_use.checked_add(bytes)?;\n",
+     "        self.in_use = self.in_use.saturating_add(bytes);\n",
+     ["bench:replay"]),
+    # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
+    ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
+     "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
+     "    n == 0 && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
+     ["jl:adversarial_round11.jl"]),
+    # Round 11 (Julia): the generic host <- Kmm copy checks only the KmmArray side at n = 0.
+    ("jl-generic-zero-copy-checks-one-side", "src/array.jl",
+     "    nothing_to_copy(n, dest, src) && return dest\n    copyto!(dest, doffs, Array(view(src",
+     "    nothing_to_copy(n, src) && return dest\n    copyto!(dest, doffs, Array(view(src",
+     ["jl:adversarial_round11.jl"]),
+    # Round 11 (Julia): a reinterpretation of a freed PinnedArray throws when shown.
+    ("jl-freed-pinned-reinterpret-show-throws", "src/pinned.jl",
+     ",\n                            Base.ReinterpretArray{<:Any,<:Any,<:Any,<:PinnedArray}}",
+     "}",
+     ["jl:adversarial_round11.jl"]),
+    # Round 11 (Julia): a Symbol is taken as a trace's file path.
+    ("jl-trace-path-symbol-accepted", "src/observe.jl",
+     "    path isa AbstractString || throw(",
+     "    true || throw(",
+     ["jl:adversarial_round11.jl"]),
 ]
 
 def sh(cmd, cwd, env=None, timeout=900):

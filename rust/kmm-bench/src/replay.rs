@@ -5,7 +5,9 @@
 //! trace never saw allocated (older than the trace) and failed allocations are skipped, and
 //! counted. A spill gives the buffer's device memory up and its restore takes it again (a free
 //! and an allocation of the replay, not counted as the caller's), so the replay's device memory
-//! in use follows the run's, as the RMM form's rows do.
+//! in use follows the run's, as the RMM form's rows do. A wrap (memory allocated elsewhere that
+//! became a buffer) is replayed as an allocation: the run counted it in use and as an
+//! allocation, and an allocator under test would have to give that memory.
 
 use kmm::manager::trace::{Action, Record};
 use std::collections::HashMap;
@@ -23,6 +25,8 @@ pub struct Plan {
     pub steps: Vec<Step>,
     pub slots: usize,
     pub allocs: usize,
+    /// Of `allocs`, the wraps of memory allocated elsewhere.
+    pub wraps: usize,
     pub frees: usize,
     /// Frees of buffers allocated before the trace started.
     pub unmatched_frees: usize,
@@ -47,19 +51,20 @@ struct Planner {
 impl Planner {
     /// Allocates `bytes` for `key` in a slot; an older buffer still live under `key` (an address
     /// allocated twice without a free between: a log with lost rows) is freed first, and
-    /// counted as a free.
-    fn alloc(&mut self, key: u64, bytes: u64) {
+    /// counted as a free. Refuses (None) live bytes past 2^64 - 1: no run had them.
+    fn alloc(&mut self, key: u64, bytes: u64) -> Option<()> {
         if self.free(key) {
             self.plan.frees += 1;
         }
+        self.in_use = self.in_use.checked_add(bytes)?;
         let slot = self.free_slots.pop().unwrap_or_else(|| {
             self.plan.slots += 1;
             self.plan.slots - 1
         });
         self.live.insert(key, (slot, bytes));
         self.plan.steps.push(Step::Alloc { bytes, slot });
-        self.in_use = self.in_use.saturating_add(bytes);
         self.plan.peak_in_use = self.plan.peak_in_use.max(self.in_use);
+        Some(())
     }
 
     /// Frees the buffer live under `key`; false when there is none.
@@ -74,17 +79,21 @@ impl Planner {
     }
 }
 
-pub fn plan(records: &[Record]) -> Plan {
+/// The plan of a trace's device rows; an error names the record (0-based, in the trace's
+/// order) where the live buffers' bytes would pass 2^64 - 1.
+pub fn plan(records: &[Record]) -> Result<Plan, String> {
     let by_buffer = records.iter().any(|r| r.buffer != 0);
     let key = |r: &Record| if by_buffer { r.buffer } else { r.address };
     let mut p = Planner::default();
     // Buffers spilled (their device memory given up) and not yet restored or freed.
     let mut spilled: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    for r in records.iter().filter(|r| r.kind == 0) {
+    for (i, r) in records.iter().enumerate().filter(|(_, r)| r.kind == 0) {
+        let too_many = || format!("record {i}: {} bytes more in use pass 2^64 - 1 bytes (the live buffers' sizes add up past what any run holds)", r.bytes);
         match Action::from_u32(r.action) {
-            Some(Action::Allocate) => {
-                p.alloc(key(r), r.bytes);
+            Some(Action::Allocate) | Some(Action::Wrap) => {
+                p.alloc(key(r), r.bytes).ok_or_else(too_many)?;
                 p.plan.allocs += 1;
+                p.plan.wraps += (r.action == Action::Wrap as u32) as usize;
             }
             Some(Action::Free) => {
                 if p.free(key(r)) {
@@ -103,7 +112,7 @@ pub fn plan(records: &[Record]) -> Plan {
                 }
             }
             Some(Action::Restore) if by_buffer && spilled.remove(&key(r)) => {
-                p.alloc(key(r), r.bytes);
+                p.alloc(key(r), r.bytes).ok_or_else(too_many)?;
                 p.plan.restores += 1;
             }
             Some(Action::Move) if !by_buffer => {
@@ -116,7 +125,7 @@ pub fn plan(records: &[Record]) -> Plan {
         }
     }
     p.plan.in_use_at_end = p.in_use;
-    p.plan
+    Ok(p.plan)
 }
 
 /// What a replay needs of an allocator; `alloc` of zero bytes must give something `free` takes.

@@ -182,23 +182,28 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
             chunk[0].chunk,
             human_bytes(size)
         );
-        // Blocks that fall on the pixels of the one drawn before join it (drawn in the colour of
-        // the busiest state among them): a row draws at most one rectangle per pixel, however
-        // many buffers the chunk holds.
+        // Blocks that fall on the pixel of the one drawn before, and end within one more, join
+        // it (drawn in the colour of the busiest state among them): a row draws at most one
+        // rectangle per pixel, however many buffers the chunk holds. A larger block that starts
+        // there begins where the run ends: one small buffer does not colour the free space after
+        // it.
         let mut run: Option<Run> = None;
         for s in chunk.iter() {
             let x = MAP_LEFT + (s.address - s.chunk) as f64 * scale;
             // Every block stays visible, however small next to the largest chunk.
             let end = x + (s.bytes as f64 * scale).max(1.0);
-            match &mut run {
-                Some(r) if x < r.end => r.add(s, end),
-                _ => {
-                    if let Some(r) = run.take() {
-                        r.draw(&mut out, y + 2.0, row_h - 4.0);
-                    }
-                    run = Some(Run::new(s, x, end));
-                }
+            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {
+                r.add(s, end);
+                continue;
             }
+            let start = match run.take() {
+                Some(r) => {
+                    r.draw(&mut out, y + 2.0, row_h - 4.0);
+                    x.max(r.end)
+                }
+                None => x,
+            };
+            run = Some(Run::new(s, start, end.max(start + 1.0)));
         }
         if let Some(r) = run {
             r.draw(&mut out, y + 2.0, row_h - 4.0);
@@ -212,7 +217,8 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     let free = format!("free ({}, largest {})", human_bytes(map.free_bytes()), human_bytes(map.largest_free()));
     legend(&mut out, MAP_LEFT, height - 12.0, &[(FREE, free.as_str()), (IN_USE, "in use"), (MAPPED, "mapped (never moves)")]);
     if more > 0 {
-        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>and {more} more chunks</text>", WIDTH - RIGHT, height - 12.0);
+        // Above the rows, right (the legend takes the bottom line).
+        let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>the first {MAX_ROWS} chunks; {more} more not drawn</text>", WIDTH - RIGHT, TOP - 6.0);
     }
     out += "</svg>";
     out
@@ -365,6 +371,12 @@ fn step_line(out: &mut String, points: &[(f64, u64)], right: f64, colour: &str, 
     let _ = write!(path, "H{right:.1}");
     let dash = if dash.is_empty() { String::new() } else { format!(" stroke-dasharray=\"{dash}\"") };
     let _ = write!(out, "<path d=\"{path}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"1.6\"{dash}/>");
+    if right - points[0].0 < 4.0 {
+        // Records only in the last pixels (one record, a trace started just before it was
+        // drawn): a line of a pixel or none is not seen; a dot shows where it ends.
+        let (x, v) = points[points.len() - 1];
+        let _ = write!(out, "<circle cx=\"{x:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{colour}\"/>", y_of(v));
+    }
 }
 
 /// Figures one above the other, as one SVG (each keeps its own size).

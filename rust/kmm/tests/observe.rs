@@ -883,3 +883,66 @@ fn a_map_of_many_small_buffers_draws_at_most_a_rectangle_per_pixel() {
         m.free(b);
     }
 }
+
+/// (fill, width) of each block rectangle of a map figure (those with a tooltip; the legend's
+/// have none).
+fn block_rects(svg: &str) -> Vec<(String, f64)> {
+    svg.split("<rect").skip(1).filter(|r| r.split("</rect>").next().unwrap().contains("<title>")).map(|r| {
+        let attr = |name: &str| r.split(&format!(" {name}=\"")).nth(1).unwrap().split('"').next().unwrap().to_string();
+        (attr("fill"), attr("width").parse().unwrap())
+    }).collect()
+}
+
+#[test]
+fn a_small_buffer_does_not_colour_the_free_space_after_it() {
+    // Found by an adversarial run (2026-11-29): a block under a pixel joined the whole next
+    // block, and the joined rectangle took the used block's colour: a 2 MiB chunk holding one
+    // 1000-byte buffer was drawn full.
+    let m = pool_manager();
+    let b = m.alloc(1000, DEVICE);
+    for mapped in [false, true] {
+        let mut p = 0;
+        if mapped {
+            ok(kmm_buffer_map(m.0, b, &mut p));
+        }
+        let rects = block_rects(&svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap());
+        let width = |grey: bool| rects.iter().filter(|(f, _)| (f == "#e6e6e6") == grey).map(|r| r.1).sum::<f64>();
+        assert!(width(true) > 0.99 * (width(true) + width(false)), "mapped {mapped}: free drawn over {:.2} px of {:.2}: {rects:?}", width(true), width(true) + width(false));
+        assert!(width(false) >= 1.0, "the buffer stays visible: {rects:?}");
+        if mapped {
+            ok(kmm_buffer_unmap(m.0, b));
+        }
+    }
+    m.free(b);
+}
+
+#[test]
+fn a_timeline_of_one_record_shows_its_values() {
+    // Found by an adversarial run (2026-11-29): one record made lines of no length, and the
+    // figure looked as if nothing had been recorded.
+    let m = pool_manager();
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let b = m.alloc(1000, DEVICE);
+    let timeline = svg(&m, KmmFigure::KMM_FIGURE_TIMELINE as u32).unwrap();
+    assert_eq!(timeline.matches("<circle").count(), 2, "in use and reserved, a dot each: {timeline}");
+    m.free(b);
+    let timeline = svg(&m, KmmFigure::KMM_FIGURE_TIMELINE as u32).unwrap();
+    assert_eq!(timeline.matches("<circle").count(), 0, "two records at two times draw lines");
+}
+
+#[test]
+fn the_note_of_chunks_not_drawn_stays_off_the_legend() {
+    // Found by an adversarial run (2026-11-29): "and N more chunks" was written over the
+    // legend's last entry.
+    let m = Mgr::with(|c| c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32);
+    let bufs: Vec<u64> = (0..60).map(|_| m.alloc(4096, DEVICE)).collect();
+    let text = svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap();
+    let y_of = |words: &str| -> f64 {
+        let at = text.find(words).unwrap_or_else(|| panic!("no {words:?} in the map"));
+        text[..at].rsplit("<text").next().unwrap().split(" y=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap()
+    };
+    assert!((y_of("12 more not drawn") - y_of("mapped (never moves)")).abs() >= 14.0, "the note and the legend share a line");
+    for b in bufs {
+        m.free(b);
+    }
+}

@@ -172,16 +172,17 @@ fn main() {
     };
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(e.to_string()));
     let records = kmm::manager::csv::read(&text).unwrap_or_else(|e| fail(e.message));
-    let plan = plan(&records);
+    let plan = plan(&records).unwrap_or_else(|e| fail(e));
     let cuda = !host
         && unsafe { sys::is_culib_present() }
         && unsafe { sys::cuInit(0) } == sys::CUresult::CUDA_SUCCESS;
     println!(
-        "# replay of {path}: {} allocations, {} frees ({} frees of older buffers and {} failed allocations skipped), peak in use {}",
+        "# replay of {path}: {} allocations, {} frees ({} frees of older buffers and {} failed allocations skipped; {} of the allocations wrapped memory allocated elsewhere), peak in use {}",
         plan.allocs,
         plan.frees,
         plan.unmatched_frees,
         plan.failures,
+        plan.wraps,
         gib(plan.peak_in_use)
     );
     println!("| allocator | ns per operation | peak reserved | peak reserved / peak in use |\n|---|---|---|---|");

@@ -114,7 +114,10 @@ pub extern "C" fn kmm_buffer_never_spill(manager: KmmManager, buffer: KmmBuffer,
 /// `KmmConfig.compaction_ratio_pct`, or spill to host, see `KmmConfig.spill_limit`), so map it
 /// again for each use. A spilled buffer comes back to the device first. Work on other streams that
 /// uses the address must be ordered with the manager's stream (`kmm_manager_signal_stream`
-/// before, `kmm_manager_wait_stream` after, before the unmap).
+/// before, `kmm_manager_wait_stream` after, before the unmap). A new buffer's memory, like any
+/// stream-ordered allocation's, is free of the work of the buffer that had it before only for
+/// work ordered after the manager's stream: `map` does not wait for that work (on the host
+/// backend, where device memory is host memory, synchronize before the CPU writes it).
 #[no_mangle]
 pub extern "C" fn kmm_buffer_map(manager: KmmManager, buffer: KmmBuffer, ptr: *mut u64) -> KmmStatus {
     boundary(|| {

@@ -41,6 +41,10 @@ pub fn tag_name(tag: u64) -> &'static str {
     }
 }
 
+fn article(noun: &str) -> &'static str {
+    if noun.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" }
+}
+
 /// The next manager's serial, process-wide (the C ABI's registry draws from it too): it seeds
 /// the manager's handle tables, so two managers with one owner id seldom share a seed.
 pub fn next_serial() -> u64 {
@@ -177,10 +181,11 @@ impl<T> HandleTable<T> {
         let what = tag_name(self.tag);
         let tag = handle >> 60;
         if tag != self.tag {
-            return crate::err!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not a {what} handle (it looks like a {} handle)", tag_name(tag));
+            let (a, b) = (article(what), tag_name(tag));
+            return crate::err!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not {a} {what} handle (it looks like {} {b} handle)", article(b));
         }
         if (handle ^ self.fixed) >> 48 & 0xFFF != 0 {
-            return crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} belongs to another manager");
+            return crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} belongs to another manager, live or destroyed");
         }
         crate::err!(KMM_ERROR_INVALID_HANDLE, "{what} {handle:#x} is not live (freed, stale or never issued)")
     }
