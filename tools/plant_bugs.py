@@ -100,8 +100,8 @@ PLANTS = [
     # The memory map draws every block, however many share a pixel: the figure grows with the
     # buffers (36 MB for 200,000).
     ("map-figure-draws-every-block", "rust/kmm/src/figures.rs",
-     "                Some(r) if x < r.end => r.add(s, end),\n",
-     "                Some(r) if false => r.add(s, end),\n",
+     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {\n",
+     "            if let Some(r) = run.as_mut().filter(|_| false) {\n",
      ["observe"]),
     # A trace save empties a file another manager's recording trace writes.
     ("trace-save-overwrites-a-traced-file", "rust/kmm/src/ffi/trace.rs",
