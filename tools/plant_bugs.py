@@ -1294,6 +1294,21 @@ PLANTS = [
      "        self.in_use = self.in_use.checked_add(bytes)?;\n",
      "        self.in_use = self.in_use.saturating_add(bytes);\n",
      ["bench:replay"]),
+    # Round 11 (observability): a quoted header (csv.QUOTE_ALL) is refused.
+    ("csv-quoted-fields-refused", "rust/kmm/src/manager/csv.rs",
+     "    let names: Vec<&str> = header.split(',').map(unquoted).collect();",
+     "    let names: Vec<&str> = header.split(',').map(str::trim).collect();",
+     ["bench:replay"]),
+    # Round 11 (observability): rows of a buffer-keyed trace without a buffer are one buffer.
+    ("replay-empty-buffer-is-one-buffer", "rust/kmm-bench/src/replay.rs",
+     "if by_buffer && r.buffer != 0 { r.buffer }",
+     "if by_buffer { r.buffer }",
+     ["bench:replay"]),
+    # Round 11 (observability): `replay | head` panics on the broken pipe.
+    ("replay-broken-pipe-panics", "rust/kmm-bench/src/bin/replay.rs",
+     "    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };\n",
+     "",
+     ["bench:replay"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -83,7 +83,9 @@ impl Planner {
 /// order) where the live buffers' bytes would pass 2^64 - 1.
 pub fn plan(records: &[Record]) -> Result<Plan, String> {
     let by_buffer = records.iter().any(|r| r.buffer != 0);
-    let key = |r: &Record| if by_buffer { r.buffer } else { r.address };
+    // A row of a buffer-keyed trace without a buffer (edited by hand) goes by its address: key 0
+    // would make every such row the same buffer.
+    let key = |r: &Record| if by_buffer && r.buffer != 0 { r.buffer } else { r.address };
     let mut p = Planner::default();
     // Buffers spilled (their device memory given up) and not yet restored or freed.
     let mut spilled: std::collections::HashSet<u64> = std::collections::HashSet::new();

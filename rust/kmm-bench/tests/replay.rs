@@ -264,3 +264,40 @@ fn live_bytes_past_two_to_the_64_are_an_error_naming_the_record() {
     let e = plan(&kmm::manager::csv::read(&log).unwrap()).unwrap_err();
     assert!(e.contains("record 65535:") && e.contains("2^64"), "{e}");
 }
+
+#[test]
+fn quoted_fields_and_rows_without_a_buffer_read_as_written() {
+    // Found by an adversarial run (2026-11-29): a file with every field quoted (Python's
+    // csv.QUOTE_ALL) was refused for its header, and hand-written rows of a buffer-keyed trace
+    // with an empty Buffer all became buffer 0, each "freeing" the one before.
+    let plain = "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,256,0x0\n1,0.2,allocate,0x2000,512,0x0\n1,0.3,free,0x1000,256,0x0\n";
+    let quoted: String = plain.lines().map(|l| l.split(',').map(|f| format!("\"{f}\"")).collect::<Vec<_>>().join(",") + "\n").collect();
+    let (a, b) = (kmm::manager::csv::read(plain).unwrap(), kmm::manager::csv::read(&quoted).unwrap());
+    assert_eq!(format!("{a:?}"), format!("{b:?}"), "quoted and plain read alike");
+    let keyed = "Thread,Time,Action,Pointer,Size,Stream,Buffer\n\
+                 1,0.1,allocate,0x1000,256,0x0,0x1000000000000001\n\
+                 1,0.2,allocate,0x2000,512,0x0,\n\
+                 1,0.3,allocate,0x3000,128,0x0,\n\
+                 1,0.4,free,0x2000,512,0x0,\n";
+    let p = plan(&kmm::manager::csv::read(keyed).unwrap()).unwrap();
+    assert_eq!((p.allocs, p.frees, p.unmatched_frees, p.peak_in_use, p.in_use_at_end), (3, 1, 0, 896, 384));
+}
+
+#[test]
+fn a_reader_that_stops_early_ends_the_replay_without_a_panic() {
+    // Found by an adversarial run (2026-11-29): `replay t.csv | head -1` panicked on the broken
+    // pipe, with a backtrace.
+    let path = std::env::temp_dir().join(format!("kmm-replay-pipe-{}.csv", std::process::id()));
+    std::fs::write(&path, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,256,0x0\n").unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_replay"))
+        .args([path.to_str().unwrap(), "--host", "--repeat", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader is gone before the first line
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && out.status.code() != Some(101), "{:?}: {err}", out.status);
+    std::fs::remove_file(path).unwrap();
+}

@@ -160,6 +160,9 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
 }
 
 fn main() {
+    // A reader that stops early (`replay t.csv | head`) ends the program as it ends `cat`, not
+    // with a panic at the next println.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Args { path, host, repeat } = parse_args(&args).unwrap_or_else(|e| {
         eprintln!("replay: {e}\n{USAGE}");

@@ -103,14 +103,15 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
 /// or "deallocate" rows become frees; times it wrote as a clock time read as 0). Columns are
 /// found by name; Action, Pointer and Size are required in the header and in every row, and every
 /// row has the header's count of fields. Anything else that is not what the writer writes (a
-/// size past `KMM_MAX_BUFFER_BYTES` too) is an error naming the line and the value.
+/// size past `KMM_MAX_BUFFER_BYTES` too) is an error naming the line and the value. A field may
+/// be quoted (as Python's `csv.QUOTE_ALL` writes every one): no value of a trace holds a comma.
 pub fn read(text: &str) -> Result<Vec<Record>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty());
     let Some((_, header)) = lines.next() else {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "the trace is empty (no header line)");
     };
-    let names: Vec<&str> = header.split(',').map(str::trim).collect();
+    let names: Vec<&str> = header.split(',').map(unquoted).collect();
     let col = |name: &str| names.iter().position(|n| *n == name);
     let (Some(action_col), Some(pointer_col), Some(size_col)) = (col("Action"), col("Pointer"), col("Size")) else {
         fail!(KMM_ERROR_INVALID_ARGUMENT, "line 1: the trace's header `{header}` lacks one of Action, Pointer, Size");
@@ -118,7 +119,7 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
     let optional = ["Thread", "Time", "Stream", "Buffer", "Kind", "From", "Status", "InUse", "Reserved"].map(col);
     let mut records = Vec::new();
     for (n, line) in lines {
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let fields: Vec<&str> = line.split(',').map(unquoted).collect();
         if fields.len() != names.len() {
             // Every writer writes every column: fewer is a line cut off (perhaps mid-field).
             fail!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {} fields where the header has {} (a cut-off line?)", n + 1, fields.len(), names.len());
@@ -188,4 +189,10 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
         });
     }
     Ok(records)
+}
+
+/// A field without its surrounding spaces and one pair of surrounding double quotes.
+fn unquoted(field: &str) -> &str {
+    let field = field.trim();
+    field.strip_prefix('"').and_then(|f| f.strip_suffix('"')).map_or(field, str::trim)
 }
