@@ -38,7 +38,9 @@ end
 
 function Base.showerror(io::IO, e::KmmOutOfMemoryError)
     print(io, "KmmOutOfMemoryError: could not allocate ", e.bytes, " bytes")
-    isempty(e.message) || print(io, " (", e.message, ")")
+    # libkmm's message runs over several lines (the ladder, the figures): on lines of its own,
+    # not in a parenthesis that closes pages later.
+    isempty(e.message) || print(io, ":\n", e.message)
     print(io, "\n", e.status)
 end
 

@@ -57,7 +57,8 @@ to do when none is found.
 function find_libkmm()
     env = get(ENV, "KMM_LIBRARY", "")
     if !isempty(env)
-        isfile(env) || throw(KmmLibraryError("KMM_LIBRARY=$env is not a file"))
+        isfile(env) || throw(KmmLibraryError("KMM_LIBRARY=$env is not a file (when it is set, nothing else " *
+                                             "is tried): point it at a libkmm, or unset it to use the local build"))
         return (abspath(env), :env)
     end
     for p in local_build_paths()

@@ -1309,6 +1309,12 @@ PLANTS = [
      "    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };\n",
      "",
      ["bench:replay"]),
+    # Newcomer's walk-through: a replayed run ends with its frees pending (direct mode's peak
+    # reserved grows with --repeat).
+    ("replay-runs-end-with-frees-pending", "rust/kmm-bench/src/bin/replay.rs",
+     "        check(kmm_manager_synchronize(self.0)).expect(\"a replayed run's synchronize\");\n",
+     "",
+     ["bench:replay"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

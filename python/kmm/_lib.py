@@ -68,6 +68,10 @@ def find_library():
         if os.path.exists(path):
             return path
         tried.append(path)
+    if os.environ.get("KMM_LIBRARY"):
+        raise ImportError(
+            "kmm: KMM_LIBRARY=%s names no file (when it is set, nothing else is tried): point it at a "
+            "libkmm.so, or unset it to use the bundled or locally built library" % os.environ["KMM_LIBRARY"])
     raise ImportError(
         "kmm: cannot find libkmm.so (tried: %s). Set KMM_LIBRARY, install the wheel, or run "
         "`cargo build --release --manifest-path rust/Cargo.toml -p kmm`" % ", ".join(tried)

@@ -301,3 +301,27 @@ fn a_reader_that_stops_early_ends_the_replay_without_a_panic() {
     assert!(!err.contains("panicked") && out.status.code() != Some(101), "{:?}: {err}", out.status);
     std::fs::remove_file(path).unwrap();
 }
+
+#[test]
+fn a_modes_peak_reserved_does_not_grow_with_the_number_of_runs() {
+    // Found by a newcomer's walk-through (2026-11-29): direct mode's frees of one run were still
+    // pending when the next allocated, so one 1 MiB buffer showed 2, 3, 6 and 11 MiB reserved
+    // for --repeat 1, 2, 5 and 10.
+    let path = std::env::temp_dir().join(format!("kmm-replay-repeat-{}.csv", std::process::id()));
+    std::fs::write(&path, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,1048576,0x0\n1,0.2,free,0x1000,1048576,0x0\n").unwrap();
+    // (mode, peak reserved) of each Kmm row.
+    let peaks = |repeat: &str| -> Vec<(String, String)> {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay")).args([path.to_str().unwrap(), "--host", "--repeat", repeat]).output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let rows: Vec<(String, String)> = text.lines().filter(|l| l.starts_with("| Kmm ")).map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            (cells[1].to_string(), cells[3].to_string())
+        }).collect();
+        assert!(rows.len() >= 3, "{text}");
+        rows
+    };
+    let once = peaks("1");
+    assert!(once.iter().any(|(mode, peak)| mode == "Kmm direct" && peak == "1.00 MiB"), "{once:?}");
+    assert_eq!(peaks("10"), once, "ten runs reserve at their peak what one run does");
+    std::fs::remove_file(path).unwrap();
+}

@@ -44,6 +44,7 @@ impl Manager {
                 human_bytes(s.resource.largest_free)
             );
         }
+        out += "(misses: tries the pool's free blocks could not serve, each retry of the out-of-memory ladder counted)\n";
         let device = self.stats(MemoryKind::Device).resource;
         if device.compactions > 0 {
             out += &format!(

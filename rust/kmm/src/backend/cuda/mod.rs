@@ -83,7 +83,7 @@ impl CudaBackend {
     fn open(device: i32) -> Result<CudaBackend> {
         // cudarc panics on the first call when libcuda is missing: probe before any call.
         if !unsafe { sys::is_culib_present() } {
-            fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "the CUDA backend needs the CUDA driver (libcuda), which is not installed");
+            fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "{NO_DRIVER}");
         }
         let unavailable = |e: Error| Error::new(KmmStatus::KMM_ERROR_BACKEND_UNAVAILABLE, e.message);
         unsafe {
@@ -290,7 +290,7 @@ impl Backend for CudaBackend {
 /// How many CUDA devices are visible (an error when the driver is missing or fails).
 pub fn device_count() -> Result<u32> {
     if !unsafe { sys::is_culib_present() } {
-        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "the CUDA backend needs the CUDA driver (libcuda), which is not installed");
+        fail!(KMM_ERROR_BACKEND_UNAVAILABLE, "{NO_DRIVER}");
     }
     let unavailable = |e: Error| Error::new(KmmStatus::KMM_ERROR_BACKEND_UNAVAILABLE, e.message);
     let mut count = 0;
@@ -560,3 +560,7 @@ impl Drop for CudaAsyncPool {
         }
     }
 }
+
+/// Why there is no CUDA backend on a machine without the driver, and what to choose instead.
+const NO_DRIVER: &str = "the CUDA backend needs the CUDA driver (libcuda), which is not installed: without a GPU, \
+     choose the host backend (KMM_BACKEND=host; or auto, the default, which falls back to it)";
