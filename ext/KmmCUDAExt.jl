@@ -1,9 +1,10 @@
 # CUDA.jl interop (package extension, Julia >= 1.9, loaded when CUDA and Adapt are).
 #
 # Written against CUDA.jl's documented API (`unsafe_wrap(CuArray, ptr, dims; own = false)`,
-# `CUDA.stream()`, `Adapt.adapt_storage`, `CUDA.KernelAdaptor`, Base's broadcasting interface)
-# and one name CUDA.jl does not export, `CUDA.CuArrayStyle` (its broadcast style). It cannot run
-# on machines without a GPU and Julia >= 1.9; test/ext.jl runs it against stand-ins. See
+# `CUDA.stream()`, `CUDA.device()`, `CUDA.deviceid`, `Adapt.adapt_storage`, Base's broadcasting
+# interface) and names CUDA.jl does not export: `CUDA.CuArrayStyle` (its broadcast style) and
+# its kernel-argument adaptor (`CUDA.KernelAdaptor` from 5.2, `CUDA.Adaptor` before). It cannot
+# run on machines without a GPU and Julia >= 1.9; test/ext.jl runs it against stand-ins. See
 # docs/julia-cuda-interop.md.
 module KmmCUDAExt
 
@@ -28,7 +29,17 @@ function check_view(x::KmmArray)
         throw(ArgumentError("CuArray(x) needs device memory, not kind $(Kmm.kind(x))"))
     on_cuda(x) ||
         throw(ArgumentError("CuArray(x) needs a KmmArray of a manager on the CUDA backend"))
+    # CUDA.jl tags a wrapped pointer with its current device's context and works on that
+    # device's task stream: both must be the manager's.
+    d, current = Kmm.device(Kmm.manager(x)), CUDA.deviceid(CUDA.device())
+    d == current || throw(ArgumentError(
+        "CuArray(x): x lives on device $d, CUDA.jl's current device is $current; call CUDA.device!($d) first"))
 end
+
+"A zero-copy CuArray over `base + x.offset` (device memory of `x`), or a new empty one for an empty `x` (Kmm gives an empty buffer address 0, which `unsafe_wrap` refuses)."
+wrap(x::KmmArray{T,N}, base::UInt64) where {T,N} =
+    isempty(x) ? CuArray{T,N}(undef, size(x)) :
+                 unsafe_wrap(CuArray, CuPtr{T}(base + x.offset), size(x); own = false)
 
 # ---- the pin: a storage viewed by CuArray(x) stays mapped until it is freed -----------------
 #
@@ -105,10 +116,11 @@ while you queue work on them.
 """
 function CUDA.CuArray(x::KmmArray{T,N}) where {T,N}
     check_view(x)
+    isempty(x) && (Kmm.check_live(x); return wrap(x, UInt64(0)))   # no memory to pin or order
     s = CUDA.stream()
     base = pin!(x.storage, s)
     Kmm.signal_stream(Kmm.manager(x), s)                   # CUDA's stream waits for Kmm's work
-    c = unsafe_wrap(CuArray, CuPtr{T}(base + x.offset), size(x); own = false)
+    c = wrap(x, base)
     finalizer(HoldStorage(x.storage), c)
     c
 end
@@ -141,9 +153,11 @@ function Kmm.KmmArray(c::CuArray{T,N}; manager::KmmManager = Kmm.default_manager
     x
 end
 
-# @cuda kernels take KmmArrays: they are converted through the zero-copy view.
-Adapt.adapt_storage(::CUDA.KernelAdaptor, x::KmmArray) =
-    Adapt.adapt_storage(CUDA.KernelAdaptor(), CuArray(x))
+# @cuda kernels take KmmArrays: they are converted through the zero-copy view. CUDA.jl named
+# its kernel-argument adaptor `Adaptor` before 5.2 and `KernelAdaptor` since.
+kernel_adaptor(cuda::Module) = isdefined(cuda, :KernelAdaptor) ? cuda.KernelAdaptor : cuda.Adaptor
+const KernelArgs = kernel_adaptor(CUDA)
+Adapt.adapt_storage(to::KernelArgs, x::KmmArray) = Adapt.adapt_storage(to, CuArray(x))
 
 # ---- copies, broadcasts, map and reductions run on CUDA.jl through temporary views ----------
 #
@@ -167,8 +181,7 @@ function on_views(f, arrays...)
             bases[x.storage] = Kmm.map_storage(x.storage)
             Kmm.signal_stream(Kmm.manager(x), s)
         end
-        v(x::KmmArray{T}) where {T} =
-            unsafe_wrap(CuArray, CuPtr{T}(bases[x.storage] + x.offset), size(x); own = false)
+        v(x::KmmArray) = wrap(x, bases[x.storage])
         return f(v)
     finally
         for m in unique!([k.manager for k in keys(bases)])
@@ -178,9 +191,10 @@ function on_views(f, arrays...)
     end
 end
 
-cu(v, x::KmmArray) = v(x)
-cu(v, bc::Broadcast.Broadcasted) = Broadcast.broadcasted(bc.f, map(a -> cu(v, a), bc.args)...)
-cu(v, x) = x
+"`x` with every KmmArray in it replaced by its view `v(x)` (a broadcast's arguments too)."
+viewed(v, x::KmmArray) = v(x)
+viewed(v, bc::Broadcast.Broadcasted) = Broadcast.broadcasted(bc.f, map(a -> viewed(v, a), bc.args)...)
+viewed(v, x) = x
 
 # Memory CUDA.jl cannot use in place (pinned host memory, a manager on the host backend) goes
 # through a host array: CUDA.jl's own copies between a CuArray and an Array.
@@ -201,7 +215,7 @@ end
 function copyto_views!(dest::AbstractArray, bc::Broadcast.Broadcasted)
     all(usable, kmm_arrays(dest, bc)) && usable(dest) ||    # else Base's element loop,
         return copyto!(dest, convert(Broadcast.Broadcasted{Nothing}, bc))   # scalar rules apply
-    on_views(v -> Broadcast.materialize!(cu(v, dest), cu(v, bc)), dest, bc)
+    on_views(v -> Broadcast.materialize!(viewed(v, dest), viewed(v, bc)), dest, bc)
     dest
 end
 Base.copyto!(dest::AbstractArray, bc::Broadcast.Broadcasted{<:KmmStyle}) = copyto_views!(dest, bc)

@@ -26,8 +26,12 @@ module CUDA
     Base.size(c::CuArray) = c.dims
     host(c::CuArray{T}) where {T} = unsafe_wrap(Array, Ptr{T}(c.ptr.addr), c.dims)
     Base.getindex(c::CuArray, i::Int) = error("scalar indexing of a CuArray")
-    Base.unsafe_wrap(::Type{CuArray}, p::CuPtr{T}, dims::NTuple{N,Int}; own::Bool = false) where {T,N} =
+    CuArray{T,N}(::UndefInitializer, dims::NTuple{N,Int}) where {T,N} = alloc(T, dims)
+    function Base.unsafe_wrap(::Type{CuArray}, p::CuPtr{T}, dims::NTuple{N,Int}; own::Bool = false) where {T,N}
+        # CUDA.jl asks the driver what memory the pointer is: a null one is an error (CUDA.jl#1985)
+        p.addr == 0 && error("unsafe_wrap: cuPointerGetAttribute failed for a null pointer")
         CuArray{T,N}(p, dims)
+    end
     Base.reshape(c::CuArray{T}, dims::Dims{N}) where {T,N} = CuArray{T,N}(c.ptr, dims)
     Base.view(c::CuArray{T,1}, r::UnitRange{Int}) where {T} =
         CuArray{T,1}(CuPtr{T}(c.ptr.addr + (first(r) - 1) * sizeof(T)), (length(r),))
@@ -71,6 +75,13 @@ module CUDA
     end
     const current = Ref{CuStream}()
     stream() = current[]
+
+    struct CuDevice                                   # 0-based ordinal, as CUDA.jl's handle
+        handle::Int
+    end
+    const current_device = Ref(0)
+    device() = CuDevice(current_device[])
+    deviceid(d::CuDevice) = d.handle
 end
 
 module Adapt
@@ -282,6 +293,32 @@ end
     @test count(mt -> mt.module === KmmCUDAExt, collect(Iterators.flatten(methods.(fs)))) == 9
     @test isempty([(e, mt) for f in fs for e in methods(f) if e.module === KmmCUDAExt
                    for mt in methods(f) if mt !== e && Base.isambiguous(e, mt)])
+end
+
+# Found by a review against CUDA.jl's source (2026-11-29): an empty KmmArray's address is 0,
+# which unsafe_wrap refuses; a manager on another device than CUDA.jl's current one gave views
+# tagged with the wrong context; and CUDA.jl before 5.2 calls its kernel adaptor `Adaptor`.
+@testset "empty arrays, the current device and the kernel adaptor's name" begin
+    e = KmmArray{Float64}(undef, 0; manager = m)
+    c = CUDA.CuArray(e)
+    @test c isa CUDA.CuArray{Float64,1} && isempty(c) && pins(e) == 0
+    @test isempty(e .+ 1) && (e .= 2; true)
+    @test Adapt.adapt_storage(CUDA.KernelAdaptor(), e) isa CUDA.CuDeviceArray{Float64,1}
+    x2 = KmmArray([1.0, 2.0]; manager = m)
+    CUDA.current_device[] = 1
+    try
+        err = try CUDA.CuArray(x2) catch ex ex end
+        @test err isa ArgumentError && occursin("CUDA.device!(0)", sprint(showerror, err))
+        @test_throws ArgumentError x2 .+ 1
+        @test pins(x2) == 0
+    finally
+        CUDA.current_device[] = 0
+    end
+    @test Array(x2 .+ 1) == [2.0, 3.0]
+    Before52 = Module(:Before52)
+    Core.eval(Before52, :(struct Adaptor end))
+    @test KmmCUDAExt.kernel_adaptor(Before52) === Before52.Adaptor
+    @test KmmCUDAExt.kernel_adaptor(CUDA) === CUDA.KernelAdaptor
 end
 
 # the adversarial runs' regressions that need these stand-ins

@@ -1315,6 +1315,21 @@ PLANTS = [
      "        check(kmm_manager_synchronize(self.0)).expect(\"a replayed run's synchronize\");\n",
      "",
      ["bench:replay"]),
+    # Review of ext/ against CUDA.jl: an empty KmmArray (address 0) is passed to unsafe_wrap.
+    ("jl-ext-empty-array-wrapped", "ext/KmmCUDAExt.jl",
+     "    isempty(x) ? CuArray{T,N}(undef, size(x)) :",
+     "    false ? CuArray{T,N}(undef, size(x)) :",
+     ["jl:ext.jl"]),
+    # Review of ext/: a manager on another device than CUDA.jl's current one is viewed anyway.
+    ("jl-ext-device-unchecked", "ext/KmmCUDAExt.jl",
+     "    d == current || throw(ArgumentError(",
+     "    true || throw(ArgumentError(",
+     ["jl:ext.jl"]),
+    # Review of ext/: only CUDA.jl 5.2's name of the kernel adaptor is known.
+    ("jl-ext-kernel-adaptor-new-name-only", "ext/KmmCUDAExt.jl",
+     "kernel_adaptor(cuda::Module) = isdefined(cuda, :KernelAdaptor) ? cuda.KernelAdaptor : cuda.Adaptor",
+     "kernel_adaptor(cuda::Module) = cuda.KernelAdaptor",
+     ["jl:ext.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
