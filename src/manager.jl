@@ -66,9 +66,10 @@ end
 "A keyword's value as the C field's type `T`: an integer within `T`'s range, never wrapped,
 truncated or rounded (a `KmmError` naming the keyword and the bound otherwise)."
 function config_value(::Type{T}, name::Symbol, v) where {T<:Integer}
-    ok = v isa Integer && !(v isa Bool) && typemin(T) <= v <= typemax(T)
+    lo = name === :device ? zero(T) : typemin(T)     # an ordinal, as libkmm bounds it
+    ok = v isa Integer && !(v isa Bool) && lo <= v <= typemax(T)
     ok || throw_kmm_error(LibKmm.KMM_ERROR_INVALID_ARGUMENT,
-                          "KmmManager: $name = $(repr(v)) must be an integer in $(typemin(T))..$(typemax(T))")
+                          "KmmManager: $name = $(repr(v)) must be an integer in $lo..$(typemax(T))")
     return T(v)
 end
 config_value(::Type{T}, name::Symbol, v) where {T} = convert(T, v)
@@ -458,6 +459,9 @@ The manager used when none is given: one per device, created on first use with t
 If it was closed, a new one is created.
 """
 function default_manager(device::Integer = 0)
+    # true == 1 as a Dict key: a Bool would find device 1's manager, where KmmManager refuses it
+    device isa Bool && throw_kmm_error(LibKmm.KMM_ERROR_INVALID_ARGUMENT,
+                                       "default_manager: device = $device must be an integer, not a Bool")
     lock(_default_lock) do
         m = get(_default_managers, device, nothing)
         if m === nothing || m.handle == 0

@@ -56,3 +56,12 @@ end
     end
     close(m)
 end
+
+# A device is an ordinal: the bound said -2147483648, and default_manager(true) found device 1's
+# manager (true == 1 as a Dict key) where KmmManager(device = true) is refused.
+@testset "device arguments: the bound an ordinal has, and no Bool" begin
+    err = try KmmManager(backend = :host, device = -1) catch e e end
+    @test err isa KmmError && occursin("device = -1 must be an integer in 0..2147483647", sprint(showerror, err))
+    err = try Kmm.default_manager(true) catch e e end
+    @test err isa KmmError && occursin("not a Bool", sprint(showerror, err))
+end

@@ -1330,6 +1330,36 @@ PLANTS = [
      "kernel_adaptor(cuda::Module) = isdefined(cuda, :KernelAdaptor) ? cuda.KernelAdaptor : cuda.Adaptor",
      "kernel_adaptor(cuda::Module) = cuda.KernelAdaptor",
      ["jl:ext.jl"]),
+    # Round 11 (multi-device): a CAI import of another device's memory is taken.
+    ("py-cai-other-device-accepted", "python/kmm/array.py",
+     "        _refuse_other_device(obj, manager)\n",
+     "",
+     ["py:test_devices.py"]),
+    # Round 11 (multi-device): asarray hands back another device's array for a manager.
+    ("py-asarray-other-device-returns-view", "python/kmm/__init__.py",
+     "        if manager is not None and m.device != host.device:\n",
+     "        if False:\n",
+     ["py:test_devices.py"]),
+    # Round 11 (multi-device): a copy's handle error does not say dst or src.
+    ("copy-handle-error-unnamed", "rust/kmm/src/manager/copy.rs",
+     "KMM_ERROR_INVALID_HANDLE if arg != \"buffer\" =>",
+     "KMM_ERROR_INVALID_HANDLE if false =>",
+     ["adversarial_round11"]),
+    # Round 11 (multi-device): KMM_HOST_DEVICES's bound in Rust's range syntax.
+    ("host-devices-bound-as-rust-range", "rust/kmm/src/backend/host.rs",
+     "is not a device count in 1..{MAX_HOST_DEVICES}",
+     "is not a device count in 1..={MAX_HOST_DEVICES}",
+     ["multi_device"]),
+    # Round 11 (multi-device): default_manager(true) finds device 1's manager.
+    ("jl-default-manager-takes-bool", "src/manager.jl",
+     "    device isa Bool && throw_kmm_error(",
+     "    false && throw_kmm_error(",
+     ["jl:adversarial_round11.jl"]),
+    # Round 11 (multi-device): a device's bound said -2147483648.
+    ("jl-device-bound-from-typemin", "src/manager.jl",
+     "    lo = name === :device ? zero(T) : typemin(T)",
+     "    lo = typemin(T)",
+     ["jl:adversarial_round11.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -109,8 +109,11 @@ def asarray(host, manager=None, kind=None):
     than hand back the wrong kind (`asarray(x.get(), kind=...)` copies)."""
     want = None if kind is None else _kind_code(kind)
     if isinstance(host, DeviceArray):
-        _chosen(manager)  # checked even where unused
+        m = _chosen(manager)  # checked even where unused
         _same_kind(want, _kind_code(host.buffer.kind), kind)
+        if manager is not None and m.device != host.device:
+            raise ValueError("manager = %r: the array is a view of device %d's memory, which asarray does not "
+                             "copy to device %d" % (m, host.device, m.device))
         return host
     if hasattr(host, "__cuda_array_interface__"):
         _same_kind(want, _lib.KMM_MEMORY_DEVICE, kind)  # the import wraps it as device memory

@@ -87,6 +87,26 @@ def _refuse_finite_values_past_float_range(host, dtype):
                          "(%s's finite range is -%g..%g)" % (value, dtype, dtype, big, big))
 
 
+def _refuse_other_device(obj, manager):
+    """ValueError when `obj` says its memory is on another device than `manager`'s: a Kmm array
+    by its `device`, another library's by `__dlpack_device__` (CUDA memory). CAI itself names no
+    device; a producer that says none is taken to be on the manager's."""
+    if isinstance(obj, DeviceArray):
+        device = obj.device
+    elif hasattr(obj, "__dlpack_device__") and manager.backend == "cuda":
+        try:
+            kind, device = obj.__dlpack_device__()
+        except Exception:
+            return
+        if kind not in (dlpack.kDLCUDA, dlpack.kDLCUDAManaged):
+            return
+    else:
+        return
+    if device != manager.device:
+        raise ValueError("manager = %r: the array's memory is on device %s, the manager's device is %d"
+                         % (manager, device, manager.device))
+
+
 def _cai_field(cai, name):
     """A field `__cuda_array_interface__` must have (ValueError naming it, not a bare KeyError)."""
     try:
@@ -198,6 +218,7 @@ class DeviceArray:
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
         lo, hi = extent(shape, strides, dtype.itemsize)
+        _refuse_other_device(obj, manager)
         _foreign_stream_wait(manager, cai.get("stream"))
         base = ptr + lo if hi > lo else 0
         buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, _producer(obj), "data[0]")

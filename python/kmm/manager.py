@@ -63,6 +63,8 @@ def make_config(**config):
         if value is None and key == "release_threshold":
             value = _args.U64_MAX
         lo, hi = _RANGES[fields[key]]
+        if key == "device":
+            lo = 0  # an ordinal: the bound libkmm and can_access_peer state too
         setattr(c, key, _args.integer(value, key, lo, hi))
     return c
 

@@ -284,6 +284,9 @@ fn host_device_count_default_and_bad_values() {
     for bad in ["0", "65", "two", "-1"] {
         let text = run(Some(bad));
         assert!(text.contains("KMM_ERROR_INVALID_ARGUMENT") && text.contains("KMM_HOST_DEVICES"), "{bad}: {text}");
+        // The bound as the other messages write one (found by an adversarial run, 2026-11-29:
+        // Rust's "1..=64").
+        assert!(text.contains("device count in 1..64"), "{bad}: {text}");
     }
 }
 

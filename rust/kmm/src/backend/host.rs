@@ -32,7 +32,7 @@ pub fn device_count() -> Result<u32> {
         Ok(v) if v.trim().is_empty() => Ok(1),
         Ok(v) => match v.trim().parse::<u32>() {
             Ok(n) if (1..=MAX_HOST_DEVICES).contains(&n) => Ok(n),
-            _ => Err(format!("KMM_HOST_DEVICES={v:?} is not a device count in 1..={MAX_HOST_DEVICES}")),
+            _ => Err(format!("KMM_HOST_DEVICES={v:?} is not a device count in 1..{MAX_HOST_DEVICES}")),
         },
     });
     match count {

@@ -60,6 +60,11 @@ impl Manager {
             // Kmm's own work on the manager's stream: the buffer's free waits for it.
             r.users.insert(home);
             Ok(Some((r.addr + offset, r.kind)))
+        })
+        .map_err(|e| match e.status {
+            // A copy has two buffers: say which one is not live here.
+            crate::KmmStatus::KMM_ERROR_INVALID_HANDLE if arg != "buffer" => crate::error::Error::new(e.status, format!("{arg}: {}", e.message)),
+            _ => e,
         })?;
         Ok((Lease { manager: self, handle }, addr, kind))
     }
