@@ -793,8 +793,8 @@ PLANTS = [
      ["jl:safety.jl"]),
     # KmmManager keywords are converted as they come: wrapped, rounded or InexactError.
     ("jl-config-keywords-unchecked", "src/manager.jl",
-     "    ok = v isa Integer && !(v isa Bool) && typemin(T) <= v <= typemax(T)\n",
-     "    return convert(T, v)\n    ok = v isa Integer && !(v isa Bool) && typemin(T) <= v <= typemax(T)\n",
+     "    ok = v isa Integer && !(v isa Bool) && lo <= v <= typemax(T)\n",
+     "    return convert(T, v)\n    ok = v isa Integer && !(v isa Bool) && lo <= v <= typemax(T)\n",
      ["jl:safety.jl"]),
     # A storage's handle is claimed without the lock: two tasks on two threads both free it.
     # The spin only widens the window between the read and the write (a preemption could), so
