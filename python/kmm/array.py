@@ -49,7 +49,10 @@ def _stores_as_given(host, dtype):
             return False
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            back = host.astype(dtype).astype(host.dtype)
+            try:
+                back = host.astype(dtype).astype(host.dtype)
+            except (OverflowError, ValueError):
+                return False  # newer NumPy refuses the wrap itself
         return bool((back.view(np.int64) == host.view(np.int64)).all())
     if np.can_cast(host.dtype, dtype, "safe"):
         return True
