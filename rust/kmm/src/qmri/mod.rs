@@ -177,13 +177,13 @@ fn all_finite(name: &str, v: &[f32]) -> Result<()> {
 pub fn validate_atoms(atoms: &[Atom]) -> Result<()> {
     for (i, a) in atoms.iter().enumerate() {
         if !(a.t1 > 0.0) {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "params: atom {i} has T1 = {}; T1 must be > 0 (+Inf allowed)", a.t1);
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "params: atom {i} (counted from 0) has T1 = {}; T1 must be > 0 (+Inf allowed)", a.t1);
         }
         if !(a.t2 > 0.0) {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "params: atom {i} has T2 = {}; T2 must be > 0 (+Inf allowed)", a.t2);
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "params: atom {i} (counted from 0) has T2 = {}; T2 must be > 0 (+Inf allowed)", a.t2);
         }
         if !a.b1.is_finite() || !a.b0.is_finite() {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "params: atom {i} has B1 = {}, B0 = {}; both must be finite", a.b1, a.b0);
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "params: atom {i} (counted from 0) has B1 = {}, B0 = {}; both must be finite", a.b1, a.b0);
         }
     }
     Ok(())
