@@ -220,6 +220,8 @@ end
 nothing_to_copy(n, arrays...) = n == 0 && (foreach(check_live, arrays); true)
 check_live(x::KmmArray) = (handles(x.storage); nothing)
 check_live(x) = nothing
+# A view, reshape or reinterpretation (of one, nested) is live while what it wraps is.
+check_live(x::AbstractArray) = (p = parent(x); p === x || check_live(p); nothing)
 
 @noinline function check_lengths(dest, src)
     length(dest) >= length(src) || throw(BoundsError(dest, length(src)))

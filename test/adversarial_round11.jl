@@ -18,6 +18,12 @@ using Test, Kmm
         @test_throws KmmError copyto!(dest, 1, src, 1, 0)
         @test_throws KmmError copyto!(dest, 9, src, 9, 0)   # no offset checked, liveness still
     end
+    # A view, reshape or reinterpretation of the freed array, against a KmmArray (Kmm's methods;
+    # Base's own copyto! between two host views is not Kmm's, docs/julia-api.md).
+    for w in (view(p, 1:2), reshape(p, 2, 2), reinterpret(Int64, p), view(reinterpret(Int64, p), 1:2))
+        @test_throws KmmError copyto!(xi, 1, w, 1, 0)
+        @test_throws KmmError copyto!(w, 1, xi, 1, 0)
+    end
     # Live arrays: n = 0 copies nothing and checks no offset.
     @test copyto!(q, 9, host, 9, 0) === q && Array(q) == fill(7.0, 4)
     @test copyto!(xi, 1, q, 1, 0) === xi && Array(xi) == fill(2, 4)

@@ -1360,6 +1360,21 @@ PLANTS = [
      "    lo = name === :device ? zero(T) : typemin(T)",
      "    lo = typemin(T)",
      ["jl:adversarial_round11.jl"]),
+    # Review of round 11: a block's end from its summed size rounds past the next block's start.
+    ("map-block-end-from-summed-size", "rust/kmm/src/figures.rs",
+     "            let end = (MAP_LEFT + (offset + s.bytes) as f64 * scale).max(x + 1.0);\n",
+     "            let end = x + (s.bytes as f64 * scale).max(1.0);\n",
+     ["observe"]),
+    # Review of round 11: a kmm Buffer of another device is imported through CAI.
+    ("py-buffer-other-device-accepted", "python/kmm/array.py",
+     "    if isinstance(obj, (DeviceArray, Buffer)):\n",
+     "    if isinstance(obj, DeviceArray):\n",
+     ["py:test_devices.py"]),
+    # Review of round 11: a view of a freed PinnedArray passes a zero-length copy with a KmmArray.
+    ("jl-view-of-freed-pinned-passes", "src/array.jl",
+     "check_live(x::AbstractArray) = (p = parent(x); p === x || check_live(p); nothing)\n",
+     "",
+     ["jl:adversarial_round11.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

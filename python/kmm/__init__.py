@@ -112,8 +112,8 @@ def asarray(host, manager=None, kind=None):
         m = _chosen(manager)  # checked even where unused
         _same_kind(want, _kind_code(host.buffer.kind), kind)
         if manager is not None and m.device != host.device:
-            raise ValueError("manager = %r: the array is a view of device %d's memory, which asarray does not "
-                             "copy to device %d" % (m, host.device, m.device))
+            raise ValueError("manager = %r: the array's memory belongs to device %d's manager; asarray does not "
+                             "copy it to device %d" % (m, host.device, m.device))
         return host
     if hasattr(host, "__cuda_array_interface__"):
         _same_kind(want, _lib.KMM_MEMORY_DEVICE, kind)  # the import wraps it as device memory

@@ -65,7 +65,7 @@ def find_library():
     """The path of libkmm: $KMM_LIBRARY, the bundled kmm/libkmm.so, or a source checkout's build."""
     tried = []
     for path in _candidates():
-        if os.path.exists(path):
+        if os.path.isfile(path):
             return path
         tried.append(path)
     if os.environ.get("KMM_LIBRARY"):

@@ -92,9 +92,9 @@ def _refuse_finite_values_past_float_range(host, dtype):
 
 def _refuse_other_device(obj, manager):
     """ValueError when `obj` says its memory is on another device than `manager`'s: a Kmm array
-    by its `device`, another library's by `__dlpack_device__` (CUDA memory). CAI itself names no
-    device; a producer that says none is taken to be on the manager's."""
-    if isinstance(obj, DeviceArray):
+    or buffer by its `device`, another library's by `__dlpack_device__` (CUDA memory). CAI itself
+    names no device; a producer that says none is taken to be on the manager's."""
+    if isinstance(obj, (DeviceArray, Buffer)):
         device = obj.device
     elif hasattr(obj, "__dlpack_device__") and manager.backend == "cuda":
         try:
@@ -392,8 +392,10 @@ class DeviceArray:
         host = np.asarray(host)
         if not _stores_as_given(host, self.dtype):
             # 1.7 would be stored as 1, 2**40 wrapped into int32.
-            raise TypeError("host = array of %s cannot be stored as %s without changing values "
-                            "(cast it first, e.g. host.astype(%r))" % (host.dtype, self.dtype, self.dtype.str))
+            how = ("convert it yourself, checking its range: NumPy's astype wraps times a finer unit cannot hold"
+                   if host.dtype.kind in "mM" else "cast it first, e.g. host.astype(%r)" % self.dtype.str)
+            raise TypeError("host = array of %s cannot be stored as %s without changing values (%s)"
+                            % (host.dtype, self.dtype, how))
         _refuse_finite_values_past_float_range(host, self.dtype)
         try:
             host = np.require(host, dtype=self.dtype, requirements="C")

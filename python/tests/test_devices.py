@@ -42,8 +42,19 @@ CHILD = textwrap.dedent("""
         assert kmm.asarray(x, manager=ms[0]) is x
         y = kmm.DeviceArray.from_cuda_array_interface(x, manager=ms[0])
         assert y.device == 0 and np.array_equal(y.get(), np.arange(8, dtype=np.float32))
+        for f in (lambda: kmm.DeviceArray.from_cuda_array_interface(x.buffer, manager=ms[1]),
+                  lambda: kmm.asarray(x.buffer, manager=ms[1])):   # a Buffer says its device too
+            try:
+                f()
+            except ValueError as e:
+                assert "device 0" in str(e), e
+            else:
+                raise AssertionError("device 0's buffer taken by device 1's manager")
         y.buffer.close(); x.buffer.close()
-        del x, y, f  # the import and its producer let go: the managers' close below is not deferred
+        # The import's producer goes once the stream has passed the import's free (at the
+        # manager's next synchronize): then close() below ends the manager at once.
+        ms[0].synchronize()
+        del x, y, f
     for bad in [(0, n), (-1, 0)]:
         try:
             kmm.can_access_peer(*bad, backend="host")

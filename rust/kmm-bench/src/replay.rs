@@ -79,8 +79,8 @@ impl Planner {
     }
 }
 
-/// The plan of a trace's device rows; an error names the record (0-based, in the trace's
-/// order) where the live buffers' bytes would pass 2^64 - 1.
+/// The plan of a trace's device rows; an error names the row (after the header, counted from
+/// 1) where the live buffers' bytes would pass 2^64 - 1.
 pub fn plan(records: &[Record]) -> Result<Plan, String> {
     let by_buffer = records.iter().any(|r| r.buffer != 0);
     // A row of a buffer-keyed trace without a buffer (edited by hand) goes by its address: key 0
@@ -90,7 +90,7 @@ pub fn plan(records: &[Record]) -> Result<Plan, String> {
     // Buffers spilled (their device memory given up) and not yet restored or freed.
     let mut spilled: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for (i, r) in records.iter().enumerate().filter(|(_, r)| r.kind == 0) {
-        let too_many = || format!("record {i}: {} bytes more in use pass 2^64 - 1 bytes (the live buffers' sizes add up past what any run holds)", r.bytes);
+        let too_many = || format!("row {} after the header: {} bytes more in use pass 2^64 - 1 bytes (the live buffers' sizes add up past what any run holds)", i + 1, r.bytes);
         match Action::from_u32(r.action) {
             Some(Action::Allocate) | Some(Action::Wrap) => {
                 p.alloc(key(r), r.bytes).ok_or_else(too_many)?;

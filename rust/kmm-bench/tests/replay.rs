@@ -255,14 +255,14 @@ fn a_trace_with_wrapped_memory_replays_to_the_runs_peak_and_counts() {
 #[test]
 fn live_bytes_past_two_to_the_64_are_an_error_naming_the_record() {
     // 65,537 live buffers of 2^48 bytes each: every row valid, their sum not a number any run
-    // held (a capped "peak in use" would be printed as a fact). The 65,536th (record 65535)
-    // brings the sum to 2^64.
+    // held (a capped "peak in use" would be printed as a fact). The 65,536th row brings the
+    // sum to 2^64.
     let mut log = String::from("Thread,Time,Action,Pointer,Size,Stream\n");
     for i in 0..=65_536u64 {
         log += &format!("1,0.{i},allocate,{:#x},{},0x0\n", 0x1000 + i * 0x1000, 1u64 << 48);
     }
     let e = plan(&kmm::manager::csv::read(&log).unwrap()).unwrap_err();
-    assert!(e.contains("record 65535:") && e.contains("2^64"), "{e}");
+    assert!(e.contains("row 65536 after the header:") && e.contains("2^64"), "{e}");
 }
 
 #[test]

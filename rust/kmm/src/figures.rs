@@ -15,7 +15,7 @@ const RIGHT: f64 = 20.0;
 const TOP: f64 = 46.0;
 const FONT: &str = "font-family=\"sans-serif\" font-size=\"12\"";
 
-/// Rows drawn at most; the rest are counted under the figure.
+/// Rows drawn at most; a note above the rows counts the rest.
 const MAX_ROWS: usize = 48;
 
 fn escape(text: &str) -> String {
@@ -189,9 +189,12 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
         // it.
         let mut run: Option<Run> = None;
         for s in chunk.iter() {
-            let x = MAP_LEFT + (s.address - s.chunk) as f64 * scale;
+            // Both edges from byte offsets: a block starts exactly where the one before it ends
+            // (a sum of scaled sizes rounds apart and could make a free block join a used one).
             // Every block stays visible, however small next to the largest chunk.
-            let end = x + (s.bytes as f64 * scale).max(1.0);
+            let offset = s.address - s.chunk;
+            let x = MAP_LEFT + offset as f64 * scale;
+            let end = (MAP_LEFT + (offset + s.bytes) as f64 * scale).max(x + 1.0);
             if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {
                 r.add(s, end);
                 continue;

@@ -946,3 +946,28 @@ fn the_note_of_chunks_not_drawn_stays_off_the_legend() {
         m.free(b);
     }
 }
+
+#[test]
+fn free_space_before_a_small_buffer_keeps_its_colour() {
+    // Found by a review (2026-11-29): a block's start, scaled from its offset, could land a
+    // rounding step before the end of the block before it, scaled from a sum of sizes; a small
+    // buffer there joined the 4.89 MiB free block before it and painted it in its colour.
+    let m = Mgr::new();
+    let keep: Vec<u64> = [149_569_280, 1_425_664, 843_008].iter().map(|&n| m.alloc(n, DEVICE)).collect();
+    let (f, c) = (m.alloc(5_120_256, DEVICE), m.alloc(4096, DEVICE));
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, c, &mut p));
+    m.free(f);
+    ok(kmm_manager_synchronize(m.0));
+    let text = svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap();
+    let rects = block_rects(&text);
+    let titles: Vec<&str> = text.split("<title>").skip(1).map(|t| t.split("</title>").next().unwrap()).collect();
+    for ((fill, width), title) in rects.iter().zip(&titles) {
+        let holds_free = title.ends_with(": free") || (title.contains(" blocks: ") && !title.ends_with(" 0 free"));
+        assert!(!holds_free || fill == "#e6e6e6" || *width <= 2.0, "free space drawn {fill} over {width} px: {title}");
+    }
+    ok(kmm_buffer_unmap(m.0, c));
+    for b in keep.into_iter().chain([c]) {
+        m.free(b);
+    }
+}

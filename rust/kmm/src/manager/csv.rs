@@ -121,8 +121,10 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
     for (n, line) in lines {
         let fields: Vec<&str> = line.split(',').map(unquoted).collect();
         if fields.len() != names.len() {
-            // Every writer writes every column: fewer is a line cut off (perhaps mid-field).
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {} fields where the header has {} (a cut-off line?)", n + 1, fields.len(), names.len());
+            // Every writer writes every column: fewer is a line cut off (perhaps mid-field); more,
+            // a field that holds a comma, which no trace value does.
+            let why = if fields.len() < names.len() { "a cut-off line?" } else { "a field holding a comma? no trace value does" };
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {} fields where the header has {} ({why})", n + 1, fields.len(), names.len());
         }
         let bad = |what: &str, value: &str| crate::err!(KMM_ERROR_INVALID_ARGUMENT, "line {}: {what} `{value}` is not valid", n + 1);
         let required = |i: usize, what: &str| match fields.get(i) {
