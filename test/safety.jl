@@ -68,11 +68,23 @@ end
     m = KmmManager(; backend = :host)
     x = KmmArray{UInt8}(undef, 256 * 2^20; manager = m)
     ran = Ref(false)
-    fill!(x, 0x01)                      # stream-ordered: still running when synchronize starts
-    t = @async (ran[] = true)
-    Kmm.synchronize(m)
-    @test ran[]                         # the other task ran while synchronize waited
-    wait(t)
+    # Whether `wait()` let another task run while it waited for `queue()`'s long work. On a
+    # loaded machine the work may rarely be done before the wait starts (no wait, no yield):
+    # up to five tries; a wait that never yields fails them all.
+    function yielded(wait, queue)
+        for _ in 1:5
+            queue()
+            ran[] = false
+            t = @async (ran[] = true)
+            out = wait()
+            saw = ran[]
+            Base.wait(t)
+            saw && return true, out
+        end
+        false, nothing
+    end
+    ok, _ = yielded(() -> Kmm.synchronize(m), () -> fill!(x, 0x01))   # stream-ordered fill
+    @test ok                            # the other task ran while synchronize waited
     h = Vector{UInt8}(undef, length(x))
     fill!(x, 0x02)
     task = copyto_async!(h, x)
@@ -87,14 +99,12 @@ end
     for (value, copy) in ((0x03, () -> copyto!(hy, y)), (0x04, () -> Array(y)),
                           (0x05, () -> (copyto!(y, hy); Array(y))),
                           (0x06, () -> Kmm.@allowscalar [y[1], y[end]]))
-        value == 0x05 && fill!(hy, value)
-        fill!(x, value)                           # long work, queued ahead of the copy
-        fill!(y, value == 0x05 ? 0x00 : value)
-        ran[] = false
-        t = @async (ran[] = true)
-        back = copy()
-        @test ran[]                     # the other task ran while the copy waited
-        wait(t)
+        ok, back = yielded(copy, () -> begin
+            value == 0x05 && fill!(hy, value)
+            fill!(x, value)                       # long work, queued ahead of the copy
+            fill!(y, value == 0x05 ? 0x00 : value)
+        end)
+        @test ok                        # the other task ran while the copy waited
         @test back[1] == value && back[end] == value
     end
     close(m)
