@@ -1337,8 +1337,8 @@ PLANTS = [
      ["py:test_devices.py"]),
     # Round 11 (multi-device): asarray hands back another device's array for a manager.
     ("py-asarray-other-device-returns-view", "python/kmm/__init__.py",
-     "        if manager is not None and m.device != host.device:\n",
-     "        if False:\n",
+     "            _refuse_other_device(host, m)  # a view, never a copy to another device\n",
+     "            pass\n",
      ["py:test_devices.py"]),
     # Round 11 (multi-device): a copy's handle error does not say dst or src.
     ("copy-handle-error-unnamed", "rust/kmm/src/manager/copy.rs",

@@ -29,7 +29,7 @@ from ._errors import (
     WrongKindError,
 )
 from ._errors import check as _check
-from .array import DeviceArray, from_cuda_array_interface, from_dlpack
+from .array import DeviceArray, _refuse_other_device, from_cuda_array_interface, from_dlpack
 from .buffer import Buffer
 from .manager import Manager, default_manager
 from .manager import chosen as _chosen
@@ -111,9 +111,8 @@ def asarray(host, manager=None, kind=None):
     if isinstance(host, DeviceArray):
         m = _chosen(manager)  # checked even where unused
         _same_kind(want, _kind_code(host.buffer.kind), kind)
-        if manager is not None and m.device != host.device:
-            raise ValueError("manager = %r: the array's memory belongs to device %d's manager; asarray does not "
-                             "copy it to device %d" % (m, host.device, m.device))
+        if manager is not None:
+            _refuse_other_device(host, m)  # a view, never a copy to another device
         return host
     if hasattr(host, "__cuda_array_interface__"):
         _same_kind(want, _lib.KMM_MEMORY_DEVICE, kind)  # the import wraps it as device memory

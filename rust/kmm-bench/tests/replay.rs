@@ -30,6 +30,30 @@ fn stats(m: KmmManager) -> KmmMemoryStats {
     s
 }
 
+/// A trace file of `rows` under RMM's six columns, removed when dropped.
+struct TraceFile(std::path::PathBuf);
+impl TraceFile {
+    fn new(name: &str, rows: &str) -> TraceFile {
+        let path = std::env::temp_dir().join(format!("kmm-replay-{}-{name}.csv", std::process::id()));
+        std::fs::write(&path, format!("Thread,Time,Action,Pointer,Size,Stream\n{rows}")).unwrap();
+        TraceFile(path)
+    }
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+impl Drop for TraceFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The replay command with `args`: (exit status, stdout, stderr).
+fn replay_command(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay")).args(args).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
 struct Host(KmmManager);
 impl Allocator for Host {
     fn alloc(&mut self, bytes: u64) -> Result<u64, String> {
@@ -191,17 +215,9 @@ fn run_plan_through(r: KmmManager, p: &kmm_bench::replay::Plan) {
 fn the_replay_command_refuses_bad_input_with_a_message_not_a_panic() {
     // Found by an adversarial review (2026-11-28): `--repeat 0` panicked, `--repeat abc` and
     // unknown options were ignored, and every bad file ended in a panic (exit 101).
-    let dir = std::env::temp_dir();
-    let good = dir.join(format!("kmm-replay-cli-{}-good.csv", std::process::id()));
-    let cut = dir.join(format!("kmm-replay-cli-{}-cut.csv", std::process::id()));
-    let header = "Thread,Time,Action,Pointer,Size,Stream\n";
-    std::fs::write(&good, format!("{header}1,0.1,allocate,0x1000,256,0x0\n1,0.2,free,0x1000,256,0x0\n")).unwrap();
-    std::fs::write(&cut, format!("{header}1,0.1,allocate,0x1000,2")).unwrap();
-    let replay = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay")).args(args).output().unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
-    };
-    let (g, c) = (good.to_str().unwrap(), cut.to_str().unwrap());
+    let good = TraceFile::new("cli-good", "1,0.1,allocate,0x1000,256,0x0\n1,0.2,free,0x1000,256,0x0\n");
+    let cut = TraceFile::new("cli-cut", "1,0.1,allocate,0x1000,2");
+    let (g, c) = (good.path(), cut.path());
     for (args, code, words) in [
         (vec![g, "--host", "--repeat", "0"], 2, "--repeat 0: the number of timed runs must be an integer in 1..=1000"),
         (vec![g, "--host", "--repeat", "abc"], 2, "--repeat abc"),
@@ -211,15 +227,13 @@ fn the_replay_command_refuses_bad_input_with_a_message_not_a_panic() {
         (vec!["/nonexistent/kmm-trace.csv", "--host"], 1, "replay: /nonexistent/kmm-trace.csv: No such file"),
         (vec![c, "--host"], 1, "line 2: 5 fields where the header has 6 (a cut-off line?)"),
     ] {
-        let (status, _, err) = replay(&args);
+        let (status, _, err) = replay_command(&args);
         assert_eq!(status, Some(code), "{args:?}: {err}");
         assert!(err.contains(words) && !err.contains("panicked"), "{args:?}: {err}");
     }
-    let (status, out, err) = replay(&[g, "--host", "--repeat", "1"]);
+    let (status, out, err) = replay_command(&[g, "--host", "--repeat", "1"]);
     assert_eq!(status, Some(0), "{err}");
     assert!(out.contains("1 allocations, 1 frees") && out.contains("| Kmm pool, binned (default) |"), "{out}");
-    std::fs::remove_file(good).unwrap();
-    std::fs::remove_file(cut).unwrap();
 }
 
 #[test]
@@ -287,10 +301,9 @@ fn quoted_fields_and_rows_without_a_buffer_read_as_written() {
 fn a_reader_that_stops_early_ends_the_replay_without_a_panic() {
     // Found by an adversarial run (2026-11-29): `replay t.csv | head -1` panicked on the broken
     // pipe, with a backtrace.
-    let path = std::env::temp_dir().join(format!("kmm-replay-pipe-{}.csv", std::process::id()));
-    std::fs::write(&path, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,256,0x0\n").unwrap();
+    let trace = TraceFile::new("pipe", "1,0.1,allocate,0x1000,256,0x0\n");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_replay"))
-        .args([path.to_str().unwrap(), "--host", "--repeat", "1"])
+        .args([trace.path(), "--host", "--repeat", "1"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -299,7 +312,6 @@ fn a_reader_that_stops_early_ends_the_replay_without_a_panic() {
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked") && out.status.code() != Some(101), "{:?}: {err}", out.status);
-    std::fs::remove_file(path).unwrap();
 }
 
 #[test]
@@ -307,12 +319,10 @@ fn a_modes_peak_reserved_does_not_grow_with_the_number_of_runs() {
     // Found by a newcomer's walk-through (2026-11-29): direct mode's frees of one run were still
     // pending when the next allocated, so one 1 MiB buffer showed 2, 3, 6 and 11 MiB reserved
     // for --repeat 1, 2, 5 and 10.
-    let path = std::env::temp_dir().join(format!("kmm-replay-repeat-{}.csv", std::process::id()));
-    std::fs::write(&path, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,1048576,0x0\n1,0.2,free,0x1000,1048576,0x0\n").unwrap();
+    let trace = TraceFile::new("repeat", "1,0.1,allocate,0x1000,1048576,0x0\n1,0.2,free,0x1000,1048576,0x0\n");
     // (mode, peak reserved) of each Kmm row.
     let peaks = |repeat: &str| -> Vec<(String, String)> {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay")).args([path.to_str().unwrap(), "--host", "--repeat", repeat]).output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (_, text, _) = replay_command(&[trace.path(), "--host", "--repeat", repeat]);
         let rows: Vec<(String, String)> = text.lines().filter(|l| l.starts_with("| Kmm ")).map(|l| {
             let cells: Vec<&str> = l.split('|').map(str::trim).collect();
             (cells[1].to_string(), cells[3].to_string())
@@ -323,5 +333,4 @@ fn a_modes_peak_reserved_does_not_grow_with_the_number_of_runs() {
     let once = peaks("1");
     assert!(once.iter().any(|(mode, peak)| mode == "Kmm direct" && peak == "1.00 MiB"), "{once:?}");
     assert_eq!(peaks("10"), once, "ten runs reserve at their peak what one run does");
-    std::fs::remove_file(path).unwrap();
 }

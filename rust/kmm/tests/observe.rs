@@ -884,12 +884,13 @@ fn a_map_of_many_small_buffers_draws_at_most_a_rectangle_per_pixel() {
     }
 }
 
-/// (fill, width) of each block rectangle of a map figure (those with a tooltip; the legend's
-/// have none).
-fn block_rects(svg: &str) -> Vec<(String, f64)> {
-    svg.split("<rect").skip(1).filter(|r| r.split("</rect>").next().unwrap().contains("<title>")).map(|r| {
+/// (fill, width, tooltip) of each block rectangle of a map figure (those with a tooltip; the
+/// legend's have none).
+fn block_rects(svg: &str) -> Vec<(String, f64, String)> {
+    svg.split("<rect").skip(1).filter_map(|r| {
+        let title = r.split("</rect>").next().unwrap().split("<title>").nth(1)?.split("</title>").next().unwrap().to_string();
         let attr = |name: &str| r.split(&format!(" {name}=\"")).nth(1).unwrap().split('"').next().unwrap().to_string();
-        (attr("fill"), attr("width").parse().unwrap())
+        Some((attr("fill"), attr("width").parse().unwrap(), title))
     }).collect()
 }
 
@@ -906,7 +907,7 @@ fn a_small_buffer_does_not_colour_the_free_space_after_it() {
             ok(kmm_buffer_map(m.0, b, &mut p));
         }
         let rects = block_rects(&svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap());
-        let width = |grey: bool| rects.iter().filter(|(f, _)| (f == "#e6e6e6") == grey).map(|r| r.1).sum::<f64>();
+        let width = |grey: bool| rects.iter().filter(|(f, _, _)| (f == "#e6e6e6") == grey).map(|r| r.1).sum::<f64>();
         assert!(width(true) > 0.99 * (width(true) + width(false)), "mapped {mapped}: free drawn over {:.2} px of {:.2}: {rects:?}", width(true), width(true) + width(false));
         assert!(width(false) >= 1.0, "the buffer stays visible: {rects:?}");
         if mapped {
@@ -960,11 +961,9 @@ fn free_space_before_a_small_buffer_keeps_its_colour() {
     m.free(f);
     ok(kmm_manager_synchronize(m.0));
     let text = svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap();
-    let rects = block_rects(&text);
-    let titles: Vec<&str> = text.split("<title>").skip(1).map(|t| t.split("</title>").next().unwrap()).collect();
-    for ((fill, width), title) in rects.iter().zip(&titles) {
+    for (fill, width, title) in block_rects(&text) {
         let holds_free = title.ends_with(": free") || (title.contains(" blocks: ") && !title.ends_with(" 0 free"));
-        assert!(!holds_free || fill == "#e6e6e6" || *width <= 2.0, "free space drawn {fill} over {width} px: {title}");
+        assert!(!holds_free || fill == "#e6e6e6" || width <= 2.0, "free space drawn {fill} over {width} px: {title}");
     }
     ok(kmm_buffer_unmap(m.0, c));
     for b in keep.into_iter().chain([c]) {
