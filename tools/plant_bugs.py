@@ -1375,6 +1375,11 @@ PLANTS = [
      "check_live(x::AbstractArray) = (p = parent(x); p === x || check_live(p); nothing)\n",
      "",
      ["jl:adversarial_round11.jl"]),
+    # Round 12 (C ABI): a deferred destroy takes the slot's write lock, waiting for calls in flight.
+    ("deferred-destroy-waits-for-calls", "rust/kmm/src/ffi/manager.rs",
+     "                .spawn(move || drop(retired.take()))\n",
+     "                .spawn({\n                    let m = retired.take();\n                    move || drop(m)\n                })\n",
+     ["abi_manager"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -336,3 +336,29 @@ fn a_config_is_checked_without_making_a_manager() {
         expect_err(kmm_manager_create(&bad, &mut m), KMM_ERROR_INVALID_ARGUMENT, &[word]);
     }
 }
+
+/// A deferred destroy (the finalizers' call) returns at once even while another thread is in a
+/// call on the manager that waits for the device: the handle ends now, and the teardown waits for
+/// that call on its own thread. It used to take the slot's write lock first, waiting as long as
+/// the device did.
+#[test]
+fn a_deferred_destroy_does_not_wait_for_calls_in_flight() {
+    let m = Mgr::new();
+    let gate = Gate::close(&m);
+    let handle = m.0;
+    let (entered, entered_rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        entered.send(()).unwrap();
+        kmm_manager_synchronize(handle)
+    });
+    entered_rx.recv().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50)); // inside the synchronize, behind the gate
+    let status = within(10, "deferred destroy beside a waiting synchronize", move || kmm_manager_destroy(handle, KMM_DESTROY_DEFERRED));
+    ok(status);
+    assert!(!waiter.is_finished(), "the synchronize returned before the gate opened");
+    expect_err(kmm_manager_synchronize(handle), KMM_ERROR_INVALID_HANDLE, &["not live"]);
+    expect_err(kmm_manager_destroy(handle, KMM_DESTROY_DEFERRED), KMM_ERROR_INVALID_HANDLE, &["not live"]);
+    gate.open();
+    // The call in flight ends normally; the teardown then runs.
+    ok(waiter.join().unwrap());
+}

@@ -85,31 +85,35 @@ pub extern "C" fn kmm_manager_create(config: *const KmmConfig, out: *mut KmmMana
 /// Destroys a manager: waits for its stream, frees every buffer and event it still holds and
 /// gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
 /// With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
-/// thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
-/// so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
-/// the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
-/// freed with it; those libraries free by address alone, so until each late free comes, a new
-/// allocation of theirs that lands on such an address is held back (it counts in its manager's
-/// stats, at most one per address) and the request is served elsewhere; the late free gives it
-/// back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
+/// thread, so the call never waits for the device (for finalizers), nor for calls in flight on
+/// the manager (the teardown waits for them); a file trace's rows recorded so far are written
+/// first (into a pipe, that waits for its reader). Thread-safe; without the flag, waits for calls
+/// in flight on the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it
+/// still held are freed with it; those libraries free by address alone, so until each late free
+/// comes, a new allocation of theirs that lands on such an address is held back (it counts in
+/// its manager's stats, at most one per address) and the request is served elsewhere; the late
+/// free gives it back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
 #[no_mangle]
 pub extern "C" fn kmm_manager_destroy(manager: KmmManager, flags: u32) -> KmmStatus {
     boundary(|| {
         check_flags(flags, KMM_DESTROY_DEFERRED, "flags")?;
-        let m = registry::unregister(manager)?;
-        // Before the teardown frees its memory: a late free by address of what it held must
-        // not free a new allocation at that address.
-        super::by_address::orphan_everywhere(manager);
         if flags & KMM_DESTROY_DEFERRED != 0 {
-            // The teardown may not end before the process does: what a file trace recorded up
-            // to this call is written now (its teardown's own rows follow, if it ends).
-            m.trace_flush();
+            // The handle ends now, beside the calls in flight (one may wait for the device);
+            // the teardown thread waits for them. The teardown may not end before the process
+            // does: what a file trace recorded up to this call is written now (its teardown's
+            // own rows follow, if it ends).
+            let retired = registry::retire(manager, |m| m.trace_flush())?;
+            // Before the teardown frees its memory: a late free by address of what it held
+            // must not free a new allocation at that address.
+            super::by_address::orphan_everywhere(manager);
             std::thread::Builder::new()
                 .name("kmm-manager-teardown".into())
-                .spawn(move || drop(m))
+                .spawn(move || drop(retired.take()))
                 .map(drop)
                 .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start the teardown thread: {e}"))
         } else {
+            let m = registry::unregister(manager)?;
+            super::by_address::orphan_everywhere(manager);
             drop(m);
             Ok(())
         }

@@ -186,14 +186,51 @@ pub fn with_two_managers<R>(a: u64, b: u64, f: impl FnOnce(&Manager, &Manager) -
     }
 }
 
-/// Takes the manager out of the registry; later calls with its handle fail. Its slot is reused
-/// once its teardown (the drop of the returned `Arc`, the last one) has ended.
+/// Takes the manager out of the registry; later calls with its handle fail. Waits for the calls
+/// in flight on it (the slot's write lock). Its slot is reused once its teardown (the drop of the
+/// returned `Arc`, the last one) has ended.
 pub fn unregister(handle: u64) -> Result<Arc<Registered>> {
     let (cell, generation) = decode(handle)?;
     let mut guard = cell.manager.write().unwrap_or_else(|e| e.into_inner());
-    if guard.is_none() || cell.generation.load(Ordering::Acquire) != generation {
+    if guard.is_none() {
         fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");
     }
-    cell.generation.store(generation.wrapping_add(1).max(1), Ordering::Release);
+    end_generation(cell, handle, generation)?;
     Ok(guard.take().expect("checked live"))
+}
+
+/// For a deferred destroy, which must not wait for the calls in flight (one may be waiting for
+/// the device): ends the handle at once, under the slot's read lock beside those calls, and
+/// runs `last` on the manager there. The returned `Retired` hands the manager over later (on
+/// the teardown thread), once those calls have returned.
+pub fn retire(handle: u64, last: impl FnOnce(&Manager)) -> Result<Retired> {
+    let (cell, generation) = decode(handle)?;
+    let guard = cell.manager.read().unwrap_or_else(|e| e.into_inner());
+    let Some(m) = guard.as_ref() else {
+        fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");
+    };
+    end_generation(cell, handle, generation)?;
+    last(m);
+    Ok(Retired(cell))
+}
+
+/// A manager whose handle has ended and whose slot still holds it (see `retire`).
+pub struct Retired(&'static Slot);
+
+impl Retired {
+    /// Waits for the calls that were in flight when the handle ended and takes the manager out
+    /// of its slot; the slot is not reused before the drop of what this returns.
+    pub fn take(self) -> Arc<Registered> {
+        self.0.manager.write().unwrap_or_else(|e| e.into_inner()).take().expect("a retired slot keeps its manager")
+    }
+}
+
+/// Moves the slot past `generation`, once: of two destroys of one handle (one of them deferred,
+/// under the read lock only) one ends it, the other is turned away.
+fn end_generation(cell: &Slot, handle: u64, generation: u32) -> Result<()> {
+    let next = generation.wrapping_add(1).max(1);
+    if cell.generation.compare_exchange(generation, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");
+    }
+    Ok(())
 }
