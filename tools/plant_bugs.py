@@ -1380,6 +1380,16 @@ PLANTS = [
      "                .spawn(move || drop(retired.take()))\n",
      "                .spawn({\n                    let m = retired.take();\n                    move || drop(m)\n                })\n",
      ["abi_manager"]),
+    # Round 12 (observability): a copy's lease ends with a recorded unmap of an unrecorded map.
+    ("copy-lease-records-unmap", "rust/kmm/src/manager/copy.rs",
+     "        let _ = self.manager.state_of(self.handle).unpin(self.handle);\n",
+     "        let _ = self.manager.unmap(self.handle);\n",
+     ["observe"]),
+    # Round 12 (observability): a trace's pinned reserved counts the spill store's chunks.
+    ("trace-pinned-reserved-counts-spill-store", "rust/kmm/src/manager/trace.rs",
+     ".saturating_sub(self.spill_pinned.used().current()),",
+     ".saturating_sub(0),",
+     ["observe"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

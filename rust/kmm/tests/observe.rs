@@ -970,3 +970,50 @@ fn free_space_before_a_small_buffer_keeps_its_colour() {
         m.free(b);
     }
 }
+
+#[test]
+fn a_copy_records_no_unmap_of_a_map_it_never_recorded() {
+    // Found by an adversarial run (2026-11-29): a copy's pin of its buffer was unrecorded but its
+    // release was recorded as an unmap, so a trace's maps and unmaps stopped pairing up (a mapped
+    // buffer read as unmapped after a copy).
+    let m = pool_manager();
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let b = m.alloc(4096, DEVICE);
+    m.upload(b, 0, &[7u8; 4096]);
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, b, &mut p));
+    assert_eq!(m.download(b, 0, 4096), vec![7u8; 4096]);
+    let mut fill = 1u8;
+    ok(kmm_fill(m.0, b, 0, 4096, (&mut fill as *mut u8).cast(), 1));
+    ok(kmm_buffer_unmap(m.0, b));
+    m.free(b);
+    let actions: Vec<u32> = records(&m).0.iter().map(|r| r.action).collect();
+    assert_eq!(actions, [ALLOCATE, MAP, UNMAP, FREE], "copies and fills pin without a trace row");
+}
+
+#[test]
+fn the_pinned_reserved_of_a_trace_leaves_the_spill_store_out() {
+    // Found by an adversarial run (2026-11-29): the pinned `reserved` of each record counted the
+    // spill store's pinned chunks, which the docs (and the memory map) leave out.
+    let m = Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 2 << 20;
+        c.spill_limit = 64 << 20;
+    });
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let first = m.alloc(2 << 20, DEVICE);
+    let second = m.alloc(2 << 20, DEVICE); // spills the first into the spill store's pinned chunk
+    let pinned = m.alloc(4096, PINNED);
+    let (r, _) = records(&m);
+    assert!(r.iter().any(|x| x.action == KmmTraceAction::KMM_TRACE_SPILL as u32), "the setup spills");
+    let last = r.iter().rfind(|x| x.action == ALLOCATE && x.kind == PINNED).expect("the pinned allocation");
+    let chunks: u64 = memory_map(&m, PINNED).iter().map(|s| s.bytes).sum();
+    assert!(chunks > 0);
+    assert_eq!(last.reserved, chunks, "the pinned reserved is the pool's chunks");
+    assert!(m.stats(PINNED).reserved > chunks, "the stats count the spill store too");
+    for b in [first, second, pinned] {
+        m.free(b);
+    }
+}

@@ -21,7 +21,7 @@ struct Lease<'a> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        let _ = self.manager.unmap(self.handle);
+        let _ = self.manager.state_of(self.handle).unpin(self.handle);
     }
 }
 

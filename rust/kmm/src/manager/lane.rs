@@ -623,14 +623,22 @@ impl State {
     }
 
     pub fn unmap(&mut self, handle: u64) -> Result<()> {
+        self.unpin(handle)?;
+        if let Some(t) = &mut self.trace {
+            let r = self.buffers.get(handle)?;
+            t.record(Action::Unmap, r.kind, r.addr, r.bytes, self.home, handle, 0);
+        }
+        Ok(())
+    }
+
+    /// Takes one pin off the buffer, unrecorded: the end of a copy's lease, whose pin no trace
+    /// row announced (a trace's maps and unmaps pair up).
+    pub(super) fn unpin(&mut self, handle: u64) -> Result<()> {
         let r = self.buffers.get_mut(handle)?;
         if r.pins == 0 {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
         }
         r.pins -= 1;
-        if let Some(t) = &mut self.trace {
-            t.record(Action::Unmap, r.kind, r.addr, r.bytes, self.home, handle, 0);
-        }
         Ok(())
     }
 }

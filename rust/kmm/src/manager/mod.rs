@@ -65,6 +65,8 @@ pub struct Manager {
     /// (the manager's reserved bytes, with their exact peak).
     upstreams: [Arc<dyn Upstream>; 2],
     limits: [Arc<Limit>; 2],
+    /// Of the pinned limit's bytes, those the spill store holds (no pool's chunks).
+    spill_pinned: Arc<Limit>,
     /// Bytes in use per kind, shared by the lanes.
     in_use: Arc<[LaneGauge; 2]>,
     /// Host ranges this manager registered (start -> bytes): only it may unregister them.
@@ -120,9 +122,12 @@ impl Manager {
             free_queues.add(Arc::new(PinnedUpstream(backend.clone()))),
         ];
         let free_queues = Arc::new(free_queues);
+        // The spill store's pinned chunks count against the pinned limit but are no pool's
+        // chunks: counted apart as well, for a trace's pinned `reserved` (the pools' chunks).
+        let spill_pinned = Arc::new(Limit::new(0, "spill store"));
         let spill = Arc::new(spill_store::Spill::new(
             config.spill_limit,
-            upstreams[1].clone(),
+            Arc::new(LimitedUpstream { inner: upstreams[1].clone(), limit: spill_pinned.clone() }),
             config.pinned_chunk_size,
             backend.clone(),
             stream.clone(),
@@ -190,6 +195,7 @@ impl Manager {
             staging: Mutex::new(staging),
             upstreams,
             limits,
+            spill_pinned,
             in_use,
             registered: Mutex::new(BTreeMap::new()),
             unfenced: Mutex::new(Vec::new()),

@@ -149,7 +149,7 @@ impl Manager {
     /// made, a ring that cannot be had) changes nothing: the trace before records on.
     pub fn trace_start(&self, sink: Sink) -> Result<()> {
         let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;
-        let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), cuda_pool, self.raw_stream())?);
+        let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), self.spill_pinned.clone(), cuda_pool, self.raw_stream())?);
         // Every lane's ring first: a ring that cannot be had starts no part of the trace.
         let traces = self.lanes().map(|_| LaneTrace::new(&tracer)).collect::<Result<Vec<_>>>()?;
         let mut slot = lock(&self.trace);

@@ -317,6 +317,9 @@ pub struct Tracer {
     kept: Mutex<(Ring, Vec<Ring>)>,
     in_use: Arc<[LaneGauge; 2]>,
     limits: [Arc<Limit>; 2],
+    /// What the pinned limit counts beyond the pools' chunks (the spill store's), left out of
+    /// the pinned `reserved`.
+    spill_pinned: Arc<Limit>,
     /// Device memory comes from CUDA's pool, which counts its own reservation.
     device_reserve_uncounted: bool,
     /// The manager's raw stream (a move's).
@@ -382,6 +385,7 @@ impl Tracer {
         sink: Sink,
         in_use: Arc<[LaneGauge; 2]>,
         limits: [Arc<Limit>; 2],
+        spill_pinned: Arc<Limit>,
         device_reserve_uncounted: bool,
         home: u64,
     ) -> Result<Tracer> {
@@ -414,6 +418,7 @@ impl Tracer {
             kept: Mutex::new((Ring::new(capacity.max(1))?, Vec::new())),
             in_use,
             limits,
+            spill_pinned,
             device_reserve_uncounted,
             home,
         })
@@ -425,7 +430,12 @@ impl Tracer {
     #[inline(always)]
     fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Entry {
         let k = kind as usize;
-        let reserved = match self.limits[k].used().current() {
+        let held = match kind {
+            MemoryKind::Device => self.limits[k].used().current(),
+            // The store takes its chunks before the pinned limit counts them: never below 0.
+            MemoryKind::Pinned => self.limits[k].used().current().saturating_sub(self.spill_pinned.used().current()),
+        };
+        let reserved = match held {
             _ if k == 0 && self.device_reserve_uncounted => u64::MAX,
             // A trim is recorded just before its chunk goes back: the figure after it.
             held if action == Action::Trim => held.saturating_sub(bytes),
@@ -707,7 +717,7 @@ mod tests {
 
     fn tracer(sink: Sink) -> Tracer {
         let limits = [Arc::new(Limit::new(0, "hard limit")), Arc::new(Limit::new(0, "pinned limit"))];
-        let t = Tracer::start(sink, Arc::new([LaneGauge::default(), LaneGauge::default()]), limits, false, 0).unwrap();
+        let t = Tracer::start(sink, Arc::new([LaneGauge::default(), LaneGauge::default()]), limits, Arc::new(Limit::new(0, "spill store")), false, 0).unwrap();
         t.begin().unwrap();
         t
     }
