@@ -1390,6 +1390,16 @@ PLANTS = [
      ".saturating_sub(self.spill_pinned.used().current()),",
      ".saturating_sub(0),",
      ["observe"]),
+    # Round 12 (observability): legends never wrap (a spill line's entry ran off the figure).
+    ("legend-never-wraps", "rust/kmm/src/figures.rs",
+     "        if x > left && x + width > WIDTH - RIGHT {\n",
+     "        if false {\n",
+     ["observe"]),
+    # Round 12 (observability): an empty axis draws the ticks 0 and 1 on one spot.
+    ("empty-axis-draws-two-ticks", "rust/kmm/src/figures.rs",
+     "(0.0, vec![0.0])",
+     "(0.0, ticks(max))",
+     ["observe"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -63,18 +63,61 @@ fn header(out: &mut String, height: f64, title: &str) {
     );
 }
 
-fn legend(out: &mut String, left: f64, y: f64, entries: &[(&str, &str)]) {
-    let mut x = left;
-    for (colour, label) in entries {
-        let _ = write!(
-            out,
-            "<rect x=\"{x}\" y=\"{}\" width=\"14\" height=\"10\" fill=\"{colour}\" stroke=\"#333\" stroke-width=\"0.5\"/>\
-             <text x=\"{}\" y=\"{y}\" {FONT}>{}</text>",
-            y - 9.0,
-            x + 19.0,
-            escape(label)
-        );
-        x += 30.0 + 7.0 * label.len() as f64;
+/// What a legend entry shows before its label: a box of a fill colour, or a line (dashed or
+/// not) of a colour.
+#[derive(Clone, Copy)]
+enum Swatch<'a> {
+    Box(&'a str),
+    Line(&'a str, bool),
+}
+
+/// Legend rows are this far apart.
+const LEGEND_ROW: f64 = 16.0;
+
+/// Where each legend entry goes from `left` (x, row), and how many rows: entries wrap to a new
+/// row before they would cross the right margin.
+fn legend_layout(left: f64, labels: &[&str]) -> (Vec<(f64, usize)>, usize) {
+    let (mut x, mut row) = (left, 0);
+    let mut at = Vec::with_capacity(labels.len());
+    for label in labels {
+        // About 7 px a character at 12 px sans-serif, after the 27 px of the swatch.
+        let width = 27.0 + 7.0 * label.chars().count() as f64;
+        if x > left && x + width > WIDTH - RIGHT {
+            (x, row) = (left, row + 1);
+        }
+        at.push((x, row));
+        x += width + 13.0;
+    }
+    (at, row + 1)
+}
+
+/// The extra height a legend of these labels needs beyond its first row.
+fn legend_extra_height(left: f64, labels: &[&str]) -> f64 {
+    (legend_layout(left, labels).1 - 1) as f64 * LEGEND_ROW
+}
+
+/// A legend whose last row's text sits on `bottom`, its rows above.
+fn legend(out: &mut String, left: f64, bottom: f64, entries: &[(Swatch, &str)]) {
+    let labels: Vec<&str> = entries.iter().map(|e| e.1).collect();
+    let (at, rows) = legend_layout(left, &labels);
+    for ((swatch, label), (x, row)) in entries.iter().zip(at) {
+        let y = bottom - (rows - 1 - row) as f64 * LEGEND_ROW;
+        let _ = match swatch {
+            Swatch::Box(colour) => write!(
+                out,
+                "<rect x=\"{x}\" y=\"{}\" width=\"14\" height=\"10\" fill=\"{colour}\" stroke=\"#333\" stroke-width=\"0.5\"/>",
+                y - 9.0
+            ),
+            Swatch::Line(colour, dashed) => write!(
+                out,
+                "<line x1=\"{x}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" stroke-width=\"2\"{}/>",
+                y - 4.0,
+                x + 22.0,
+                y - 4.0,
+                if *dashed { " stroke-dasharray=\"6,3\"" } else { "" }
+            ),
+        };
+        let _ = write!(out, "<text x=\"{}\" y=\"{y}\" {FONT}>{}</text>", x + 27.0, escape(label));
     }
 }
 
@@ -82,8 +125,9 @@ fn legend(out: &mut String, left: f64, y: f64, entries: &[(&str, &str)]) {
 /// the line, round ticks with their values, and the label.
 fn x_axis(out: &mut String, left: f64, width: f64, y: f64, max: f64, label: &str) {
     let _ = write!(out, "<line x1=\"{left}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#333\"/>", left + width);
-    let scale = if max > 0.0 { width / max } else { 0.0 };
-    for t in ticks(max) {
+    // An empty axis (nothing reserved) has its 0 alone: every tick would sit on it.
+    let (scale, ticks) = if max > 0.0 { (width / max, ticks(max)) } else { (0.0, vec![0.0]) };
+    for t in ticks {
         let x = left + t * scale;
         if x > left + width + 0.5 {
             break;
@@ -161,7 +205,10 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     let rows = chunks.len().min(MAX_ROWS);
     let row_h = 18.0;
     let plot_h = (rows.max(1) as f64) * row_h;
-    let height = TOP + plot_h + 78.0;
+    let free = format!("free ({}, largest {})", human_bytes(map.free_bytes()), human_bytes(map.largest_free()));
+    let entries = [(Swatch::Box(FREE), free.as_str()), (Swatch::Box(IN_USE), "in use"), (Swatch::Box(MAPPED), "mapped (never moves)")];
+    let labels = entries.map(|e| e.1);
+    let height = TOP + plot_h + 78.0 + legend_extra_height(MAP_LEFT, &labels);
     let mut out = String::new();
     header(&mut out, height, title);
     let largest = chunks.iter().map(|c| c.iter().map(|s| s.bytes).sum::<u64>()).max().unwrap_or(0);
@@ -217,8 +264,7 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     x_axis(&mut out, MAP_LEFT, plot_w, axis_y, largest as f64 / div, &format!("offset in chunk ({unit})"));
     let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>chunk (size)</text>", MAP_LEFT - 6.0, TOP - 6.0);
     let more = chunks.len().saturating_sub(MAX_ROWS);
-    let free = format!("free ({}, largest {})", human_bytes(map.free_bytes()), human_bytes(map.largest_free()));
-    legend(&mut out, MAP_LEFT, height - 12.0, &[(FREE, free.as_str()), (IN_USE, "in use"), (MAPPED, "mapped (never moves)")]);
+    legend(&mut out, MAP_LEFT, height - 12.0, &entries);
     if more > 0 {
         // Above the rows, right (the legend takes the bottom line).
         let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>the first {MAX_ROWS} chunks; {more} more not drawn</text>", WIDTH - RIGHT, TOP - 6.0);
@@ -229,14 +275,35 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
 
 /// Bytes in use and reserved over the trace's time, per kind that has records.
 pub fn timeline_svg(records: &[Record], title: &str) -> String {
+    // One step line per kind and figure that has values (reserved: `u64::MAX` where the manager
+    // does not count it), and device bytes on the host when the trace saw a spill.
+    let lines: [(u32, bool, &str, &str); 4] = [
+        (0, true, "#3b75af", "device in use"),
+        (0, false, "#3b75af", "device reserved"),
+        (1, true, "#ef8636", "pinned in use"),
+        (1, false, "#ef8636", "pinned reserved"),
+    ];
+    let series = |kind: u32, in_use: bool| {
+        records.iter().filter(move |r| r.kind == kind).filter_map(move |r| match (in_use, r.reserved) {
+            (true, _) => Some((r.time_ns, r.in_use)),
+            (false, u64::MAX) => None,
+            (false, reserved) => Some((r.time_ns, reserved)),
+        })
+    };
+    let spilled = spilled_series(records);
+    let mut entries: Vec<(Swatch, &str)> =
+        lines.iter().filter(|l| series(l.0, l.1).next().is_some()).map(|l| (Swatch::Line(l.2, !l.1), l.3)).collect();
+    if !spilled.is_empty() {
+        entries.push((Swatch::Line(SPILLED, false), "device spilled to host"));
+    }
+    let labels: Vec<&str> = entries.iter().map(|e| e.1).collect();
     let plot_h = 260.0;
-    let height = TOP + plot_h + 84.0;
+    let height = TOP + plot_h + 84.0 + legend_extra_height(LEFT, &labels);
     let plot_w = WIDTH - LEFT - RIGHT;
     let mut out = String::new();
     header(&mut out, height, title);
     let end_ns = records.last().map_or(0, |r| r.time_ns).max(1);
     let counted = |r: &Record| if r.reserved == u64::MAX { r.in_use } else { r.reserved.max(r.in_use) };
-    let spilled = spilled_series(records);
     let max = records.iter().map(counted).chain(spilled.iter().map(|s| s.1)).max().unwrap_or(0);
     let (div, unit) = byte_unit(max);
     let y_ticks = ticks(max as f64 / div);
@@ -272,47 +339,15 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     if records.is_empty() {
         let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\" {FONT}>no records in the trace</text>", LEFT + plot_w / 2.0, TOP + plot_h / 2.0);
     }
-    // One step line per kind and figure.
-    let mut entries: Vec<(&str, &str)> = Vec::new();
-    let lines: [(u32, bool, &str, &str, &str); 4] = [
-        (0, true, "#3b75af", "", "device in use"),
-        (0, false, "#3b75af", "6,3", "device reserved"),
-        (1, true, "#ef8636", "", "pinned in use"),
-        (1, false, "#ef8636", "6,3", "pinned reserved"),
-    ];
-    for (kind, in_use, colour, dash, label) in lines {
-        let values = records.iter().filter(|r| r.kind == kind).filter_map(|r| match (in_use, r.reserved) {
-            (true, _) => Some((r.time_ns, r.in_use)),
-            (false, u64::MAX) => None,
-            (false, reserved) => Some((r.time_ns, reserved)),
-        });
-        let points = pixel_columns(values, &x_of);
-        step_line(&mut out, &points, LEFT + plot_w, colour, dash, &y_of);
-        if !points.is_empty() {
-            entries.push((colour, label));
-        }
+    for (kind, in_use, colour, _) in lines {
+        let points = pixel_columns(series(kind, in_use), &x_of);
+        step_line(&mut out, &points, LEFT + plot_w, colour, if in_use { "" } else { "6,3" }, &y_of);
     }
-    // Device buffers on the host (spill), when the trace saw any spill.
     if !spilled.is_empty() {
         let points = pixel_columns(spilled.iter().copied(), &x_of);
         step_line(&mut out, &points, LEFT + plot_w, SPILLED, "", &y_of);
-        entries.push((SPILLED, "device spilled to host"));
     }
-    // A legend of lines: dashed lines are the reserved figures.
-    let mut x = LEFT;
-    let y = height - 12.0;
-    for (colour, label) in entries {
-        let dash = if label.ends_with("reserved") { " stroke-dasharray=\"6,3\"" } else { "" };
-        let _ = write!(
-            out,
-            "<line x1=\"{x}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{colour}\" stroke-width=\"2\"{dash}/><text x=\"{}\" y=\"{y}\" {FONT}>{label}</text>",
-            y - 4.0,
-            x + 22.0,
-            y - 4.0,
-            x + 27.0
-        );
-        x += 40.0 + 7.0 * label.len() as f64;
-    }
+    legend(&mut out, LEFT, height - 12.0, &entries);
     out += "</svg>";
     out
 }

@@ -1017,3 +1017,53 @@ fn the_pinned_reserved_of_a_trace_leaves_the_spill_store_out() {
         m.free(b);
     }
 }
+
+/// Each `<text>` of an SVG: (x, y, text).
+fn texts(svg: &str) -> Vec<(f64, f64, String)> {
+    let attr = |tag: &str, name: &str| -> f64 {
+        tag.split(&format!(" {name}=\"")).nth(1).and_then(|v| v.split('"').next()).and_then(|v| v.parse().ok()).unwrap_or(f64::NAN)
+    };
+    svg.split("<text").skip(1).map(|t| {
+        let (tag, rest) = t.split_once('>').unwrap();
+        (attr(tag, "x"), attr(tag, "y"), rest.split("</text>").next().unwrap().to_string())
+    }).collect()
+}
+
+#[test]
+fn a_timeline_legend_with_a_spill_line_fits_the_figure() {
+    // Found by an adversarial run (2026-11-29): with a spill line the legend's fifth entry began
+    // at x = 729 of 760 and was cut off ("devic...").
+    let m = Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 2 << 20;
+        c.spill_limit = 64 << 20;
+    });
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let bufs = [m.alloc(2 << 20, DEVICE), m.alloc(2 << 20, DEVICE), m.alloc(4096, PINNED)];
+    let text = svg(&m, KmmFigure::KMM_FIGURE_TIMELINE as u32).unwrap();
+    let width: f64 = text.split("width=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+    let height: f64 = text.split("height=\"").nth(1).unwrap().split('"').next().unwrap().parse().unwrap();
+    let labels = ["device in use", "device reserved", "pinned in use", "pinned reserved", "device spilled to host"];
+    for label in labels {
+        let (x, y, _) = texts(&text).into_iter().find(|t| t.2 == label).unwrap_or_else(|| panic!("no legend entry {label:?}"));
+        // 7 px a character bounds 12 px sans-serif text.
+        assert!(x + 7.0 * label.len() as f64 <= width, "{label:?} at x = {x} runs past the width {width}");
+        assert!(y <= height - 4.0, "{label:?} at y = {y} below the figure");
+    }
+    for b in bufs {
+        m.free(b);
+    }
+}
+
+#[test]
+fn an_empty_memory_map_labels_its_axis_once() {
+    // Found by an adversarial run (2026-11-29): with nothing reserved the axis drew "0" and "1"
+    // at one x, a garbled glyph in every fresh manager's status.
+    let m = Mgr::new();
+    let text = svg(&m, KmmFigure::KMM_FIGURE_PINNED_MAP as u32).unwrap();
+    let numbers: Vec<_> = texts(&text).into_iter().filter(|t| t.2.parse::<f64>().is_ok()).collect();
+    assert_eq!(numbers.len(), 1, "one tick label on an empty axis: {numbers:?}");
+    assert_eq!(numbers[0].2, "0");
+}
