@@ -1400,6 +1400,11 @@ PLANTS = [
      "(0.0, vec![0.0])",
      "(0.0, ticks(max))",
      ["observe"]),
+    # Round 12 (observability): the replay command reads its arguments as UTF-8 (a panic).
+    ("replay-args-utf8-only", "rust/kmm-bench/src/bin/replay.rs",
+     "std::env::args_os().skip(1).collect();",
+     "std::env::args().skip(1).map(Into::into).collect();",
+     ["bench:replay"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

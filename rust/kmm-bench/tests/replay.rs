@@ -334,3 +334,18 @@ fn a_modes_peak_reserved_does_not_grow_with_the_number_of_runs() {
     assert!(once.iter().any(|(mode, peak)| mode == "Kmm direct" && peak == "1.00 MiB"), "{once:?}");
     assert_eq!(peaks("10"), once, "ten runs reserve at their peak what one run does");
 }
+
+#[test]
+fn a_trace_whose_name_is_not_utf8_replays() {
+    // Found by an adversarial run (2026-11-29): Kmm writes traces to any path the OS takes, but
+    // the replay command panicked (exit 101) on a file name that is not UTF-8.
+    use std::os::unix::ffi::OsStrExt;
+    let name = std::ffi::OsStr::from_bytes(b"kmm-replay-\xff-latin1.csv");
+    let path = std::env::temp_dir().join(name);
+    std::fs::write(&path, "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate,0x1000,256,0x0\n1,0.2,free,0x1000,256,0x0\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_replay")).arg(&path).args(["--host", "--repeat", "1"]).output().unwrap();
+    let _ = std::fs::remove_file(&path);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert!(stdout.contains("1 allocations, 1 frees") && stdout.contains("latin1.csv"), "{stdout}");
+}

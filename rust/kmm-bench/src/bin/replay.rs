@@ -133,7 +133,8 @@ fn gib(bytes: u64) -> String {
 
 /// The command line: one trace file, `--host`, `--repeat N`.
 struct Args {
-    path: String,
+    /// As the OS gave it: a file name need not be UTF-8 (a trace's path need not be).
+    path: std::ffi::OsString,
     host: bool,
     repeat: usize,
 }
@@ -141,14 +142,15 @@ struct Args {
 const USAGE: &str = "usage: replay TRACE.csv [--host] [--repeat N]";
 
 /// Parses the command line; anything it does not know is an error naming it.
-fn parse_args(args: &[String]) -> Result<Args, String> {
-    let (mut path, mut host, mut repeat) = (None::<String>, false, 5usize);
+fn parse_args(args: &[std::ffi::OsString]) -> Result<Args, String> {
+    let (mut path, mut host, mut repeat) = (None::<std::ffi::OsString>, false, 5usize);
     let mut it = args.iter();
     while let Some(a) = it.next() {
-        match a.as_str() {
+        // What is not UTF-8 can only be a path.
+        match a.to_str().unwrap_or("") {
             "--host" => host = true,
             "--repeat" => {
-                let v = it.next().ok_or("--repeat needs a number")?;
+                let v = it.next().ok_or("--repeat needs a number")?.to_string_lossy();
                 repeat = v
                     .parse()
                     .ok()
@@ -156,9 +158,9 @@ fn parse_args(args: &[String]) -> Result<Args, String> {
                     .ok_or_else(|| format!("--repeat {v}: the number of timed runs must be an integer in 1..=1000"))?;
             }
             flag if flag.starts_with('-') => return Err(format!("unknown option {flag}")),
-            p => match &path {
-                None => path = Some(p.to_string()),
-                Some(first) => return Err(format!("one trace at a time: {p} after {first}")),
+            _ => match &path {
+                None => path = Some(a.clone()),
+                Some(first) => return Err(format!("one trace at a time: {} after {}", a.to_string_lossy(), first.to_string_lossy())),
             },
         }
     }
@@ -169,17 +171,18 @@ fn main() {
     // A reader that stops early (`replay t.csv | head`) ends the program as it ends `cat`, not
     // with a panic at the next println.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
     let Args { path, host, repeat } = parse_args(&args).unwrap_or_else(|e| {
         eprintln!("replay: {e}\n{USAGE}");
         std::process::exit(2);
     });
-    let path = path.as_str();
+    let text = std::fs::read_to_string(&path);
+    let path = path.to_string_lossy();
     let fail = |what: String| -> ! {
         eprintln!("replay: {path}: {what}");
         std::process::exit(1);
     };
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| fail(e.to_string()));
+    let text = text.unwrap_or_else(|e| fail(e.to_string()));
     let records = kmm::manager::csv::read(&text).unwrap_or_else(|e| fail(e.message));
     let plan = plan(&records).unwrap_or_else(|e| fail(e));
     let cuda = !host
