@@ -8,6 +8,7 @@ memory. Without a GPU the host backend stands in. See docs/julia-getting-started
 module Kmm
 
 using Libdl
+import LinearAlgebra
 import Pkg.Artifacts
 import Serialization
 
@@ -24,6 +25,7 @@ include("array.jl")
 include("devices.jl")
 include("scalar.jl")
 include("pinned.jl")
+include("wrappers.jl")   # Base's wrappers over Kmm memory: display, read back, reinterpret
 include("async.jl")
 include("copying.jl")   # deepcopy copies data; serialization is refused
 include("qmri/QMRI.jl")    # Kmm.QMRI: MRF simulation and matching (not exported)

@@ -29,8 +29,8 @@ struct KmmArray{T,N} <: AbstractArray{T,N}
     end
 end
 
-@noinline function check_eltype(T)
-    isbitstype(T) || throw(ArgumentError("KmmArray needs an isbits element type, got $T"))
+@noinline function check_eltype(T, array = "KmmArray")
+    isbitstype(T) || throw(ArgumentError("$array needs an isbits element type, got $T"))
 end
 
 "The bytes of an array of `T` with `dims`, or an `ArgumentError` naming the dimensions (a
@@ -160,7 +160,10 @@ function is_spilled(s::KmmStorage)
 end
 
 Base.similar(x::KmmArray, ::Type{S}, dims::Dims{M}) where {S,M} =
-    KmmArray{S,M}(undef, dims; manager = manager(x), kind = kind(x))
+    (check_live(x); KmmArray{S,M}(undef, dims; manager = manager(x), kind = kind(x)))
+# Dimensions of other integer types: Base would convert them with an InexactError past Int.
+Base.similar(x::KmmArray, ::Type{S}, dims::Tuple{Integer,Vararg{Integer}}) where {S} = similar(x, S, to_dims(dims))
+Base.similar(x::KmmArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(x, S, to_dims((d, dims...)))
 
 Base.copy(x::KmmArray) = copyto!(similar(x), x)
 
@@ -185,13 +188,12 @@ function Base.summary(io::IO, x::KmmArray)
     end
 end
 
-function Base.show(io::IO, ::MIME"text/plain", x::KmmArray)
-    summary(io, x)
-    (isfreed(x) || isempty(x)) && return
-    println(io, ":")
-    Base.print_array(IOContext(io, :typeinfo => eltype(x), :limit => true), Array(x))
+Base.show(io::IO, ::MIME"text/plain", x::KmmArray) = isfreed(x) ? summary(io, x) : show_read_back(io, x)
+function Base.show(io::IO, x::KmmArray)
+    isfreed(x) && return summary(io, x)
+    host = read_for_display(x)   # (wrappers.jl)
+    host === nothing ? (summary(io, x); print(io, SPILLED_NOT_SHOWN)) : show(io, host)
 end
-Base.show(io::IO, x::KmmArray) = isfreed(x) ? summary(io, x) : show(io, Array(x))
 
 # ---- host side of copies -------------------------------------------------------------------
 

@@ -44,6 +44,7 @@ end
 function queue_to_device(dest::KmmArray{T}, src::HostMem{T}) where {T}
     ds = dest.storage
     mh, h = handles(ds)
+    check_live(src)   # a freed PinnedArray, also of no elements
     ev = Ref{UInt64}(0)
     if !isempty(src)
         check_restoring(ds) do
@@ -64,6 +65,7 @@ end
 function queue_to_host(dest::HostMem{T}, src::KmmArray{T}) where {T}
     ss = src.storage
     mh, h = handles(ss)
+    check_live(dest)
     ev = Ref{UInt64}(0)
     if !isempty(src)
         check_restoring(ss) do

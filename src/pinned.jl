@@ -27,7 +27,7 @@ end
 
 function PinnedArray{T,N}(::UndefInitializer, dims::Dims{N};
                           manager::KmmManager = default_manager()) where {T,N}
-    check_eltype(T)
+    check_eltype(T, "PinnedArray")
     s = alloc_storage(manager, checked_bytes(T, dims), LibKmm.KMM_MEMORY_PINNED)
     s.hostptr = Ptr{Cvoid}(map_storage(s))   # stays mapped; the free (FORCE) drops the pin
     PinnedArray{T,N}(s, dims)
@@ -93,7 +93,9 @@ function order_host_memory!(m::KmmManager, p::PinnedArray)
 end
 
 Base.similar(p::PinnedArray, ::Type{S}, dims::Dims{M}) where {S,M} =
-    PinnedArray{S,M}(undef, dims; manager = manager(p))
+    (check_live(p); PinnedArray{S,M}(undef, dims; manager = manager(p)))
+Base.similar(p::PinnedArray, ::Type{S}, dims::Tuple{Integer,Vararg{Integer}}) where {S} = similar(p, S, to_dims(dims))
+Base.similar(p::PinnedArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(p, S, to_dims((d, dims...)))
 
 function Base.summary(io::IO, p::PinnedArray)
     print(io, Base.dims2string(size(p)), " ", typeof(p))
@@ -104,18 +106,23 @@ Base.show(io::IO, m::MIME"text/plain", p::PinnedArray) =
 # repr, string, print and containers (a freed array has no elements to show)
 Base.show(io::IO, p::PinnedArray) =
     isfreed(p) ? summary(io, p) : invoke(show, Tuple{IO,AbstractArray}, io, p)
-# Views, reshapes and reinterpretations of one, shown as Julia shows them while the memory lives.
-const PinnedDerived = Union{SubArray{<:Any,<:Any,<:PinnedArray},Base.ReshapedArray{<:Any,<:Any,<:PinnedArray},
-                            Base.ReinterpretArray{<:Any,<:Any,<:Any,<:PinnedArray}}
-Base.show(io::IO, m::MIME"text/plain", v::PinnedDerived) =
-    isfreed(parent(v)) ? (summary(io, v); print(io, " (freed)")) :
-    invoke(show, Tuple{IO,MIME"text/plain",AbstractArray}, io, m, v)
-Base.show(io::IO, v::PinnedDerived) =
-    isfreed(parent(v)) ? (summary(io, v); print(io, " (freed)")) : invoke(show, Tuple{IO,AbstractArray}, io, v)
+# Wrappers of one (views, reshapes, ...): wrappers.jl.
 
 const HostMem{T} = Union{HostDense{T},PinnedArray{T}}
 
 check_live(p::PinnedArray) = (handles(p.storage); nothing)
+
+# Base's loops over no elements touch no memory, so a freed array of none would pass them: their
+# entry points check first (a KmmArray's own methods check its handles).
+Base.iterate(p::PinnedArray) = (check_live(p); invoke(iterate, Tuple{AbstractArray}, p))
+Base.iterate(x::KmmArray) = (check_live(x); invoke(iterate, Tuple{AbstractArray}, x))
+Base.fill!(p::PinnedArray, v) = (check_live(p); invoke(fill!, Tuple{AbstractArray,Any}, p, v))
+Base.copyto!(dest::AbstractArray, src::PinnedArray) =
+    (check_live(src); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, src))
+Base.copyto!(dest::PinnedArray, src::AbstractArray) =
+    (check_live(dest); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, src))
+Base.copyto!(dest::PinnedArray, src::PinnedArray) =
+    (check_live(dest); check_live(src); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, src))
 
 Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, soffs::Integer, n::Integer) where {T} =
     copy_from_host!(dest, doffs, src, soffs, n)

@@ -38,21 +38,23 @@ end
 end
 
 function Base.getindex(x::KmmArray{T}, i::Int) where {T}
+    check_live(x)   # a freed array says so, also where scalar indexing is not allowed
     assertscalar("getindex")
     @boundscheck checkbounds(x, i)
     # An element of no bytes (`nothing`) is its type's one instance: nothing to read (and
     # `unsafe_convert(Ptr{Nothing}, ::Ref{Nothing})` recurses without end).
-    sizeof(T) == 0 && return (check_live(x); T.instance)
+    sizeof(T) == 0 && return T.instance
     out = Ref{T}()
     GC.@preserve out copy_from_storage!(Base.unsafe_convert(Ptr{T}, out), x.storage, byteoffset(x, i), sizeof(T))
     out[]
 end
 
 function Base.setindex!(x::KmmArray{T}, v, i::Int) where {T}
+    check_live(x)
     assertscalar("setindex!")
     @boundscheck checkbounds(x, i)
     val = Ref{T}(convert(T, v))
-    sizeof(T) == 0 && return (check_live(x); x)
+    sizeof(T) == 0 && return x
     GC.@preserve val copy_into_storage!(x.storage, byteoffset(x, i), Base.unsafe_convert(Ptr{T}, val), sizeof(T))
     x
 end

@@ -84,8 +84,8 @@ PLANTS = [
     # A deferred destroy leaves a file trace's buffered rows unwritten: a process that ends
     # before the teardown loses them.
     ("deferred-destroy-leaves-trace-rows-buffered", "rust/kmm/src/ffi/manager.rs",
-     "            m.trace_flush();\n",
-     "",
+     "registry::retire(manager, |m| m.trace_flush())?",
+     "registry::retire(manager, |_| ())?",
      ["observe"]),
     # The trace reader takes a row cut off mid-size for a smaller allocation.
     ("csv-reads-cut-off-rows", "rust/kmm/src/manager/csv.rs",
@@ -1229,9 +1229,9 @@ PLANTS = [
      "PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} = copyto!(PinnedArray{T,N}(undef, size(a); kw...), a)\n",
      ["jl:adversarial_round10.jl"]),
     # Round 10 (Julia): showing a view of a freed PinnedArray throws.
-    ("jl-freed-pinned-view-show-throws", "src/pinned.jl",
-     "Base.show(io::IO, m::MIME\"text/plain\", v::PinnedDerived) =\n    isfreed(parent(v)) ?",
-     "Base.show(io::IO, m::MIME\"text/plain\", v::PinnedDerived) =\n    false ?",
+    ("jl-freed-pinned-view-show-throws", "src/wrappers.jl",
+     "function Base.show(io::IO, m::MIME\"text/plain\", v::WrappedKmm)\n    root_freed(v) &&",
+     "function Base.show(io::IO, m::MIME\"text/plain\", v::WrappedKmm)\n    false &&",
      ["jl:adversarial_round10.jl"]),
     # Round 10 (Python): an `__index__` that returns a bool passes for 0 or 1.
     ("py-index-returning-bool-accepted", "python/kmm/_args.py",
@@ -1405,6 +1405,51 @@ PLANTS = [
      "std::env::args_os().skip(1).collect();",
      "std::env::args().skip(1).map(Into::into).collect();",
      ["bench:replay"]),
+    # Round 12 (Julia): wrappers of Kmm memory covered one deep only.
+    ('jl-wrappers-one-deep', 'src/wrappers.jl',
+     'const WrappedKmm = Wrapping{Union{KmmMemory,Wrapped1,Wrapped2}}',
+     'const WrappedKmm = Wrapped1',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): reinterpret of a KmmArray gives Base's wrapper.
+    ('jl-reinterpret-kmm-base-wrapper', 'src/wrappers.jl',
+     'function Base.reinterpret(::Type{T}, x::KmmArray{S,N}) where {T,S,N}',
+     'function unused_reinterpret(::Type{T}, x::KmmArray{S,N}) where {T,S,N}',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): showing a spilled array with no room to come back throws.
+    ('jl-spilled-show-throws', 'src/wrappers.jl',
+     '        e isa KmmOutOfMemoryError || rethrow()\n',
+     '        rethrow()\n',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): copyto_async! passes a freed PinnedArray of no elements.
+    ('jl-async-freed-empty-pinned', 'src/async.jl',
+     '    check_live(src)   # a freed PinnedArray, also of no elements\n',
+     '',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): iterating a freed PinnedArray of no elements passes.
+    ('jl-iterate-freed-empty-pinned', 'src/pinned.jl',
+     'Base.iterate(p::PinnedArray) = (check_live(p); ',
+     'Base.iterate(p::PinnedArray) = (nothing; ',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): similar of a freed KmmArray makes a new one.
+    ('jl-similar-of-freed', 'src/array.jl',
+     '(check_live(x); KmmArray{S,M}(undef',
+     '(nothing; KmmArray{S,M}(undef',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): similar's integer dimensions go through Base's conversion.
+    ('jl-similar-dims-inexact', 'src/array.jl',
+     'Base.similar(x::KmmArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(x, S, to_dims((d, dims...)))\n',
+     '',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): a PinnedArray's element-type error names KmmArray.
+    ('jl-pinned-eltype-names-kmmarray', 'src/pinned.jl',
+     'check_eltype(T, "PinnedArray")',
+     'check_eltype(T)',
+     ["jl:adversarial_round12.jl"]),
+    # Round 12 (Julia): a freed KmmArray's scalar index says scalar indexing is disallowed.
+    ('jl-scalar-error-before-freed', 'src/scalar.jl',
+     '    check_live(x)   # a freed array says so, also where scalar indexing is not allowed\n',
+     '',
+     ["jl:adversarial_round12.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
@@ -1416,9 +1461,9 @@ PLANTS = [
      "    nothing_to_copy(n, src) && return dest\n    copyto!(dest, doffs, Array(view(src",
      ["jl:adversarial_round11.jl"]),
     # Round 11 (Julia): a reinterpretation of a freed PinnedArray throws when shown.
-    ("jl-freed-pinned-reinterpret-show-throws", "src/pinned.jl",
-     ",\n                            Base.ReinterpretArray{<:Any,<:Any,<:Any,<:PinnedArray}}",
-     "}",
+    ("jl-freed-pinned-reinterpret-show-throws", "src/wrappers.jl",
+     "                          Base.ReinterpretArray{<:Any,<:Any,<:Any,<:P},\n",
+     "",
      ["jl:adversarial_round11.jl"]),
     # Round 11 (Julia): a Symbol is taken as a trace's file path.
     ("jl-trace-path-symbol-accepted", "src/observe.jl",
