@@ -1450,6 +1450,41 @@ PLANTS = [
      '    check_live(x)   # a freed array says so, also where scalar indexing is not allowed\n',
      '',
      ["jl:adversarial_round12.jl"]),
+    # Round 12 (Python, a core class): a free during a copy releases the memory under it.
+    ("free-ignores-copy-leases", "rust/kmm/src/manager/lane.rs",
+     "        if record.leases > 0 {\n            self.dying.push((handle, record));\n            return Ok(());\n        }\n",
+     "",
+     ["abi_copies"]),
+    # Round 12 (C ABI): a call with a handle a deferred destroy ended queues behind its teardown.
+    ('registry-dead-handle-queues', 'rust/kmm/src/ffi/registry.rs',
+     '    if cell.generation.load(Ordering::Acquire) != generation {\n        fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");\n    }\n    Ok((cell, generation))',
+     '    Ok((cell, generation))',
+     ["abi_manager"]),
+    # Round 12 (Python): a bare CAI dict of a kmm array holds nothing.
+    ('py-cai-dict-holds-nothing', 'python/kmm/array.py',
+     '        producer = _dict_producer(cai, ptr, lo, hi) if obj is cai else obj\n',
+     '        producer = obj\n',
+     ["py:test_adversarial_python_round12.py"]),
+    # Round 12 (Python): buffer-protocol formats NumPy cannot read are refused.
+    ('py-ctypes-formats-refused', 'python/kmm/buffer.py',
+     '    except (ValueError, TypeError, NotImplementedError):\n        if "O" in view.format:',
+     '    except ():\n        if "O" in view.format:',
+     ["py:test_adversarial_python_round12.py"]),
+    # Round 12 (Python): a nested sub-array dtype adds only its outer dimensions.
+    ('py-nested-subarray-once', 'python/kmm/_args.py',
+     '    while d.subdtype is not None and not d.hasobject:',
+     '    if d.subdtype is not None and not d.hasobject:',
+     ["py:test_adversarial_python_round12.py"]),
+    # Round 12 (Python): a record type's refusal suggests a cast to void.
+    ('py-structured-hint-void-cast', 'python/kmm/array.py',
+     '            elif self.dtype.kind == "V":',
+     '            elif False:',
+     ["py:test_adversarial_python_round12.py"]),
+    # Round 12 (Python): times stored into the generic unit lose their unit.
+    ('py-time-into-generic-unit', 'python/kmm/array.py',
+     '        if np.datetime_data(dtype)[0] == "generic" and',
+     '        if False and',
+     ["py:test_adversarial_python_round12.py"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

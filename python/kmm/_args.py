@@ -116,7 +116,8 @@ def shape_and_dtype(shape_, dtype):
     """(shape, dtype) of a new array, checked; a sub-array dtype's dimensions join the shape,
     as in NumPy (empty((2,), (float32, (3,))) is a 2 x 3 float32 array)."""
     shape_, d = shape(shape_), as_dtype(dtype)
-    if d.subdtype is not None and not d.hasobject:
+    # Nested ones too (a sub-array of sub-arrays), outer dimensions first, as NumPy.
+    while d.subdtype is not None and not d.hasobject:
         d, dims = d.subdtype
         shape_ = shape(shape_ + dims)
     return shape_, plain_dtype(d)

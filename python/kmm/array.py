@@ -3,10 +3,12 @@ Kmm `Buffer`, exchanged without copies through `__cuda_array_interface__` (v3) a
 
 import math
 import warnings
+import weakref
 
 import numpy as np
 
 from . import _args, _lib, dlpack
+from ._errors import InvalidHandleError
 from .buffer import Buffer, _ExportToken, _Imported
 from .manager import chosen, kind_code
 
@@ -46,6 +48,9 @@ def _stores_as_given(host, dtype):
         # NumPy calls a finer unit "safe" (s into ns), but the count is multiplied and wraps
         # (2^62 s into ns); a coarser one truncates. Only values that come back are as given.
         if host.dtype.kind != dtype.kind:
+            return False
+        # Into the generic unit: the values would lose their unit (1 s stored as 1).
+        if np.datetime_data(dtype)[0] == "generic" and np.datetime_data(host.dtype)[0] != "generic":
             return False
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -126,6 +131,27 @@ def _refuse_read_only(why):
     raise BufferError("cannot import read-only memory: %s; kmm arrays are writable (copy it first)" % why)
 
 
+#: The buffer of each address handed out in a `__cuda_array_interface__` dict (weakly): an import
+#: of such a dict alone, without the object that made it, holds that buffer as an import of the
+#: object would (a dict holds nothing; the buffer's free would hand its memory out under the import).
+_cai_addresses = weakref.WeakValueDictionary()
+
+
+def _dict_producer(cai, ptr, lo, hi):
+    """What an import of the bare CAI dict `cai` keeps: the kmm buffer whose dict it is, when its
+    address is one Kmm handed out (checked live and holding the range), else the dict."""
+    buf = _cai_addresses.get(ptr)
+    if buf is None:
+        return cai
+    if buf.closed:
+        raise InvalidHandleError("the __cuda_array_interface__ dict is of a closed kmm buffer (data[0] = %#x): "
+                                 "its memory is freed" % ptr)
+    if not (buf._ptr <= ptr + lo and ptr + hi <= buf._ptr + buf.nbytes):
+        raise ValueError("the __cuda_array_interface__ dict's bytes %#x..%#x reach past its kmm buffer's %d bytes at %#x"
+                         % (ptr + lo, ptr + hi, buf.nbytes, buf._ptr))
+    return buf
+
+
 def _producer(obj):
     """What an import through `__cuda_array_interface__` keeps of its producer `obj`: `obj`, and
     for a kmm buffer or array an export of its buffer, so that the buffer's free (by the
@@ -196,7 +222,10 @@ class DeviceArray:
         """A view of `obj`'s memory (`__cuda_array_interface__` v0 to v3, or the dict itself)
         without copying; the array keeps `obj` alive, and after the array's free until the
         manager's stream has passed it (let go at the manager's next allocation, import,
-        synchronize or close). The manager's stream waits for the producer's `stream`."""
+        synchronize or close). The manager's stream waits for the producer's `stream`. A dict
+        keeps nothing alive by itself: the dict of a kmm array or buffer is imported as that
+        buffer (its free waits for the import; a closed one is refused); another library's dict
+        is the caller's to keep valid (pass the exporting object instead)."""
         cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
         manager = chosen(manager)
         if not isinstance(cai, dict):
@@ -221,10 +250,11 @@ class DeviceArray:
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
         lo, hi = extent(shape, strides, dtype.itemsize)
-        _refuse_other_device(obj, manager)
+        producer = _dict_producer(cai, ptr, lo, hi) if obj is cai else obj
+        _refuse_other_device(producer, manager)
         _foreign_stream_wait(manager, cai.get("stream"))
         base = ptr + lo if hi > lo else 0
-        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, _producer(obj), "data[0]")
+        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, _producer(producer), "data[0]")
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     @classmethod
@@ -392,8 +422,14 @@ class DeviceArray:
         host = np.asarray(host)
         if not _stores_as_given(host, self.dtype):
             # 1.7 would be stored as 1, 2**40 wrapped into int32.
-            how = ("convert it yourself, checking its range: NumPy's astype wraps times a finer unit cannot hold"
-                   if host.dtype.kind in "mM" else "cast it first, e.g. host.astype(%r)" % self.dtype.str)
+            if host.dtype.kind in "mM":
+                how = ("convert it yourself, checking its range: NumPy's astype wraps times a finer unit "
+                       "cannot hold, and a generic unit drops the unit")
+            elif self.dtype.kind == "V":
+                # A cast to the record type would change values too: the fields must hold them.
+                how = "give an array of %s, or fields whose types hold their values" % (self.dtype,)
+            else:
+                how = "cast it first, e.g. host.astype(%r)" % self.dtype.str
             raise TypeError("host = array of %s cannot be stored as %s without changing values (%s)"
                             % (host.dtype, self.dtype, how))
         _refuse_finite_values_past_float_range(host, self.dtype)
@@ -448,6 +484,8 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self):
         self.buffer._live()
+        if self.ptr:
+            _cai_addresses[self.ptr] = self.buffer
         stream = self.buffer.manager.stream
         return {
             "shape": self.shape,

@@ -65,7 +65,7 @@ def host_address(obj, writable, name):
     if isinstance(obj, np.ndarray):
         a = obj
     else:
-        a = np.asarray(memoryview(obj))
+        a = _buffer_array(obj, name)
     if a.dtype.hasobject:
         # Its bytes are PyObject pointers: copying into them makes pointers out of device data
         # (a crash at the next reference count), copying out of them leaks addresses.
@@ -75,6 +75,26 @@ def host_address(obj, writable, name):
     if writable and not a.flags.writeable:
         raise ValueError("the destination is read-only")
     return a.ctypes.data, a.nbytes, a
+
+
+def _buffer_array(obj, name):
+    """An array over the memory of a buffer-protocol object: as NumPy reads it, or, for formats
+    NumPy has no dtype for (ctypes pointers, long doubles, wide chars, bit fields), its bytes
+    (a copy moves bytes)."""
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise TypeError("%s = %r does not support the buffer protocol (a NumPy array, bytes, bytearray, "
+                        "memoryview, ...)" % (name, type(obj).__name__)) from None
+    try:
+        return np.asarray(view)
+    except (ValueError, TypeError, NotImplementedError):
+        if "O" in view.format:
+            raise TypeError("%s holds Python objects (format %r); Kmm memory holds plain data only"
+                            % (name, view.format)) from None
+        if not view.c_contiguous:
+            raise ValueError("%s: host memory must be C-contiguous" % name) from None
+        return np.frombuffer(view.cast("B"), np.uint8) if view.nbytes else np.empty(0, np.uint8)
 
 
 class Buffer(NotCopyable):

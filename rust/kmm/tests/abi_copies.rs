@@ -179,3 +179,45 @@ fn copies_between_a_host_and_a_cuda_manager_go_through_host_memory() {
     host.free(h);
     cuda.free(d);
 }
+
+/// A forced free while another thread's copy into the buffer is still being queued (here: waiting
+/// for a staging slot behind a blocked stream) must not release the memory under it: what the
+/// copy queues after the free would land in the next buffer at that address. Found through the
+/// Python binding (2026-11-29): `Buffer.close()` beside a `copy_from_host` in another thread
+/// filled the next buffer with the old copy's bytes, and `copy_to_host` read the next buffer's.
+#[test]
+fn a_free_during_a_copy_releases_the_memory_after_the_copy() {
+    let m = std::sync::Arc::new(Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.staging_chunk_size = 64 << 10;
+        c.staging_chunks = 2;
+    }));
+    const N: usize = 1 << 20; // 16 staging slots' worth: the copy waits for slots mid-way
+    let b = m.alloc(N as u64, DEVICE);
+    let gate = Gate::close(&m);
+    let (handle, started) = (m.0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let flag = started.clone();
+    let copier = std::thread::spawn(move || {
+        let src = vec![0xAAu8; N];
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        kmm_copy_to_device(handle, b, 0, src.as_ptr().cast(), N as u64)
+    });
+    while !started.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50)); // inside the copy, behind the gate
+    ok(kmm_buffer_free(m.0, b, KMM_FREE_FORCE));
+    expect_err(kmm_buffer_free(m.0, b, KMM_FREE_FORCE), KMM_ERROR_INVALID_HANDLE, &[]);
+    let c = m.alloc(N as u64, DEVICE);
+    let zero = 0u8;
+    ok(kmm_fill(m.0, c, 0, N as u64, (&zero as *const u8).cast(), 1));
+    gate.open();
+    ok(copier.join().unwrap());
+    m.sync();
+    assert!(m.download(c, 0, N).iter().all(|&x| x == 0), "the freed buffer's copy wrote into the next buffer");
+    m.free(c);
+    // Every byte is accounted for once the copy ended.
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers), (0, 0));
+}

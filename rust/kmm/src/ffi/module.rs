@@ -209,7 +209,7 @@ fn launch(m: &Manager, function: &Function, grid: [u32; 3], block: [u32; 3], shm
                     if offset > bytes {
                         fail!(KMM_ERROR_OUT_OF_RANGE, "args[{i}].offset = {offset} exceeds the buffer's size of {bytes} bytes");
                     }
-                    let addr = m.map(handle)?;
+                    let addr = m.map_for_own_work(handle)?;
                     mapped.push(handle);
                     params.push(addr + offset);
                 }
@@ -219,7 +219,7 @@ fn launch(m: &Manager, function: &Function, grid: [u32; 3], block: [u32; 3], shm
         unsafe { function.launch(m.raw_stream(), grid, block, shmem, &mut params) }
     })();
     for h in mapped {
-        let _ = m.unmap(h);
+        let _ = m.end_own_work(h);
     }
     result
 }

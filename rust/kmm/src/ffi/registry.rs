@@ -112,6 +112,17 @@ pub fn register(config: Config) -> Result<u64> {
     Ok(encode(slot, cell.generation.load(Ordering::Acquire)))
 }
 
+/// As `decode`, turning away a handle whose manager is destroyed before any lock is taken: a
+/// deferred destroy's teardown thread may be waiting for the slot's write lock behind calls in
+/// flight, and a call with the dead handle would queue behind it. (Checked again under the lock.)
+fn decode_live(handle: u64) -> Result<(&'static Slot, u32)> {
+    let (cell, generation) = decode(handle)?;
+    if cell.generation.load(Ordering::Acquire) != generation {
+        fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");
+    }
+    Ok((cell, generation))
+}
+
 fn decode(handle: u64) -> Result<(&'static Slot, u32)> {
     if handle >> 60 != TAG_MANAGER || (handle >> 44) & 0xFFFF != 0 {
         fail!(KMM_ERROR_INVALID_HANDLE, "{handle:#x} is not a manager handle");
@@ -158,7 +169,7 @@ pub fn is_live(handle: u64) -> bool {
 
 /// Runs `f` on the live manager `handle` names.
 pub fn with_manager<R>(handle: u64, f: impl FnOnce(&Manager) -> Result<R>) -> Result<R> {
-    let (cell, generation) = decode(handle)?;
+    let (cell, generation) = decode_live(handle)?;
     let guard = cell.manager.read().unwrap_or_else(|e| e.into_inner());
     match guard.as_ref() {
         Some(m) if cell.generation.load(Ordering::Acquire) == generation => f(m),
@@ -190,7 +201,7 @@ pub fn with_two_managers<R>(a: u64, b: u64, f: impl FnOnce(&Manager, &Manager) -
 /// in flight on it (the slot's write lock). Its slot is reused once its teardown (the drop of the
 /// returned `Arc`, the last one) has ended.
 pub fn unregister(handle: u64) -> Result<Arc<Registered>> {
-    let (cell, generation) = decode(handle)?;
+    let (cell, generation) = decode_live(handle)?;
     let mut guard = cell.manager.write().unwrap_or_else(|e| e.into_inner());
     if guard.is_none() {
         fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");
@@ -204,7 +215,7 @@ pub fn unregister(handle: u64) -> Result<Arc<Registered>> {
 /// runs `last` on the manager there. The returned `Retired` hands the manager over later (on
 /// the teardown thread), once those calls have returned.
 pub fn retire(handle: u64, last: impl FnOnce(&Manager)) -> Result<Retired> {
-    let (cell, generation) = decode(handle)?;
+    let (cell, generation) = decode_live(handle)?;
     let guard = cell.manager.read().unwrap_or_else(|e| e.into_inner());
     let Some(m) = guard.as_ref() else {
         fail!(KMM_ERROR_INVALID_HANDLE, "manager {handle:#x} is not live (destroyed or never created)");

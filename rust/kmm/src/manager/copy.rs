@@ -13,7 +13,7 @@ const DIRECT_PAGEABLE_MAX: u64 = 256 << 10;
 /// Patterns are expanded on the host to this many bytes before doubling on the device.
 const FILL_SEED_BYTES: u64 = 64 << 10;
 
-/// Keeps a buffer pinned while a copy is being queued.
+/// Keeps a buffer pinned while a copy is being queued (a free meanwhile waits for its end).
 struct Lease<'a> {
     manager: &'a Manager,
     handle: u64,
@@ -21,7 +21,7 @@ struct Lease<'a> {
 
 impl Drop for Lease<'_> {
     fn drop(&mut self) {
-        let _ = self.manager.state_of(self.handle).unpin(self.handle);
+        let _ = self.manager.state_of(self.handle).end_lease(self.handle, false);
     }
 }
 
@@ -56,6 +56,7 @@ impl Manager {
                 return Ok(None);
             }
             r.pins += 1;
+            r.leases += 1;
             r.last_use = st.spill.tick();
             // Kmm's own work on the manager's stream: the buffer's free waits for it.
             r.users.insert(home);

@@ -40,6 +40,10 @@ pub(super) struct BufferRecord {
     pub bytes: u64,
     pub origin: Origin,
     pub pins: u32,
+    /// Of the pins, Kmm's own: copies being queued and kernels' arguments (`map_for_own_work`).
+    /// A free meanwhile waits in `State::dying` until the last of them ends: what they queue
+    /// after the free must still find the memory theirs.
+    pub leases: u32,
     /// The streams that may use the memory; its free is ordered after all of them.
     pub users: StreamSet,
     /// The buffer was moved, or placed while a compaction's copies may still be queued (perhaps
@@ -127,6 +131,9 @@ pub struct State {
     pub(super) trace: Option<LaneTrace>,
     /// The manager's spill store and use clock, shared by its lanes.
     pub(super) spill: Arc<Spill>,
+    /// Buffers freed while Kmm's own work still held them (`BufferRecord::leases`): their
+    /// handles are dead, their memory is released when the last lease ends.
+    pub(super) dying: Vec<(u64, BufferRecord)>,
 }
 
 /// What the first try of a plugin's allocation in a lane gave (`State::try_alloc_mapped`).
@@ -444,6 +451,15 @@ impl State {
             };
             order::order_free(backend, on, &record.users)
         })?;
+        if record.leases > 0 {
+            self.dying.push((handle, record));
+            return Ok(());
+        }
+        self.release_freed(handle, record)
+    }
+
+    /// Gives a freed buffer's memory back and counts it freed.
+    fn release_freed(&mut self, handle: u64, record: BufferRecord) -> Result<()> {
         let k = record.kind as usize;
         // A spilled buffer's bytes left the counts of bytes in use when it spilled.
         let resident = if record.is_spilled() { 0 } else { record.bytes };
@@ -604,6 +620,7 @@ impl State {
         r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
         if own_work {
             r.users.insert(self.home);
+            r.leases += 1;
         }
         let wait = if r.settling { fence.clone() } else { None };
         if wait.is_none() {
@@ -623,28 +640,49 @@ impl State {
     }
 
     pub fn unmap(&mut self, handle: u64) -> Result<()> {
-        self.unpin(handle)?;
+        let r = self.buffers.get_mut(handle)?;
+        // Kmm's own pins are not the caller's to end.
+        if r.pins <= r.leases {
+            fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
+        }
+        r.pins -= 1;
         if let Some(t) = &mut self.trace {
-            let r = self.buffers.get(handle)?;
             t.record(Action::Unmap, r.kind, r.addr, r.bytes, self.home, handle, 0);
         }
         Ok(())
     }
 
-    /// Takes one pin off the buffer, unrecorded: the end of a copy's lease, whose pin no trace
-    /// row announced (a trace's maps and unmaps pair up).
-    pub(super) fn unpin(&mut self, handle: u64) -> Result<()> {
-        let r = self.buffers.get_mut(handle)?;
-        if r.pins == 0 {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "buffer {handle:#x} is not mapped");
+    /// Ends a pin of Kmm's own (`BufferRecord::leases`): a kernel argument's map (`traced`: an
+    /// unmap row, as its map made a map row), or a copy's lease, unrecorded (a trace's maps and
+    /// unmaps are the callers'). A buffer freed meanwhile is released when its last one ends.
+    pub(super) fn end_lease(&mut self, handle: u64, traced: bool) -> Result<()> {
+        let record = match self.buffers.get_mut(handle) {
+            Ok(r) => r,
+            Err(e) => match self.dying.iter_mut().find(|(h, _)| *h == handle) {
+                Some((_, r)) => r,
+                None => return Err(e),
+            },
+        };
+        if record.leases == 0 || record.pins == 0 {
+            fail!(KMM_ERROR_INTERNAL, "buffer {handle:#x} has no lease to end");
         }
-        r.pins -= 1;
+        record.leases -= 1;
+        record.pins -= 1;
+        if let (true, Some(t)) = (traced, &mut self.trace) {
+            t.record(Action::Unmap, record.kind, record.addr, record.bytes, self.home, handle, 0);
+        }
+        if record.leases == 0 {
+            if let Some(at) = self.dying.iter().position(|(h, _)| *h == handle) {
+                let (_, record) = self.dying.swap_remove(at);
+                return self.release_freed(handle, record);
+            }
+        }
         Ok(())
     }
 }
 
 impl BufferRecord {
     pub(super) fn new(kind: MemoryKind, addr: u64, bytes: u64, origin: Origin, users: StreamSet) -> Self {
-        BufferRecord { kind, addr, bytes, origin, pins: 0, users, settling: false, last_use: 0, never_spill: false }
+        BufferRecord { kind, addr, bytes, origin, pins: 0, leases: 0, users, settling: false, last_use: 0, never_spill: false }
     }
 }

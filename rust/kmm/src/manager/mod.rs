@@ -183,6 +183,7 @@ impl Manager {
                 fence_query_in: None,
                 trace: None,
                 spill: spill.clone(),
+                dying: Vec::new(),
             });
         }
         let staging = staging::Staging::new(backend.clone(), config.staging_chunk_size, config.staging_chunks);
@@ -423,23 +424,29 @@ impl Manager {
     }
 
     /// As `map`, for Kmm's own work on the manager's stream (kernels): the buffer's free then
-    /// waits for that stream too.
+    /// waits for that stream too, and a free before `end_own_work` waits for that call (its
+    /// memory is released after it). End it with `end_own_work`, not `unmap`.
     pub fn map_for_own_work(&self, handle: u64) -> Result<u64> {
         self.map_pinned(handle, true)
     }
 
+    /// Ends a `map_for_own_work` once the work is queued.
+    pub fn end_own_work(&self, handle: u64) -> Result<()> {
+        self.state_of(handle).end_lease(handle, true)
+    }
+
     fn map_pinned(&self, handle: u64, own_work: bool) -> Result<u64> {
         let (addr, settle) = self.resident(handle, |st| st.map(handle, own_work))?;
-        self.settle_mapped(handle, addr, settle)
+        self.settle_mapped(handle, addr, settle, own_work)
     }
 
     /// After a buffer was pinned: when copies that moved data away from where it lies (a
     /// compaction's, a spill's copy out) may still be queued, waits for them (no lock held)
     /// before its address is handed out; unpins it if that fails.
-    fn settle_mapped(&self, handle: u64, addr: u64, settle: Option<lane::MovesFence>) -> Result<u64> {
+    fn settle_mapped(&self, handle: u64, addr: u64, settle: Option<lane::MovesFence>, own_work: bool) -> Result<u64> {
         if let Some(fence) = settle {
             if let Err(e) = fence.wait() {
-                let _ = self.unmap(handle);
+                let _ = if own_work { self.end_own_work(handle) } else { self.unmap(handle) };
                 return Err(e);
             }
             self.state_of(handle).settled(handle);
@@ -456,7 +463,7 @@ impl Manager {
         let handle = match first {
             MappedTry::Mapped { handle, addr, settle } => {
                 self.flush_frees();
-                return match self.settle_mapped(handle, addr, settle.map(|s| s.fence)) {
+                return match self.settle_mapped(handle, addr, settle.map(|s| s.fence), false) {
                     Ok(addr) => Ok((handle, addr)),
                     Err(e) => Err(self.free_failed_alloc(handle, e)),
                 };

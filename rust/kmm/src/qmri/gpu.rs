@@ -102,7 +102,7 @@ impl<'a> Scratch<'a> {
 
 impl Drop for Scratch<'_> {
     fn drop(&mut self) {
-        let _ = self.m.unmap(self.handle);
+        let _ = self.m.end_own_work(self.handle);
         let _ = self.m.free(self.handle, crate::manager::FreeMode::Checked);
     }
 }

@@ -58,7 +58,7 @@ impl<'a> Pins<'a> {
 impl Drop for Pins<'_> {
     fn drop(&mut self) {
         for &h in &self.handles {
-            let _ = self.m.unmap(h);
+            let _ = self.m.end_own_work(h);
         }
     }
 }
