@@ -1319,13 +1319,14 @@ end
 Destroys a manager: waits for its stream, frees every buffer and event it still holds and
 gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
 With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
-thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
-so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
-the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
-freed with it; those libraries free by address alone, so until each late free comes, a new
-allocation of theirs that lands on such an address is held back (it counts in its manager's
-stats, at most one per address) and the request is served elsewhere; the late free gives it
-back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
+thread, so the call never waits for the device (for finalizers), nor for calls in flight on
+the manager (the teardown waits for them); a file trace's rows recorded so far are written
+first (into a pipe, that waits for its reader). Thread-safe; without the flag, waits for calls
+in flight on the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it
+still held are freed with it; those libraries free by address alone, so until each late free
+comes, a new allocation of theirs that lands on such an address is held back (it counts in
+its manager's stats, at most one per address) and the request is served elsewhere; the late
+free gives it back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
 
 Returns the status; `kmm_manager_destroy` is the checked form.
 """
@@ -1338,13 +1339,14 @@ end
 Destroys a manager: waits for its stream, frees every buffer and event it still holds and
 gives all its memory back. Later calls with its handles return `KMM_ERROR_INVALID_HANDLE`.
 With `KMM_DESTROY_DEFERRED` the handle dies at once and the teardown runs on a background
-thread, so the call never waits for the device (for finalizers); a file trace's rows recorded
-so far are written first (into a pipe, that waits for its reader). Thread-safe; waits for calls in flight on
-the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it still held are
-freed with it; those libraries free by address alone, so until each late free comes, a new
-allocation of theirs that lands on such an address is held back (it counts in its manager's
-stats, at most one per address) and the request is served elsewhere; the late free gives it
-back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
+thread, so the call never waits for the device (for finalizers), nor for calls in flight on
+the manager (the teardown waits for them); a file trace's rows recorded so far are written
+first (into a pipe, that waits for its reader). Thread-safe; without the flag, waits for calls
+in flight on the same manager. Allocations of `kmm_cupy_malloc` and `kmm_torch_malloc` it
+still held are freed with it; those libraries free by address alone, so until each late free
+comes, a new allocation of theirs that lands on such an address is held back (it counts in
+its manager's stats, at most one per address) and the request is served elsewhere; the late
+free gives it back. `kmm_plugin_free_address` names the manager, so its late frees need none of this.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
