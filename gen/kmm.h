@@ -1069,8 +1069,10 @@ KmmStatus kmm_buffer_wrap(KmmManager manager,
  * and on every stream recorded with `kmm_buffer_record_stream`, still sees the memory; the
  * memory is reused only after that work. Callable from any thread and from finalizers. A mapped
  * buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`. A second free of the
- * same handle is `KMM_ERROR_INVALID_HANDLE`. If a recorded stream cannot be waited for, the
- * buffer stays allocated and the status says why.
+ * same handle is `KMM_ERROR_INVALID_HANDLE`. A free while another thread's copy, fill or kernel
+ * launch is still queuing work on the buffer ends the handle at once and releases the memory
+ * once that call has queued its work (ordered after it). If a recorded stream cannot be waited
+ * for, the buffer stays allocated and the status says why.
  */
 KmmStatus kmm_buffer_free(KmmManager manager, KmmBuffer buffer, uint32_t flags);
 

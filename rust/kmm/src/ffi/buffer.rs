@@ -67,8 +67,10 @@ pub extern "C" fn kmm_buffer_wrap(
 /// and on every stream recorded with `kmm_buffer_record_stream`, still sees the memory; the
 /// memory is reused only after that work. Callable from any thread and from finalizers. A mapped
 /// buffer is `KMM_ERROR_BUFFER_MAPPED` unless `flags` has `KMM_FREE_FORCE`. A second free of the
-/// same handle is `KMM_ERROR_INVALID_HANDLE`. If a recorded stream cannot be waited for, the
-/// buffer stays allocated and the status says why.
+/// same handle is `KMM_ERROR_INVALID_HANDLE`. A free while another thread's copy, fill or kernel
+/// launch is still queuing work on the buffer ends the handle at once and releases the memory
+/// once that call has queued its work (ordered after it). If a recorded stream cannot be waited
+/// for, the buffer stays allocated and the status says why.
 #[no_mangle]
 pub extern "C" fn kmm_buffer_free(manager: KmmManager, buffer: KmmBuffer, flags: u32) -> KmmStatus {
     boundary(|| {
