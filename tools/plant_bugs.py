@@ -1485,6 +1485,11 @@ PLANTS = [
      '        if np.datetime_data(dtype)[0] == "generic" and',
      '        if False and',
      ["py:test_adversarial_python_round12.py"]),
+    # Review of round 12: a dying buffer's handle slot goes to the next buffer (its block is moved for it).
+    ("dying-slot-reused", "rust/kmm/src/manager/lane.rs",
+     "            self.buffers.hold_slot(handle);\n",
+     "",
+     ["abi_compaction"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

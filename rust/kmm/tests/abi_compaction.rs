@@ -371,3 +371,72 @@ fn a_move_keeps_the_buffers_recorded_streams() {
     }
     m.free(big);
 }
+
+/// A buffer freed while a copy still holds it waits, its handle dead, until the copy ends; its
+/// pool block keeps the slot of the handle table as owner meanwhile. Found by a review
+/// (2026-11-29): the slot went to the next buffer at once, a compaction took the dying block for
+/// that buffer's and moved it (the new buffer ended up on the old 256 KiB block, its own block
+/// leaked, the old block was freed twice and a later allocation overlapped a live buffer).
+#[test]
+fn a_block_freed_under_a_copy_is_never_moved_for_another_buffer() {
+    const PIECE: u64 = 256 << 10;
+    let m = std::sync::Arc::new(Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.chunk_size = 2 << 20;
+        c.compaction_ratio_pct = 100;
+    }));
+    Gate::warm(&m);
+    ok(kmm_manager_trim(m.0, 0));
+    let p: Vec<u64> = (0..8u8)
+        .map(|i| {
+            let b = m.alloc(PIECE, DEVICE);
+            m.upload(b, 0, &vec![0x10 + i; PIECE as usize]);
+            b
+        })
+        .collect();
+    for i in [0, 2, 4] {
+        m.free(p[i]);
+    }
+    let mut p3 = 0;
+    ok(kmm_buffer_map(m.0, p[3], &mut p3)); // stays put
+    m.sync();
+    let gate = Gate::shut(&m);
+    let (handle, x) = (m.0, p[1]);
+    let copier = std::thread::spawn(move || {
+        let src = vec![0xAAu8; PIECE as usize];
+        kmm_copy_to_device(handle, x, 0, src.as_ptr().cast(), PIECE) // waits behind the gate, leased
+    });
+    while m.info(x).pins == 0 {
+        std::thread::yield_now();
+    }
+    ok(kmm_buffer_free(m.0, x, KMM_FREE_FORCE));
+    let y = m.alloc(4 << 20, DEVICE);
+    let bb = 0xBBu8;
+    ok(kmm_fill(m.0, y, 0, 4 << 20, (&bb as *const u8).cast(), 1));
+    let big = m.alloc(3 * PIECE, DEVICE); // a compaction makes room in the chunk
+    let ee = 0xEEu8;
+    ok(kmm_fill(m.0, big, 0, 3 * PIECE, (&ee as *const u8).cast(), 1));
+    gate.open();
+    ok(copier.join().unwrap());
+    m.sync();
+    assert!(m.download(y, 0, 4 << 20).iter().all(|&v| v == 0xBB), "the new buffer lost its bytes");
+    assert!(m.download(big, 0, (3 * PIECE) as usize).iter().all(|&v| v == 0xEE));
+    for i in [3u8, 5, 6, 7] {
+        assert!(m.download(p[i as usize], 0, PIECE as usize).iter().all(|&v| v == 0x10 + i), "piece {i} changed");
+    }
+    // Every block once: new buffers land on no live one.
+    let extra: Vec<u64> = (0..4).map(|_| m.alloc(PIECE, DEVICE)).collect();
+    let seven = 0x77u8;
+    for &b in &extra {
+        ok(kmm_fill(m.0, b, 0, PIECE, (&seven as *const u8).cast(), 1));
+    }
+    m.sync();
+    assert!(m.download(big, 0, (3 * PIECE) as usize).iter().all(|&v| v == 0xEE), "a new buffer overlapped a live one");
+    ok(kmm_buffer_unmap(m.0, p[3]));
+    for b in extra.into_iter().chain([y, big, p[3], p[5], p[6], p[7]]) {
+        m.free(b);
+    }
+    m.sync();
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers), (0, 0));
+}

@@ -106,11 +106,12 @@ pub extern "C" fn kmm_manager_destroy(manager: KmmManager, flags: u32) -> KmmSta
             // Before the teardown frees its memory: a late free by address of what it held
             // must not free a new allocation at that address.
             super::by_address::orphan_everywhere(manager);
-            std::thread::Builder::new()
+            // A thread that cannot start (no memory, a thread limit) drops the closure: the
+            // drop of `retired` tears the manager down here instead, waiting for those calls.
+            let _ = std::thread::Builder::new()
                 .name("kmm-manager-teardown".into())
-                .spawn(move || drop(retired.take()))
-                .map(drop)
-                .map_err(|e| crate::err!(KMM_ERROR_BACKEND, "cannot start the teardown thread: {e}"))
+                .spawn(move || drop(retired.take()));
+            Ok(())
         } else {
             let m = registry::unregister(manager)?;
             super::by_address::orphan_everywhere(manager);

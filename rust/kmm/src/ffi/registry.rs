@@ -222,17 +222,28 @@ pub fn retire(handle: u64, last: impl FnOnce(&Manager)) -> Result<Retired> {
     };
     end_generation(cell, handle, generation)?;
     last(m);
-    Ok(Retired(cell))
+    Ok(Retired(Some(cell)))
 }
 
-/// A manager whose handle has ended and whose slot still holds it (see `retire`).
-pub struct Retired(&'static Slot);
+/// A manager whose handle has ended and whose slot still holds it (see `retire`). Dropped
+/// without `take` (its teardown thread could not start), it tears the manager down in place.
+pub struct Retired(Option<&'static Slot>);
 
 impl Retired {
     /// Waits for the calls that were in flight when the handle ended and takes the manager out
     /// of its slot; the slot is not reused before the drop of what this returns.
-    pub fn take(self) -> Arc<Registered> {
-        self.0.manager.write().unwrap_or_else(|e| e.into_inner()).take().expect("a retired slot keeps its manager")
+    pub fn take(mut self) -> Arc<Registered> {
+        let slot = self.0.take().expect("taken once");
+        slot.manager.write().unwrap_or_else(|e| e.into_inner()).take().expect("a retired slot keeps its manager")
+    }
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        if let Some(slot) = self.0.take() {
+            let manager = slot.manager.write().unwrap_or_else(|e| e.into_inner()).take();
+            drop(manager);
+        }
     }
 }
 

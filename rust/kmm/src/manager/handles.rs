@@ -224,6 +224,25 @@ impl<T> HandleTable<T> {
         Ok(slot.value.take().expect("checked live"))
     }
 
+    /// Keeps the slot of `handle`, just removed, from the next `insert`s until `release_slot`:
+    /// its index still owns something elsewhere (a pool block whose owner it is).
+    pub fn hold_slot(&mut self, handle: u64) {
+        let index = (handle & INDEX_MASK) as u32;
+        if let Some(at) = self.free.iter().rposition(|&i| i == index) {
+            self.free.swap_remove(at);
+        }
+    }
+
+    /// Gives a slot held by `hold_slot` back to `insert` (unless it retired).
+    pub fn release_slot(&mut self, handle: u64) {
+        let index = (handle & INDEX_MASK) as u32;
+        if let Some(slot) = self.slots.get(index as usize) {
+            if slot.value.is_none() && slot.generation != slot.first && !self.free.contains(&index) {
+                self.free.push(index);
+            }
+        }
+    }
+
     /// The index the next `insert` will use.
     pub fn next_index(&self) -> u32 {
         self.free.last().copied().unwrap_or(self.slots.len() as u32)

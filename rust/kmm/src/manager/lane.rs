@@ -439,19 +439,12 @@ impl State {
                     record.pins
                 );
             }
-            let on = match record.origin {
-                // A spilled buffer's streams were waited for before its copy out.
-                Origin::Empty | Origin::Spilled(_) => return Ok(()),
-                Origin::Resource(_) => reuse[record.kind as usize].free_stream(home),
-                // The lending lane's pool takes it back ordered on the manager's stream.
-                Origin::Lent { .. } => home,
-                // Kmm's adopted memory goes back once the manager's stream passed the free, and a
-                // borrowed buffer's owner waits for that stream (`kmm_buffer_wrap`).
-                Origin::Adopted(_) | Origin::Borrowed => home,
-            };
-            order::order_free(backend, on, &record.users)
+            order_reuse(backend, reuse, home, record)
         })?;
         if record.leases > 0 {
+            // Its pool block keeps the slot as owner until released: a new buffer in the slot
+            // would be taken for the block's owner (a compaction would move the block for it).
+            self.buffers.hold_slot(handle);
             self.dying.push((handle, record));
             return Ok(());
         }
@@ -674,11 +667,29 @@ impl State {
         if record.leases == 0 {
             if let Some(at) = self.dying.iter().position(|(h, _)| *h == handle) {
                 let (_, record) = self.dying.swap_remove(at);
+                self.buffers.release_slot(handle);
+                // Ordered again: the lease's work was queued after the free's ordering.
+                order_reuse(self.backend.as_ref(), &self.reuse, self.home, &record)?;
                 return self.release_freed(handle, record);
             }
         }
         Ok(())
     }
+}
+
+/// Orders the reuse of a freed buffer's memory after the streams that may still use it.
+fn order_reuse(backend: &dyn Backend, reuse: &[Reuse; 2], home: u64, record: &BufferRecord) -> Result<()> {
+    let on = match record.origin {
+        // A spilled buffer's streams were waited for before its copy out.
+        Origin::Empty | Origin::Spilled(_) => return Ok(()),
+        Origin::Resource(_) => reuse[record.kind as usize].free_stream(home),
+        // The lending lane's pool takes it back ordered on the manager's stream.
+        Origin::Lent { .. } => home,
+        // Kmm's adopted memory goes back once the manager's stream passed the free, and a
+        // borrowed buffer's owner waits for that stream (`kmm_buffer_wrap`).
+        Origin::Adopted(_) | Origin::Borrowed => home,
+    };
+    order::order_free(backend, on, &record.users)
 }
 
 impl BufferRecord {
