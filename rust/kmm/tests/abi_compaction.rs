@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use kmm::ffi::ipc::kmm_buffer_ipc_handle;
+use kmm::ffi::trace::{kmm_manager_memory_map, KmmMapSegment, KmmSegmentState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -410,6 +411,11 @@ fn a_block_freed_under_a_copy_is_never_moved_for_another_buffer() {
         std::thread::yield_now();
     }
     ok(kmm_buffer_free(m.0, x, KMM_FREE_FORCE));
+    // Until the copy ends its block is held: the map draws it (as held, by its dead handle).
+    let mut segs = vec![KmmMapSegment::default(); 64];
+    let mut n = 0usize;
+    ok(kmm_manager_memory_map(m.0, DEVICE, segs.as_mut_ptr(), segs.len(), &mut n));
+    assert!(segs[..n].iter().any(|s| s.buffer == x && s.state == KmmSegmentState::KMM_SEGMENT_MAPPED as u32), "the held block is drawn free");
     let y = m.alloc(4 << 20, DEVICE);
     let bb = 0xBBu8;
     ok(kmm_fill(m.0, y, 0, 4 << 20, (&bb as *const u8).cast(), 1));

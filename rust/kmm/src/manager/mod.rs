@@ -124,10 +124,14 @@ impl Manager {
         let free_queues = Arc::new(free_queues);
         // The spill store's pinned chunks count against the pinned limit but are no pool's
         // chunks: counted apart as well, for a trace's pinned `reserved` (the pools' chunks).
+        // Its count is taken after the pinned limit's and given back before it: never more than
+        // its share of the limit's count, which a trace subtracts it from.
         let spill_pinned = Arc::new(Limit::new(0, "spill store"));
+        let spill_upstream =
+            Arc::new(LimitedUpstream { inner: Arc::new(PinnedUpstream(backend.clone())), limit: spill_pinned.clone() });
         let spill = Arc::new(spill_store::Spill::new(
             config.spill_limit,
-            Arc::new(LimitedUpstream { inner: upstreams[1].clone(), limit: spill_pinned.clone() }),
+            Arc::new(LimitedUpstream { inner: spill_upstream, limit: limits[1].clone() }),
             config.pinned_chunk_size,
             backend.clone(),
             stream.clone(),

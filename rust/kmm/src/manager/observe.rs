@@ -247,7 +247,9 @@ impl Manager {
         for lane in self.lanes() {
             let st = self.lane(lane);
             chunks.extend(st.resources[k].chunks());
-            for (handle, r) in st.buffers.iter().filter(|(_, r)| r.kind == kind) {
+            // Buffers freed under a copy (`State::dying`) still hold their blocks: drawn as held.
+            let dying = st.dying.iter().map(|(h, r)| (*h, r));
+            for (handle, r) in st.buffers.iter().chain(dying).filter(|(_, r)| r.kind == kind) {
                 let (size, wrapped) = match r.origin {
                     Origin::Resource(b) | Origin::Lent { block: b, .. } => (b.size, false),
                     Origin::Adopted(b) => (b.size, true),

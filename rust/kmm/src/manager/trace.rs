@@ -432,7 +432,6 @@ impl Tracer {
         let k = kind as usize;
         let held = match kind {
             MemoryKind::Device => self.limits[k].used().current(),
-            // The store takes its chunks before the pinned limit counts them: never below 0.
             MemoryKind::Pinned => self.limits[k].used().current().saturating_sub(self.spill_pinned.used().current()),
         };
         let reserved = match held {
