@@ -117,12 +117,13 @@ check_live(p::PinnedArray) = (handles(p.storage); nothing)
 Base.iterate(p::PinnedArray) = (check_live(p); invoke(iterate, Tuple{AbstractArray}, p))
 Base.iterate(x::KmmArray) = (check_live(x); invoke(iterate, Tuple{AbstractArray}, x))
 Base.fill!(p::PinnedArray, v) = (check_live(p); invoke(fill!, Tuple{AbstractArray,Any}, p, v))
-Base.copyto!(dest::AbstractArray, src::PinnedArray) =
-    (check_live(src); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, src))
-Base.copyto!(dest::PinnedArray, src::AbstractArray) =
-    (check_live(dest); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, src))
-Base.copyto!(dest::PinnedArray, src::PinnedArray) =
-    (check_live(dest); check_live(src); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, src))
+# Between host memory of one element type (narrow signatures: wider ones made copies of other
+# array types ambiguous), one memory copy after both are checked.
+function Base.copyto!(dest::Union{Array{T},PinnedArray{T}}, src::PinnedArray{T}) where {T}
+    check_lengths(dest, src)
+    GC.@preserve dest src unsafe_copyto!(pointer(dest), pointer(src), length(src))
+    dest
+end
 
 Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::PinnedArray{T}, soffs::Integer, n::Integer) where {T} =
     copy_from_host!(dest, doffs, src, soffs, n)
@@ -134,6 +135,7 @@ Base.copyto!(dest::PinnedArray{T}, doffs::Integer, src::KmmArray{T}, soffs::Inte
 Base.copyto!(dest::PinnedArray{T}, src::KmmArray{T}) where {T} =
     (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
 
+# (`pointer` checks a PinnedArray's handles, also one of no elements.)
 function Base.copyto!(dest::PinnedArray{T}, src::Array{T}) where {T}
     check_lengths(dest, src)
     GC.@preserve dest src unsafe_copyto!(pointer(dest), pointer(src), length(src))

@@ -53,6 +53,9 @@ Base.Array(v::WrappedKmm) =
     kmm_root(v) isa KmmArray ? Array(on_host(v)) : invoke(Array, Tuple{AbstractArray}, v)
 Base.collect(v::WrappedKmm) =
     kmm_root(v) isa KmmArray ? collect(on_host(v)) : invoke(collect, Tuple{AbstractArray}, v)
+# `Matrix(x')`, `Array{T}(w)` and the other typed forms copy into a new Array through this.
+Base.copyto!(dest::Array, v::WrappedKmm) =
+    kmm_root(v) isa KmmArray ? copyto!(dest, on_host(v)) : invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, v)
 
 function Base.show(io::IO, m::MIME"text/plain", v::WrappedKmm)
     root_freed(v) && return (summary(io, v); print(io, " (freed)"))

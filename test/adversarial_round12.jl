@@ -110,3 +110,25 @@ end
     end
     close(m)
 end
+
+# Found by the review of these fixes: the 2-argument copyto! methods first added for a freed
+# PinnedArray of no elements made copies with other array types ambiguous (`x .= PinnedArray`
+# of another element type threw a MethodError), and typed read-backs of a KmmArray's wrappers
+# (`Matrix(x')`) threw the scalar-indexing error.
+@testset "copies with PinnedArrays stay unambiguous; typed read-backs of wrappers" begin
+    m = KmmManager(backend = :host)
+    x = KmmArray([1.0, 2, 3, 4]; manager = m)
+    x .= PinnedArray([1, 2, 3, 4]; manager = m)
+    @test Array(x) == [1.0, 2, 3, 4]
+    p = PinnedArray([1.0, 2, 3, 4]; manager = m)
+    copyto!(p, KmmArray([5, 6, 7, 8]; manager = m))
+    @test p == [5.0, 6, 7, 8]
+    pd = PermutedDimsArray(zeros(2, 2), (2, 1))
+    copyto!(pd, PinnedArray([1.0 2; 3 4]; manager = m))
+    @test pd == [1.0 2; 3 4]
+    y = KmmArray(Float64[1 2 3; 4 5 6]; manager = m)
+    @test Matrix(transpose(y)) == [1.0 4; 2 5; 3 6]
+    @test Matrix{Float32}(y') == Float32[1 4; 2 5; 3 6]
+    @test Array{Int}(transpose(y)) == [1 4; 2 5; 3 6]
+    close(m)
+end

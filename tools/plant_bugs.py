@@ -1495,6 +1495,26 @@ PLANTS = [
      "st.buffers.iter().chain(dying).filter(",
      "st.buffers.iter().filter(",
      ["abi_compaction"]),
+    # Review of round 12 (Julia): typed read-backs of a KmmArray's wrappers take Base's scalar path.
+    ("jl-typed-readback-of-wrapper-scalar", "src/wrappers.jl",
+     "Base.copyto!(dest::Array, v::WrappedKmm) =",
+     "unused_copyto!(dest::Array, v::WrappedKmm) =",
+     ["jl:adversarial_round12.jl"]),
+    # Review of round 12 (Python): imports' dicts enter the table of kmm addresses.
+    ('py-cai-table-enters-imports', 'python/kmm/array.py',
+     '        if self.ptr and not isinstance(self.buffer, _Imported):',
+     '        if self.ptr:',
+     ["py:test_adversarial_python_round12.py"]),
+    # Review of round 12 (Python): a closed buffer's entry refuses valid dicts.
+    ('py-cai-closed-entry-refuses', 'python/kmm/array.py',
+     '    if buf is None or buf.closed:\n        return cai',
+     '    if buf is None:\n        return cai',
+     ["py:test_adversarial_python_round12.py"]),
+    # Review of round 12 (Python): records go through NumPy's safe cast, which wraps time fields.
+    ('py-record-time-fields-safe-cast', 'python/kmm/array.py',
+     '    if host.dtype.names is not None and dtype.names is not None:\n        # Records field by field',
+     '    if False:\n        # Records field by field',
+     ["py:test_adversarial_python_round12.py"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

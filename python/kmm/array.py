@@ -8,7 +8,6 @@ import weakref
 import numpy as np
 
 from . import _args, _lib, dlpack
-from ._errors import InvalidHandleError
 from .buffer import Buffer, _ExportToken, _Imported
 from .manager import chosen, kind_code
 
@@ -59,6 +58,16 @@ def _stores_as_given(host, dtype):
             except (OverflowError, ValueError):
                 return False  # newer NumPy refuses the wrap itself
         return bool((back.view(np.int64) == host.view(np.int64)).all())
+    if host.dtype.names is not None and dtype.names is not None:
+        # Records field by field (by position, as NumPy assigns them): NumPy calls a record cast
+        # safe when each field's is, a finer time unit included, which wraps.
+        if len(host.dtype.names) != len(dtype.names):
+            return False
+        for hn, dn in zip(host.dtype.names, dtype.names):
+            hf, df = host.dtype.fields[hn][0], dtype.fields[dn][0]
+            if hf.shape != df.shape or not _stores_as_given(host[hn], df.base):
+                return False
+        return True
     if np.can_cast(host.dtype, dtype, "safe"):
         return True
     if dtype.kind in "fc":
@@ -81,6 +90,10 @@ def _refuse_finite_values_past_float_range(host, dtype):
     """ValueError where a finite number of `host` (integer or float) is beyond the finite range
     of the float (or complex) `dtype`: NumPy would store it as inf (70000 into float16, 1e300
     into float32), with a warning only. inf and nan given as such are stored as such."""
+    if host.dtype.names is not None and dtype.names is not None:
+        for hn, dn in zip(host.dtype.names, dtype.names):  # records: each field (see _stores_as_given)
+            _refuse_finite_values_past_float_range(host[hn], dtype.fields[dn][0].base)
+        return
     if host.dtype.kind not in "iufc" or dtype.kind not in "fc" or host.size == 0:
         return
     big = float(np.finfo(dtype).max)
@@ -131,21 +144,20 @@ def _refuse_read_only(why):
     raise BufferError("cannot import read-only memory: %s; kmm arrays are writable (copy it first)" % why)
 
 
-#: The buffer of each address handed out in a `__cuda_array_interface__` dict (weakly): an import
-#: of such a dict alone, without the object that made it, holds that buffer as an import of the
-#: object would (a dict holds nothing; the buffer's free would hand its memory out under the import).
+#: The buffer of each address handed out in a `__cuda_array_interface__` dict of memory Kmm
+#: allocated (weakly): an import of such a dict alone, without the object that made it, holds
+#: that buffer as an import of the object would (a dict holds nothing; the buffer's free would
+#: hand its memory out under the import). Imports of others' memory are not entered.
 _cai_addresses = weakref.WeakValueDictionary()
 
 
 def _dict_producer(cai, ptr, lo, hi):
-    """What an import of the bare CAI dict `cai` keeps: the kmm buffer whose dict it is, when its
-    address is one Kmm handed out (checked live and holding the range), else the dict."""
+    """What an import of the bare CAI dict `cai` keeps: the live kmm buffer whose dict it is
+    (checked to hold the range), else the dict. A closed buffer's entry says nothing: its address
+    may be another buffer's now, whose own dicts enter it again."""
     buf = _cai_addresses.get(ptr)
-    if buf is None:
+    if buf is None or buf.closed:
         return cai
-    if buf.closed:
-        raise InvalidHandleError("the __cuda_array_interface__ dict is of a closed kmm buffer (data[0] = %#x): "
-                                 "its memory is freed" % ptr)
     if not (buf._ptr <= ptr + lo and ptr + hi <= buf._ptr + buf.nbytes):
         raise ValueError("the __cuda_array_interface__ dict's bytes %#x..%#x reach past its kmm buffer's %d bytes at %#x"
                          % (ptr + lo, ptr + hi, buf.nbytes, buf._ptr))
@@ -223,9 +235,9 @@ class DeviceArray:
         without copying; the array keeps `obj` alive, and after the array's free until the
         manager's stream has passed it (let go at the manager's next allocation, import,
         synchronize or close). The manager's stream waits for the producer's `stream`. A dict
-        keeps nothing alive by itself: the dict of a kmm array or buffer is imported as that
-        buffer (its free waits for the import; a closed one is refused); another library's dict
-        is the caller's to keep valid (pass the exporting object instead)."""
+        keeps nothing alive by itself: the dict of a live kmm array or buffer is imported as that
+        buffer (its free waits for the import); any other dict is the caller's to keep valid
+        (pass the exporting object instead)."""
         cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
         manager = chosen(manager)
         if not isinstance(cai, dict):
@@ -484,7 +496,7 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self):
         self.buffer._live()
-        if self.ptr:
+        if self.ptr and not isinstance(self.buffer, _Imported):
             _cai_addresses[self.ptr] = self.buffer
         stream = self.buffer.manager.stream
         return {

@@ -72,17 +72,48 @@ def test_a_bare_cai_dict_holds_its_kmm_buffer(manager):
     assert c.ptr != b.ptr
     b.set(np.zeros(1024, np.int32))
     assert (c.get() == -7).all() and (b.get() == 0).all()
-    # The dict of a closed buffer is refused; one claiming more bytes than its buffer holds too.
-    d = manager.asarray(np.arange(4, dtype=np.int32))
-    cai = d.__cuda_array_interface__
-    d.close()
-    expect_named(kmm.InvalidHandleError, "closed kmm buffer", kmm.from_cuda_array_interface, cai, manager=manager)
+    # A dict claiming more bytes than its buffer holds is refused.
     e = manager.asarray(np.arange(4, dtype=np.int32))
     longer = dict(e.__cuda_array_interface__, shape=(8,))
     expect_named(ValueError, "reach past", kmm.from_cuda_array_interface, longer, manager=manager)
     # Its own bytes, or fewer, import as before.
     shorter = dict(e.__cuda_array_interface__, shape=(2,))
     assert kmm.from_cuda_array_interface(shorter, manager=manager).get().tolist() == [0, 1]
+
+
+def test_the_table_of_cai_addresses_refuses_no_valid_dict(manager):
+    # Found by the review of the fix above: a closed import of foreign memory, a closed buffer
+    # whose address a new buffer took, and a smaller import at the same address made valid
+    # dicts refused.
+    host = np.arange(8, dtype=np.float32)
+    d = {"shape": (8,), "typestr": "<f4", "data": (host.ctypes.data, False), "version": 3}
+    imp = kmm.from_cuda_array_interface(d, manager=manager)
+    imp.__cuda_array_interface__
+    imp.close()
+    assert kmm.from_cuda_array_interface(d, manager=manager).get().tolist() == host.tolist()
+    b1 = manager.empty((256,), "uint8")
+    b1.__cuda_array_interface__
+    b1.close()
+    b2 = manager.empty((256,), "uint8")
+    b2.set(np.full(256, 9, np.uint8))
+    by_hand = {"shape": (256,), "typestr": "|u1", "data": (b2.ptr, False), "version": 3}
+    assert (kmm.from_cuda_array_interface(by_hand, manager=manager).get() == 9).all()
+    a = manager.empty((16,), "float32")
+    full = a.__cuda_array_interface__
+    sub = kmm.from_cuda_array_interface(a.buffer.as_array((2,), np.float32), manager=manager)
+    sub.__cuda_array_interface__
+    assert kmm.from_cuda_array_interface(full, manager=manager).shape == (16,)
+
+
+def test_set_checks_time_fields_of_records(manager):
+    # Found by the review: record dtypes went through NumPy's "safe" cast, which takes a finer
+    # time unit and wraps (2500-01-01 in seconds stored as 1915 in nanoseconds).
+    a = kmm.empty((2,), [("d", "M8[ns]")], manager=manager)
+    expect_named(TypeError, "without changing values", a.set,
+                 np.array([("2500-01-01",), ("1970-01-02",)], [("d", "M8[s]")]))
+    ok = np.array([("2000-01-01",), ("1970-01-02",)], [("d", "M8[s]")])
+    a.set(ok)
+    assert a.get()["d"].tolist() == ok["d"].astype("M8[ns]").tolist()
 
 
 def test_buffer_protocol_objects_numpy_cannot_read_copy_as_bytes(manager):
@@ -112,9 +143,15 @@ def test_nested_sub_array_dtypes_add_their_dimensions(manager):
 
 
 def test_set_hints_and_time_units(manager):
-    a = kmm.empty(1, [("a", "f2")], manager=manager)
-    err = expect_named(TypeError, "fields whose types hold", a.set, np.array([(30000,)], [("a", "i2")]))
+    a = kmm.empty(1, [("a", "i2")], manager=manager)
+    err = expect_named(TypeError, "fields whose types hold", a.set, np.array([(1.5,)], [("a", "f4")]))
     assert "astype('|V" not in str(err)
+    # Field by field as plain arrays: an integer into a float field is stored (rounded), one past
+    # the float's range is refused, as for plain arrays.
+    f = kmm.empty(1, [("a", "f2")], manager=manager)
+    f.set(np.array([(300,)], [("a", "i2")]))
+    assert f.get()["a"].tolist() == [300.0]
+    expect_named(ValueError, "inf", f.set, np.array([(70000,)], [("a", "i4")]))
     t = kmm.empty(2, "m8", manager=manager)
     expect_named(TypeError, "generic unit", t.set, np.array([1, 2], "m8[s]"))
     t.set(np.array([1, 2], "m8"))

@@ -1378,6 +1378,14 @@ impl Walk {
             self.expect(st, KMM_OK, "final destroy");
             self.mgrs[i].alive = false;
         }
+        // A deferred destroy's teardown (which ends its registrations) may still run: wait for
+        // every teardown before the registration is tried again (under load it lost the race).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let mut managers = u32::MAX;
+        while managers != 0 && std::time::Instant::now() < deadline {
+            ok(kmm_live_managers(&mut managers));
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
         if let Some((r, _)) = self.registered.take() {
             // Its owner's destroy ended the registration: another manager may register it anew.
             let mut m = 0;
