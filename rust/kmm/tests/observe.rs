@@ -50,6 +50,18 @@ fn temp_path(name: &str) -> (std::path::PathBuf, CString) {
     (path, c)
 }
 
+/// A host-backend pool of one 2 MiB chunk under a 2 MiB hard limit, spilling to the host: a
+/// second 2 MiB buffer spills the first.
+fn spill_manager() -> Mgr {
+    Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 2 << 20;
+        c.hard_limit = 2 << 20;
+        c.spill_limit = 64 << 20;
+    })
+}
+
 fn pool_manager() -> Mgr {
     Mgr::with(|c| {
         c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
@@ -995,13 +1007,7 @@ fn a_copy_records_no_unmap_of_a_map_it_never_recorded() {
 fn the_pinned_reserved_of_a_trace_leaves_the_spill_store_out() {
     // Found by an adversarial run (2026-11-29): the pinned `reserved` of each record counted the
     // spill store's pinned chunks, which the docs (and the memory map) leave out.
-    let m = Mgr::with(|c| {
-        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
-        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
-        c.chunk_size = 2 << 20;
-        c.hard_limit = 2 << 20;
-        c.spill_limit = 64 << 20;
-    });
+    let m = spill_manager();
     ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
     let first = m.alloc(2 << 20, DEVICE);
     let second = m.alloc(2 << 20, DEVICE); // spills the first into the spill store's pinned chunk
@@ -1033,13 +1039,7 @@ fn texts(svg: &str) -> Vec<(f64, f64, String)> {
 fn a_timeline_legend_with_a_spill_line_fits_the_figure() {
     // Found by an adversarial run (2026-11-29): with a spill line the legend's fifth entry began
     // at x = 729 of 760 and was cut off ("devic...").
-    let m = Mgr::with(|c| {
-        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
-        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
-        c.chunk_size = 2 << 20;
-        c.hard_limit = 2 << 20;
-        c.spill_limit = 64 << 20;
-    });
+    let m = spill_manager();
     ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
     let bufs = [m.alloc(2 << 20, DEVICE), m.alloc(2 << 20, DEVICE), m.alloc(4096, PINNED)];
     let text = svg(&m, KmmFigure::KMM_FIGURE_TIMELINE as u32).unwrap();
