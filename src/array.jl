@@ -188,12 +188,9 @@ function Base.summary(io::IO, x::KmmArray)
     end
 end
 
+# (show_read_back, show_compact_read_back: wrappers.jl)
 Base.show(io::IO, ::MIME"text/plain", x::KmmArray) = isfreed(x) ? summary(io, x) : show_read_back(io, x)
-function Base.show(io::IO, x::KmmArray)
-    isfreed(x) && return summary(io, x)
-    host = read_for_display(x)   # (wrappers.jl)
-    host === nothing ? (summary(io, x); print(io, SPILLED_NOT_SHOWN)) : show(io, host)
-end
+Base.show(io::IO, x::KmmArray) = isfreed(x) ? summary(io, x) : show_compact_read_back(io, x)
 
 # ---- host side of copies -------------------------------------------------------------------
 
@@ -222,8 +219,8 @@ end
 nothing_to_copy(n, arrays...) = n == 0 && (foreach(check_live, arrays); true)
 check_live(x::KmmArray) = (handles(x.storage); nothing)
 check_live(x) = nothing
-# A view, reshape or reinterpretation (of one, nested) is live while what it wraps is.
-check_live(x::AbstractArray) = (p = parent(x); p === x || check_live(p); nothing)
+# A view, reshape or other wrapper (nested) is live while what it wraps is (`kmm_root`: wrappers.jl).
+check_live(x::AbstractArray) = (r = kmm_root(x); r === nothing || check_live(r); nothing)
 
 @noinline function check_lengths(dest, src)
     length(dest) >= length(src) || throw(BoundsError(dest, length(src)))

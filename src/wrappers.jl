@@ -66,8 +66,7 @@ end
 function Base.show(io::IO, v::WrappedKmm)
     root_freed(v) && return (summary(io, v); print(io, " (freed)"))
     kmm_root(v) isa PinnedArray && return invoke(show, Tuple{IO,AbstractArray}, io, v)
-    host = read_for_display(v)
-    host === nothing ? (summary(io, v); print(io, SPILLED_NOT_SHOWN)) : invoke(show, Tuple{IO,AbstractArray}, io, host)
+    show_compact_read_back(io, v)
 end
 
 "The text/plain display of a live array of device memory (or a wrapper of one): read back first."
@@ -78,6 +77,12 @@ function show_read_back(io::IO, x::AbstractArray)
     host === nothing && return print(io, SPILLED_NOT_SHOWN)
     println(io, ":")
     Base.print_array(IOContext(io, :typeinfo => eltype(x), :limit => true), host)
+end
+
+"The 2-argument show (repr, print, containers) of a live array of device memory, read back."
+function show_compact_read_back(io::IO, x::AbstractArray)
+    host = read_for_display(x)
+    host === nothing ? (summary(io, x); print(io, SPILLED_NOT_SHOWN)) : show(io, host)
 end
 
 const SPILLED_NOT_SHOWN = " (spilled to host; no device memory to read it back now)"

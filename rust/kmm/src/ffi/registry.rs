@@ -233,17 +233,19 @@ impl Retired {
     /// Waits for the calls that were in flight when the handle ended and takes the manager out
     /// of its slot; the slot is not reused before the drop of what this returns.
     pub fn take(mut self) -> Arc<Registered> {
-        let slot = self.0.take().expect("taken once");
-        slot.manager.write().unwrap_or_else(|e| e.into_inner()).take().expect("a retired slot keeps its manager")
+        self.take_out().expect("a retired slot keeps its manager")
+    }
+
+    fn take_out(&mut self) -> Option<Arc<Registered>> {
+        let slot = self.0.take()?;
+        let manager = slot.manager.write().unwrap_or_else(|e| e.into_inner()).take();
+        manager
     }
 }
 
 impl Drop for Retired {
     fn drop(&mut self) {
-        if let Some(slot) = self.0.take() {
-            let manager = slot.manager.write().unwrap_or_else(|e| e.into_inner()).take();
-            drop(manager);
-        }
+        drop(self.take_out());
     }
 }
 
