@@ -1515,6 +1515,15 @@ PLANTS = [
      '    if host.dtype.names is not None and dtype.names is not None:\n        # Records field by field',
      '    if False:\n        # Records field by field',
      ["py:test_adversarial_python_round12.py"]),
+    # Round 19 (C ABI): another thread's copy counted as the caller's map: a plain free refused.
+    ("free-counts-copy-leases-as-maps", "rust/kmm/src/manager/lane.rs",
+     "let callers_pins = record.pins - record.leases;",
+     "let callers_pins = record.pins;",
+     ["abi_copies"]),
+    ("info-counts-copy-leases-as-maps", "rust/kmm/src/manager/lane.rs",
+     "Ok((r.addr, r.bytes, r.kind, r.pins - r.leases))",
+     "Ok((r.addr, r.bytes, r.kind, r.pins))",
+     ["abi_copies"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -221,3 +221,40 @@ fn a_free_during_a_copy_releases_the_memory_after_the_copy() {
     let s = m.stats(DEVICE);
     assert_eq!((s.in_use, s.live_buffers), (0, 0));
 }
+
+/// Another thread's copy pins the buffer for itself while it queues, but that pin is not the
+/// caller's map: `kmm_buffer_info` does not count it, and a plain free (no `KMM_FREE_FORCE`) is
+/// not refused as "mapped". It was (round 19, 2026-11-29: a finalizer's free beside a copy in
+/// another thread failed, and the buffer leaked), while `kmm_buffer_unmap` said "not mapped".
+#[test]
+fn another_threads_copy_neither_maps_the_buffer_nor_refuses_its_free() {
+    let m = std::sync::Arc::new(Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.staging_chunk_size = 64 << 10;
+        c.staging_chunks = 2;
+    }));
+    const N: usize = 1 << 20;
+    let b = m.alloc(N as u64, DEVICE);
+    let gate = Gate::close(&m);
+    let (handle, started) = (m.0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let flag = started.clone();
+    let copier = std::thread::spawn(move || {
+        let src = vec![0x55u8; N];
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        kmm_copy_to_device(handle, b, 0, src.as_ptr().cast(), N as u64)
+    });
+    while !started.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50)); // inside the copy, behind the gate
+    let mut info = KmmBufferInfo::default();
+    ok(kmm_buffer_info(m.0, b, &mut info));
+    assert_eq!(info.pins, 0, "another thread's copy counted as the caller's map");
+    expect_err(kmm_buffer_unmap(m.0, b), KMM_ERROR_INVALID_ARGUMENT, &["not mapped"]);
+    ok(kmm_buffer_free(m.0, b, 0));
+    gate.open();
+    ok(copier.join().unwrap());
+    m.sync();
+    let s = m.stats(DEVICE);
+    assert_eq!((s.in_use, s.live_buffers), (0, 0), "the freed buffer was not released after the copy");
+}

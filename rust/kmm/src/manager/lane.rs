@@ -432,11 +432,13 @@ impl State {
         let (backend, reuse, home) = (self.backend.as_ref(), &self.reuse, self.home);
         // One lookup: the checks and the ordering run on the record before it is removed.
         let record = self.buffers.remove_if(handle, |record| {
-            if record.pins > 0 && !force {
+            // Kmm's own pins (another thread's copy, fill or kernel) do not refuse the free:
+            // the buffer then waits in `dying` until they end.
+            let callers_pins = record.pins - record.leases;
+            if callers_pins > 0 && !force {
                 fail!(
                     KMM_ERROR_BUFFER_MAPPED,
-                    "buffer {handle:#x} is mapped ({} pin(s)); unmap it first or free it with KMM_FREE_FORCE",
-                    record.pins
+                    "buffer {handle:#x} is mapped ({callers_pins} pin(s)); unmap it first or free it with KMM_FREE_FORCE"
                 );
             }
             order_reuse(backend, reuse, home, record)
@@ -594,9 +596,10 @@ impl State {
         Ok((r.is_spilled(), r.never_spill))
     }
 
+    /// (address, bytes, kind, the caller's pins): Kmm's own pins (`leases`) are not counted.
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
         let r = self.buffers.get(handle)?;
-        Ok((r.addr, r.bytes, r.kind, r.pins))
+        Ok((r.addr, r.bytes, r.kind, r.pins - r.leases))
     }
 
     /// Pins the buffer; returns its address and, when a compaction's copies that involve it may
