@@ -1046,7 +1046,10 @@ const char *kmm_status_name(uint32_t status);
 /**
  * Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
  * `*out`. Zero bytes is valid (a buffer with no memory). On `KMM_ERROR_OUT_OF_MEMORY` the
- * manager has already synchronized and given its cached memory back once. Thread-safe.
+ * manager has already given its cached memory back once, waiting for the frees still queued on
+ * its streams where that released more (and compacted and spilled where they are on). That is
+ * not a synchronize: work queued before the failed call may still be running
+ * (`kmm_manager_synchronize` waits for it). Thread-safe.
  */
 KmmStatus kmm_buffer_alloc(KmmManager manager, uint64_t bytes, uint32_t kind, KmmBuffer *out);
 

@@ -655,7 +655,10 @@ end
 """
 Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
 `*out`. Zero bytes is valid (a buffer with no memory). On `KMM_ERROR_OUT_OF_MEMORY` the
-manager has already synchronized and given its cached memory back once. Thread-safe.
+manager has already given its cached memory back once, waiting for the frees still queued on
+its streams where that released more (and compacted and spilled where they are on). That is
+not a synchronize: work queued before the failed call may still be running
+(`kmm_manager_synchronize` waits for it). Thread-safe.
 
 Returns the status; `kmm_buffer_alloc` is the checked form.
 """
@@ -667,7 +670,10 @@ end
 """
 Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
 `*out`. Zero bytes is valid (a buffer with no memory). On `KMM_ERROR_OUT_OF_MEMORY` the
-manager has already synchronized and given its cached memory back once. Thread-safe.
+manager has already given its cached memory back once, waiting for the frees still queued on
+its streams where that released more (and compacted and spilled where they are on). That is
+not a synchronize: work queued before the failed call may still be running
+(`kmm_manager_synchronize` waits for it). Thread-safe.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """

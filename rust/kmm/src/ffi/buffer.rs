@@ -9,15 +9,18 @@ use std::ffi::c_void;
 
 /// Allocates `bytes` of memory of `kind` (a `KmmMemoryKind`) and writes the buffer's handle to
 /// `*out`. Zero bytes is valid (a buffer with no memory). On `KMM_ERROR_OUT_OF_MEMORY` the
-/// manager has already synchronized and given its cached memory back once. Thread-safe.
+/// manager has already given its cached memory back once, waiting for the frees still queued on
+/// its streams where that released more (and compacted and spilled where they are on). That is
+/// not a synchronize: work queued before the failed call may still be running
+/// (`kmm_manager_synchronize` waits for it). Thread-safe.
 #[no_mangle]
 pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, out: *mut KmmBuffer) -> KmmStatus {
     boundary(|| {
         check_out(out, "out")?;
         let kind = memory_kind(kind, "kind")?;
         // The lane's free blocks, under the lane's lock alone; the rest (other lanes' free
-        // blocks, growing, and on out of memory waiting for the stream and giving cached memory
-        // back before trying again) takes the manager's path.
+        // blocks, growing, and on out of memory giving cached memory back before trying again)
+        // takes the manager's path.
         let first = with_alloc_state(manager, kind, |st| st.try_alloc_own(bytes, kind)).and_then(|(first, frees_pending)| {
             if frees_pending {
                 // Upstream frees queued by the lanes (direct mode, adopted memory), now that the
