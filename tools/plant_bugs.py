@@ -1524,6 +1524,31 @@ PLANTS = [
      "Ok((r.addr, r.bytes, r.kind, r.pins - r.leases))",
      "Ok((r.addr, r.bytes, r.kind, r.pins))",
      ["abi_copies"]),
+    # Round 19 (Python): the bare CAI dict of a kmm import holds nothing.
+    ('py-cai-table-leaves-imports-out', 'python/kmm/array.py',
+     '    return [cai] + live\n',
+     '    return [cai]\n',
+     ["py:test_adversarial_python_round19.py"]),
+    # Round 19 (Python): one buffer per CAI address: an empty view at a buffer's end takes the next one's.
+    ('py-cai-table-one-buffer-per-address', 'python/kmm/array.py',
+     '    entries.add(buf)\n',
+     '    entries.clear()\n    entries.add(buf)\n',
+     ["py:test_adversarial_python_round19.py"]),
+    # Round 19 (Python): an ndarray subclass's properties are trusted by copies.
+    ('py-host-address-trusts-subclass', 'python/kmm/buffer.py',
+     '    if type(obj) is np.ndarray:',
+     '    if isinstance(obj, np.ndarray):',
+     ["py:test_adversarial_python_round19.py"]),
+    # Round 19 (Python): complex numbers checked as a whole against a float type's range.
+    ('py-complex-range-as-a-whole', 'python/kmm/array.py',
+     '        return (a.real, a.imag) if a.dtype.kind == "c" else (a,)',
+     '        return (a,)',
+     ["py:test_adversarial_python_round19.py"]),
+    # Round 19 (Python): a non-CAI object raises AttributeError.
+    ('py-cai-import-attribute-error', 'python/kmm/array.py',
+     '        if cai is None:\n            raise TypeError("obj = %r has no',
+     '        if cai is None:\n            cai.x\n            raise TypeError("obj = %r has no',
+     ["py:test_adversarial_python_round19.py"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -100,7 +100,13 @@ def _refuse_finite_values_past_float_range(host, dtype):
     with np.errstate(over="ignore", invalid="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stored = host.astype(dtype)
-    bad = ~np.isfinite(stored) & np.isfinite(host)
+    # Complex numbers part by part: a finite part stored as inf is no less lost beside a part
+    # that is inf or nan.
+    def parts(a):
+        return (a.real, a.imag) if a.dtype.kind == "c" else (a,)
+    bad = np.zeros(host.shape, bool)
+    for given, kept in zip(parts(host), parts(stored)):
+        bad |= ~np.isfinite(kept) & np.isfinite(given)
     if bad.any():
         value = host[bad].flat[0]
         value = int(value) if host.dtype.kind in "iu" else value
@@ -144,24 +150,43 @@ def _refuse_read_only(why):
     raise BufferError("cannot import read-only memory: %s; kmm arrays are writable (copy it first)" % why)
 
 
-#: The buffer of each address handed out in a `__cuda_array_interface__` dict of memory Kmm
-#: allocated (weakly): an import of such a dict alone, without the object that made it, holds
-#: that buffer as an import of the object would (a dict holds nothing; the buffer's free would
-#: hand its memory out under the import). Imports of others' memory are not entered.
-_cai_addresses = weakref.WeakValueDictionary()
+#: The buffers whose memory was handed out in a `__cuda_array_interface__` dict, by the dict's
+#: address (weakly): an import of such a dict alone, without the object that made it, holds them
+#: as an import of the object would (a dict holds nothing; a free would hand its memory out under
+#: the import). Several per address: an import may overlap another, or a buffer Kmm allocated.
+_cai_addresses = {}
+_cai_prune_at = [256]
 
 
-def _dict_producer(cai, ptr, lo, hi):
-    """What an import of the bare CAI dict `cai` keeps: the live kmm buffer whose dict it is
-    (checked to hold the range), else the dict. A closed buffer's entry says nothing: its address
-    may be another buffer's now, whose own dicts enter it again."""
-    buf = _cai_addresses.get(ptr)
-    if buf is None or buf.closed:
-        return cai
-    if not (buf._ptr <= ptr + lo and ptr + hi <= buf._ptr + buf.nbytes):
-        raise ValueError("the __cuda_array_interface__ dict's bytes %#x..%#x reach past its kmm buffer's %d bytes at %#x"
-                         % (ptr + lo, ptr + hi, buf.nbytes, buf._ptr))
-    return buf
+def _enter_cai_address(ptr, buf):
+    entries = _cai_addresses.get(ptr)
+    if entries is None:
+        if len(_cai_addresses) >= _cai_prune_at[0]:
+            # Addresses whose buffers are all gone, dropped once the table doubled.
+            for key in [key for key, bufs in _cai_addresses.items() if not bufs]:
+                del _cai_addresses[key]
+            _cai_prune_at[0] = max(256, 2 * len(_cai_addresses))
+        entries = _cai_addresses[ptr] = weakref.WeakSet()
+    entries.add(buf)
+
+
+def _dict_producers(cai, ptr, lo, hi):
+    """What an import of the bare CAI dict `cai` keeps: the live buffer Kmm allocated that holds
+    `ptr` (checked to hold the dict's whole range), else the live imports whose dicts gave that
+    address, with the dict. A closed buffer's entry says nothing: its address may be another
+    buffer's now, whose own dicts enter it again."""
+    live = [buf for buf in list(_cai_addresses.get(ptr, ())) if not buf.closed and buf._ptr <= ptr < buf._ptr + buf.nbytes]
+    allocated = [buf for buf in live if not isinstance(buf, _Imported)]
+    if allocated:
+        # Live buffers Kmm allocated do not overlap: this one is the memory's only owner.
+        buf = allocated[0]
+        if not (buf._ptr <= ptr + lo and ptr + hi <= buf._ptr + buf.nbytes):
+            raise ValueError("the __cuda_array_interface__ dict's bytes %#x..%#x reach past its kmm buffer's %d bytes at %#x"
+                             % (ptr + lo, ptr + hi, buf.nbytes, buf._ptr))
+        return [buf]
+    # Others' memory, whose extent Kmm does not know: each import that handed the address out
+    # holds its producer, which owns it (a dict larger than one of them is no error).
+    return [cai] + live
 
 
 def _producer(obj):
@@ -236,9 +261,13 @@ class DeviceArray:
         manager's stream has passed it (let go at the manager's next allocation, import,
         synchronize or close). The manager's stream waits for the producer's `stream`. A dict
         keeps nothing alive by itself: the dict of a live kmm array or buffer is imported as that
-        buffer (its free waits for the import); any other dict is the caller's to keep valid
-        (pass the exporting object instead)."""
-        cai = obj if isinstance(obj, dict) else obj.__cuda_array_interface__
+        buffer (its free waits for the import), the dict of a live kmm import holds that import's
+        producer; any other dict is the caller's to keep valid (pass the exporting object
+        instead)."""
+        cai = obj if isinstance(obj, dict) else getattr(obj, "__cuda_array_interface__", None)
+        if cai is None:
+            raise TypeError("obj = %r has no __cuda_array_interface__ (pass an object that exports it, or its dict)"
+                            % type(obj).__name__)
         manager = chosen(manager)
         if not isinstance(cai, dict):
             raise TypeError("__cuda_array_interface__ = %r must be a dict" % (cai,))
@@ -262,11 +291,13 @@ class DeviceArray:
         if len(strides) != len(shape):
             raise ValueError("strides %s do not match shape %s" % (strides, shape))
         lo, hi = extent(shape, strides, dtype.itemsize)
-        producer = _dict_producer(cai, ptr, lo, hi) if obj is cai else obj
-        _refuse_other_device(producer, manager)
+        producers = _dict_producers(cai, ptr, lo, hi) if obj is cai else [obj]
+        for producer in producers:
+            _refuse_other_device(producer, manager)
         _foreign_stream_wait(manager, cai.get("stream"))
         base = ptr + lo if hi > lo else 0
-        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, _producer(producer), "data[0]")
+        kept = [_producer(producer) for producer in producers]
+        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, kept[0] if len(kept) == 1 else tuple(kept), "data[0]")
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     @classmethod
@@ -496,8 +527,8 @@ class DeviceArray:
     @property
     def __cuda_array_interface__(self):
         self.buffer._live()
-        if self.ptr and not isinstance(self.buffer, _Imported):
-            _cai_addresses[self.ptr] = self.buffer
+        if self.ptr:
+            _enter_cai_address(self.ptr, self.buffer)
         stream = self.buffer.manager.stream
         return {
             "shape": self.shape,

@@ -62,8 +62,12 @@ def take_slots(local):
 def host_address(obj, writable, name):
     """(address, nbytes, keepalive) of a C-contiguous object with the buffer protocol, named
     `name` in errors."""
-    if isinstance(obj, np.ndarray):
+    if type(obj) is np.ndarray:
         a = obj
+    elif isinstance(obj, np.ndarray):
+        # A subclass may override nbytes, flags, dtype or ctypes (properties): the copy would
+        # then read or write past its memory. The base class's view of it says what it is.
+        a = np.ndarray.view(obj, np.ndarray)
     else:
         a = _buffer_array(obj, name)
     if a.dtype.hasobject:
@@ -73,7 +77,7 @@ def host_address(obj, writable, name):
     if not a.flags.c_contiguous:
         raise ValueError("host memory must be C-contiguous (got strides %s)" % (a.strides,))
     if writable and not a.flags.writeable:
-        raise ValueError("the destination is read-only")
+        raise ValueError("%s is read-only" % name)
     return a.ctypes.data, a.nbytes, a
 
 
