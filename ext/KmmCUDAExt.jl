@@ -238,8 +238,9 @@ function Base.map(f, x::KmmArray, xs::AbstractArray...)
                   invoke(map, Tuple{Any,Any,Vararg{Any}}, f, x, xs...)
 end
 
-function Base.mapreduce(f, op, x::KmmArray; kw...)
-    usable(x) || return invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, x; kw...)
+# Kmm's `mapreduce` checks that `x` is live, then calls this.
+function Kmm.device_mapreduce(f, op, x::KmmArray; kw...)
+    usable(x) || return invoke(Kmm.device_mapreduce, Tuple{Any,Any,AbstractArray}, f, op, x; kw...)
     r = on_views(v -> mapreduce(f, op, v(x); kw...), x)
     r isa CuArray ? KmmArray(r; manager = Kmm.manager(x)) : r    # `dims` reductions stay in Kmm
 end

@@ -212,6 +212,10 @@ byteoffset(x::KmmArray{T}, i::Integer) where {T} = x.offset + (Int(i) - 1) * siz
     nothing
 end
 
+# The elements `offs:offs+n-1` once `check_range` passed, summed as Int: in the arguments' own
+# type the sum wraps (UInt8(250) + UInt8(10) - 1 is 3) and the range comes out empty.
+copied_range(offs::Integer, n::Integer) = Int(offs):(Int(offs) + Int(n) - 1)
+
 # The rule of every `copyto!(dest, doffs, src, soffs, n)`, as Base's: both ranges are checked
 # first (before any view or sum of them is made); `n = 0` copies nothing and checks no offset,
 # but a freed array is still an error.
@@ -302,7 +306,7 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::AbstractArray, sof
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     nothing_to_copy(n, dest, src) && return dest
-    copyto!(dest, doffs, host_dense(T, vec(collect(src))[soffs:soffs+n-1]), 1, n)
+    copyto!(dest, doffs, host_dense(T, vec(collect(src))[copied_range(soffs, n)]), 1, n)
 end
 
 # Kmm -> host
@@ -319,7 +323,7 @@ function Base.copyto!(dest::AbstractArray, doffs::Integer, src::KmmArray, soffs:
     # dest too: Base's generic copyto! tests doffs + n - 1, which wraps, then writes @inbounds
     check_range(dest, doffs, n); check_range(src, soffs, n)
     nothing_to_copy(n, dest, src) && return dest
-    copyto!(dest, doffs, Array(view(src, soffs:soffs+n-1)), 1, n)
+    copyto!(dest, doffs, Array(view(src, copied_range(soffs, n))), 1, n)
 end
 
 # Kmm -> Kmm (one manager or two): stream-ordered on the destination's stream
@@ -351,7 +355,7 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray, soffs::I
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)   # before the view: its sum wraps
     nothing_to_copy(n, dest, src) && return dest
-    copyto!(dest, doffs, Array{T}(view(src, soffs:soffs+n-1)), 1, n)
+    copyto!(dest, doffs, Array{T}(view(src, copied_range(soffs, n))), 1, n)
 end
 
 # ---- reading back --------------------------------------------------------------------------

@@ -117,6 +117,21 @@ check_live(p::PinnedArray) = (handles(p.storage); nothing)
 Base.iterate(p::PinnedArray) = (check_live(p); invoke(iterate, Tuple{AbstractArray}, p))
 Base.iterate(x::KmmArray) = (check_live(x); invoke(iterate, Tuple{AbstractArray}, x))
 Base.fill!(p::PinnedArray, v) = (check_live(p); invoke(fill!, Tuple{AbstractArray,Any}, p, v))
+# So do Base's reductions (`sum`, `prod`: `mapreduce`), `hash` and broadcasting
+# (`broadcastable`, Base's documented hook for each argument of a broadcast).
+Base.mapreduce(f, op, p::PinnedArray; kw...) =
+    (check_live(p); invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, p; kw...))
+Base.mapreduce(f, op, x::KmmArray; kw...) = (check_live(x); device_mapreduce(f, op, x; kw...))
+Base.hash(x::Union{KmmArray,PinnedArray}, h::UInt) = (check_live(x); invoke(hash, Tuple{AbstractArray,UInt}, x, h))
+Base.Broadcast.broadcastable(x::Union{KmmArray,PinnedArray}) = (check_live(x); x)
+
+"""
+    device_mapreduce(f, op, x::KmmArray; kw...)
+
+A live `KmmArray`'s reduction: Base's (scalar indexing, refused outside `@allowscalar`), or
+KmmCUDAExt's on the GPU when CUDA.jl is loaded.
+"""
+device_mapreduce(f, op, x::AbstractArray; kw...) = invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, x; kw...)
 # Between host memory of one element type (narrow signatures: wider ones made copies of other
 # array types ambiguous), one memory copy after both are checked.
 function Base.copyto!(dest::Union{Array{T},PinnedArray{T}}, src::PinnedArray{T}) where {T}

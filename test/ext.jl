@@ -289,7 +289,7 @@ end
     @test Array(Kmm.@allowscalar(p .+ 1)) == 2:4
     @test Kmm.@allowscalar(sum(p)) == 6
     # no ambiguity between the extension's methods and those it extends
-    fs = (copyto!, similar, map, mapreduce, Base.BroadcastStyle)
+    fs = (copyto!, similar, map, mapreduce, Kmm.device_mapreduce, Base.BroadcastStyle)
     @test count(mt -> mt.module === KmmCUDAExt, collect(Iterators.flatten(methods.(fs)))) == 9
     @test isempty([(e, mt) for f in fs for e in methods(f) if e.module === KmmCUDAExt
                    for mt in methods(f) if mt !== e && Base.isambiguous(e, mt)])
