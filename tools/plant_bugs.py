@@ -1462,8 +1462,8 @@ PLANTS = [
      ["abi_manager"]),
     # Round 12 (Python): a bare CAI dict of a kmm array holds nothing.
     ('py-cai-dict-holds-nothing', 'python/kmm/array.py',
-     '        producer = _dict_producer(cai, ptr, lo, hi) if obj is cai else obj\n',
-     '        producer = obj\n',
+     '        producers = _dict_producers(cai, ptr, lo, hi) if obj is cai else [obj]\n',
+     '        producers = [obj]\n',
      ["py:test_adversarial_python_round12.py"]),
     # Round 12 (Python): buffer-protocol formats NumPy cannot read are refused.
     ('py-ctypes-formats-refused', 'python/kmm/buffer.py',
@@ -1500,15 +1500,15 @@ PLANTS = [
      "Base.copyto!(dest::Array, v::WrappedKmm) =",
      "unused_copyto!(dest::Array, v::WrappedKmm) =",
      ["jl:adversarial_round12.jl"]),
-    # Review of round 12 (Python): imports' dicts enter the table of kmm addresses.
+    # Review of round 12 (Python): an import's entry refuses a valid dict larger than the import.
     ('py-cai-table-enters-imports', 'python/kmm/array.py',
-     '        if self.ptr and not isinstance(self.buffer, _Imported):',
-     '        if self.ptr:',
+     '    allocated = [buf for buf in live if not isinstance(buf, _Imported)]',
+     '    allocated = sorted(live, key=lambda buf: buf.nbytes)',
      ["py:test_adversarial_python_round12.py"]),
     # Review of round 12 (Python): a closed buffer's entry refuses valid dicts.
     ('py-cai-closed-entry-refuses', 'python/kmm/array.py',
-     '    if buf is None or buf.closed:\n        return cai',
-     '    if buf is None:\n        return cai',
+     'if not buf.closed and buf._ptr <= ptr < buf._ptr + buf.nbytes]',
+     'if buf._ptr <= ptr < buf._ptr + buf.nbytes]',
      ["py:test_adversarial_python_round12.py"]),
     # Review of round 12 (Python): records go through NumPy's safe cast, which wraps time fields.
     ('py-record-time-fields-safe-cast', 'python/kmm/array.py',
