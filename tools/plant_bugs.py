@@ -1572,6 +1572,11 @@ PLANTS = [
      ": (check_live(v); invoke(Array, Tuple{AbstractArray}, v))",
      ": invoke(Array, Tuple{AbstractArray}, v)",
      ["jl:adversarial_round19.jl"]),
+    # Round 19 (observability): an out-of-memory message's reserved read apart from its pass.
+    ("oom-message-reserved-apart", "rust/kmm/src/manager/observe.rs",
+     "            chunk_bytes + adopted + staged\n",
+     "            let _ = chunk_bytes + adopted + staged;\n            stats.resource.reserved\n",
+     ["abi_lanes"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -5,7 +5,7 @@ use super::lane::Origin;
 use super::trace::{LaneTrace, Record, Sink, TraceCounts, Tracer};
 use super::{human_bytes, AllocMode, Manager, MemoryKind};
 use crate::error::{lock, Result};
-use crate::pool::ResourceCounters;
+use crate::pool::{MemoryResource, ResourceCounters};
 use std::sync::Arc;
 
 /// The manager's trace: the one recording now, or the last one, kept for reading.
@@ -95,6 +95,23 @@ pub enum Figure {
     /// What a status shows: the device map, the pinned map when pinned memory is reserved, and
     /// the timeline when there is a ring trace.
     Overview,
+}
+
+/// What `Manager::holdings` read of one kind's buffers, in one pass.
+#[derive(Default)]
+struct Holdings {
+    /// Bytes of the pools' chunks, and of the blocks in them.
+    chunk_bytes: u64,
+    held: u64,
+    /// The three largest buffers: (handle, bytes asked, mapped).
+    top: Vec<(u64, u64, bool)>,
+    /// Bytes asked by the buffers holding memory of the kind, and how many (spilled ones left out).
+    in_use: u64,
+    buffers: u64,
+    /// The largest block one lane's pool could serve.
+    largest_free: u64,
+    /// Bytes of adopted memory (`kmm_buffer_wrap` with `KMM_ADOPT`) the lanes hold.
+    adopted: u64,
 }
 
 impl Manager {
@@ -306,42 +323,50 @@ impl Manager {
     }
 
     /// What the buffers of `kind` hold, in one pass over them (no map is built: an
-    /// out-of-memory error's cost must not grow with the buffers by more than a pass): the
-    /// bytes of pool chunks, the bytes of blocks in them, and the three largest buffers
-    /// (handle, bytes asked, mapped).
-    fn holdings(&self, kind: MemoryKind) -> (u64, u64, Vec<(u64, u64, bool)>) {
+    /// out-of-memory error's cost must not grow with the buffers by more than a pass). Every
+    /// figure of a lane is read under that lane's one lock, so that the message's figures agree
+    /// with each other while other threads allocate and free (read in two passes, they showed a
+    /// largest free block of 0 B beside 16 MiB free).
+    fn holdings(&self, kind: MemoryKind) -> Holdings {
         let k = kind as usize;
+        let mut h = Holdings::default();
         let mut chunks: Vec<(u64, u64)> = Vec::new();
         let mut blocks: Vec<(u64, u64)> = Vec::new();
-        let mut top: Vec<(u64, u64, bool)> = Vec::with_capacity(4);
         for lane in self.lanes() {
             let st = self.lane(lane);
             chunks.extend(st.resources[k].chunks());
-            for (handle, r) in st.buffers.iter().filter(|(_, r)| r.kind == kind) {
+            h.largest_free = h.largest_free.max(st.resources[k].counters().largest_free);
+            h.adopted += st.adopted[k].counters().reserved;
+            // Buffers freed under a copy (`State::dying`) hold their blocks until it ends.
+            let dying = st.dying.iter().map(|(h, r)| (*h, r));
+            for (handle, r) in st.buffers.iter().chain(dying).filter(|(_, r)| r.kind == kind) {
                 match r.origin {
                     Origin::Resource(b) | Origin::Lent { block: b, .. } => blocks.push((b.addr, b.size)),
                     // On the host: it holds no device memory.
                     Origin::Spilled(_) => continue,
                     _ => {}
                 }
-                if r.bytes > top.last().map_or(0, |t| t.1) || top.len() < 3 {
-                    top.push((handle, r.bytes, r.pins > 0));
-                    top.sort_by_key(|t| std::cmp::Reverse(t.1));
-                    top.truncate(3);
+                h.buffers += 1;
+                h.in_use += r.bytes;
+                if r.bytes > h.top.last().map_or(0, |t| t.1) || h.top.len() < 3 {
+                    h.top.push((handle, r.bytes, r.pins > 0));
+                    h.top.sort_by_key(|t| std::cmp::Reverse(t.1));
+                    h.top.truncate(3);
                 }
             }
         }
         chunks.sort_unstable();
-        let held: u64 = blocks.iter().filter(|b| in_chunks(&chunks, b.0)).map(|b| b.1).sum();
-        (chunks.iter().map(|c| c.1).sum(), held, top)
+        h.held = blocks.iter().filter(|b| in_chunks(&chunks, b.0)).map(|b| b.1).sum();
+        h.chunk_bytes = chunks.iter().map(|c| c.1).sum();
+        h
     }
 
     /// The message of an allocation that failed after every rung: the request, what the manager
     /// holds and where the free space is, the largest holders, what was tried (`before`: the
     /// resource counters before the rungs), and where to see the whole map.
     pub(super) fn explain_out_of_memory(&self, bytes: u64, kind: MemoryKind, before: &ResourceCounters, spilled: u64, cause: &str) -> String {
+        let Holdings { chunk_bytes, held, top, in_use, buffers: n, largest_free, adopted } = self.holdings(kind);
         let stats = self.stats(kind);
-        let (chunk_bytes, held, top) = self.holdings(kind);
         let name = format!("{kind:?}").to_lowercase();
         let mut text = format!("allocating {} ({bytes} bytes) of {name} memory failed: {cause}\n", human_bytes(bytes));
         let (limit, limit_name) = match kind {
@@ -353,25 +378,31 @@ impl Manager {
             (MemoryKind::Device, Ok((free, total))) => format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)),
             _ => String::new(),
         };
+        // Reserved as the pass read it (the chunks it saw), so that it holds the bytes in use and
+        // free beside it; CUDA's own pool (cuda_async mode) counts its reservation itself.
+        let reserved = if kind == MemoryKind::Device && self.config.alloc_mode == AllocMode::CudaAsync {
+            stats.resource.reserved
+        } else {
+            let staged = if kind == MemoryKind::Pinned { lock(&self.staging).reserved() } else { 0 };
+            chunk_bytes + adopted + staged
+        };
         // Spilled buffers hold no device memory: counted apart.
-        // (Read at different moments: saturating.)
-        let n = stats.usage.live_buffers.saturating_sub(stats.spill.buffers);
         let on_host = match stats.spill.buffers {
             0 => String::new(),
             k => format!(" ({k} more on the host, {})", human_bytes(stats.spill.spilled_bytes)),
         };
         text += &format!(
             "  in use: {} in {n} buffer{}{on_host}; reserved: {} ({limit}{device})\n",
-            human_bytes(stats.usage.in_use),
+            human_bytes(in_use),
             if n == 1 { "" } else { "s" },
-            human_bytes(stats.resource.reserved)
+            human_bytes(reserved)
         );
         let pooled = kind == MemoryKind::Pinned || self.config.alloc_mode == AllocMode::Pool;
         if pooled {
             // The largest block the pool could serve (a binned pool serves a slab's free slots
             // to their own size only, so it may be less than the largest free range of the map).
             let free = chunk_bytes.saturating_sub(held);
-            let largest = stats.resource.largest_free.min(free);
+            let largest = largest_free.min(free);
             let fragmentation = if free == 0 { 0.0 } else { 1.0 - largest as f64 / free as f64 };
             text += &format!(
                 "  free in the pool: {}; largest free block: {}; fragmentation {fragmentation:.2} (1 - largest free block / free bytes)\n",
