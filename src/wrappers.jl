@@ -48,13 +48,14 @@ on_host(v::LinearAlgebra.Transpose) = transpose(on_host(parent(v)))
 on_host(v::LinearAlgebra.Adjoint) = adjoint(on_host(parent(v)))
 on_host(v::PermutedDimsArray{T,N,perm}) where {T,N,perm} = PermutedDimsArray(on_host(parent(v)), perm)
 
-# A pinned root is host memory already: Base's own methods (no second trip through these),
-# once it is known to be live (Base's copies of no elements read nothing, so would pass).
+# A pinned root is host memory already: Base's own methods (no second trip through these).
 Base.Array(v::WrappedKmm) =
-    kmm_root(v) isa KmmArray ? Array(on_host(v)) : (check_live(v); invoke(Array, Tuple{AbstractArray}, v))
+    kmm_root(v) isa KmmArray ? Array(on_host(v)) : invoke(Array, Tuple{AbstractArray}, v)
 Base.collect(v::WrappedKmm) =
-    kmm_root(v) isa KmmArray ? collect(on_host(v)) : (check_live(v); invoke(collect, Tuple{AbstractArray}, v))
-# `Matrix(x')`, `Array{T}(w)` and the other typed forms copy into a new Array through this.
+    kmm_root(v) isa KmmArray ? collect(on_host(v)) : invoke(collect, Tuple{AbstractArray}, v)
+# `Matrix(x')`, `Array{T}(w)` and the other typed forms copy into a new Array through this, and
+# so do Base's `Array` and `collect` above: a freed pinned root is refused here (a copy of no
+# elements reads nothing, so would pass).
 Base.copyto!(dest::Array, v::WrappedKmm) =
     kmm_root(v) isa KmmArray ? copyto!(dest, on_host(v)) :
                                (check_live(v); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, v))

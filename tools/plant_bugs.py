@@ -1569,8 +1569,8 @@ PLANTS = [
      ["jl:adversarial_round19.jl"]),
     # Round 19 (Julia): Base's copies of a freed pinned array of no elements behind a wrapper pass.
     ("jl-freed-pinned-wrapper-copy-passes", "src/wrappers.jl",
-     ": (check_live(v); invoke(Array, Tuple{AbstractArray}, v))",
-     ": invoke(Array, Tuple{AbstractArray}, v)",
+     "(check_live(v); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, v))",
+     "invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, v)",
      ["jl:adversarial_round19.jl"]),
     # Round 19 (observability): an out-of-memory message's reserved read apart from its pass.
     ("oom-message-reserved-apart", "rust/kmm/src/manager/observe.rs",
