@@ -1577,6 +1577,11 @@ PLANTS = [
      "            chunk_bytes + adopted + staged\n",
      "            let _ = chunk_bytes + adopted + staged;\n            stats.resource.reserved\n",
      ["abi_lanes"]),
+    # Round 19 (observability): a start replacing a file trace whose writing failed drops the failure.
+    ("trace-start-drops-write-failure", "rust/kmm/src/manager/observe.rs",
+     "            if let Some(failure) = before.write_failure() {",
+     "            if let Some(failure) = before.write_failure().filter(|_| false) {",
+     ["observe"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -161,15 +161,24 @@ impl Manager {
     }
 
     /// Starts a trace into `sink`, replacing the last one (a trace still recording is stopped
-    /// first; a write error of its file is `trace_stop`'s to report, and is dropped here). Every
-    /// lane records into it from its next event on. A start that fails (a file that cannot be
-    /// made, a ring that cannot be had) changes nothing: the trace before records on.
+    /// first). Every lane records into it from its next event on. A start that fails (a file
+    /// that cannot be made, a ring that cannot be had, a recording file trace whose writing
+    /// failed) changes nothing: the trace before records on.
     pub fn trace_start(&self, sink: Sink) -> Result<()> {
         let cuda_pool = self.config.alloc_mode == AllocMode::CudaAsync;
         let tracer = Arc::new(Tracer::start(sink, self.in_use.clone(), self.limits.clone(), self.spill_pinned.clone(), cuda_pool, self.raw_stream())?);
         // Every lane's ring first: a ring that cannot be had starts no part of the trace.
         let traces = self.lanes().map(|_| LaneTrace::new(&tracer)).collect::<Result<Vec<_>>>()?;
         let mut slot = lock(&self.trace);
+        // Replaced, a file trace's write error would be lost (its stop is the one call that
+        // reports it): its rows so far are written out first, and where that failed the caller
+        // stops it first, and learns that rows are missing.
+        if let Some(before) = slot.tracer.as_ref().filter(|_| slot.recording) {
+            before.flush();
+            if let Some(failure) = before.write_failure() {
+                crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{failure}; the trace recording lost rows: stop it first (kmm_manager_trace_stop reports this and ends it)");
+            }
+        }
         // The new file is emptied before the trace recording stops, so that a refusal changes
         // nothing; unless that trace writes the same file: then once it has flushed.
         let shares_file = slot.recording && slot.tracer.as_ref().is_some_and(|before| tracer.shares_file_with(before));

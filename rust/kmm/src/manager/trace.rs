@@ -572,6 +572,12 @@ impl Tracer {
         id(self).is_some_and(|a| Some(a) == id(other))
     }
 
+    /// The write error a recording file trace ran into, if any (kept for `finish` to report).
+    pub(super) fn write_failure(&self) -> Option<String> {
+        let f = self.file.as_ref()?.lock();
+        f.failed.as_ref().map(|e| format!("path = {}: writing the trace file failed: {e}", f.path.display()))
+    }
+
     /// Stops a file trace: its file flushed and written no more (a write error is reported here).
     pub(super) fn finish(&self) -> Result<()> {
         if let Some(file) = &self.file {
