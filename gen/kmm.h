@@ -1674,8 +1674,9 @@ KmmStatus kmm_torch_live_allocations(uint64_t *out);
  * Starts recording every allocation, free, map, unmap, move, spill, restore, trim and failed allocation of the
  * manager (a trace already recording is stopped first; the last trace's records are dropped).
  * A start that fails (a file that cannot be made, a ring that cannot be reserved, a bad
- * argument) changes nothing: a trace recording goes on, and an existing file at `path` is
- * emptied only once the start succeeds.
+ * argument, a file trace recording whose writing failed: its stop reports that) changes
+ * nothing: a trace recording goes on, and an existing file at `path` is emptied only once the
+ * start succeeds.
  * With `path` NULL the records go to rings of the last `capacity` records (0: 65,536; at most
  * `KMM_TRACE_MAX_RECORDS`): one per lane of the manager, so that threads sharing it record in
  * parallel, and one for the manager's own events (each reserves `capacity` x 64 bytes of
