@@ -349,3 +349,45 @@ fn a_trace_whose_name_is_not_utf8_replays() {
     assert_eq!(out.status.code(), Some(0), "{stderr}");
     assert!(stdout.contains("1 allocations, 1 frees") && stdout.contains("latin1.csv"), "{stdout}");
 }
+
+/// The trace of `m` saved in both forms and read back: (form's name, records).
+fn both_forms(m: KmmManager, name: &str) -> Vec<(&'static str, Vec<kmm::manager::trace::Record>)> {
+    [("full", 0), ("rmm", KMM_TRACE_RMM_ONLY)]
+        .into_iter()
+        .map(|(form, flags)| {
+            let path = std::env::temp_dir().join(format!("kmm-replay-{}-{name}-{form}.csv", std::process::id()));
+            let c = CString::new(path.to_str().unwrap()).unwrap();
+            ok(kmm_manager_trace_save(m, c.as_ptr(), flags));
+            let text = std::fs::read_to_string(&path).unwrap();
+            std::fs::remove_file(&path).unwrap();
+            let records = kmm::manager::csv::read(&text).unwrap_or_else(|e| panic!("{form}: {}\n{text}", e.message));
+            (form, records)
+        })
+        .collect()
+}
+
+#[test]
+fn refused_allocations_past_the_size_limit_are_skipped_and_counted() {
+    // Found by an adversarial run (round 19): an `allocate failure` row carries the refused
+    // size, 2^49 or SIZE_MAX, and the reader refused the whole trace for a size past
+    // KMM_MAX_BUFFER_BYTES, in either form.
+    let m = manager();
+    ok(kmm_manager_trace_start(m, 0, std::ptr::null(), 0));
+    let (mut a, mut b) = (0, 0);
+    ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut a));
+    for bytes in [1u64 << 49, u64::MAX] {
+        assert_ne!(kmm_buffer_alloc(m, bytes, DEVICE, &mut b), KmmStatus::KMM_OK, "{bytes} is refused");
+    }
+    ok(kmm_buffer_free(m, a, 0));
+    assert_eq!(stats(m).failed_allocs, 2);
+    for (form, records) in both_forms(m, "refused") {
+        let p = plan(&records).unwrap();
+        assert_eq!((p.allocs, p.frees, p.failures, p.peak_in_use), (1, 1, 2, 1 << 20), "{form}");
+        run_plan_through(manager(), &p);
+    }
+    ok(kmm_manager_destroy(m, 0));
+    // Other rows past the limit are still refused, with the line.
+    let log = "Thread,Time,Action,Pointer,Size,Stream\n1,0.1,allocate failure,0x0,18446744073709551615,0x0\n1,0.2,allocate,0x1000,562949953421312,0x0\n";
+    let e = kmm::manager::csv::read(log).unwrap_err();
+    assert!(e.message.contains("line 3: size 562949953421312 is past KMM_MAX_BUFFER_BYTES"), "{}", e.message);
+}

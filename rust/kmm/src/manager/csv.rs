@@ -103,7 +103,8 @@ fn line(out: &mut dyn Write, r: &Record, action: Action, address: u64, stream: u
 /// or "deallocate" rows become frees; times it wrote as a clock time read as 0). Columns are
 /// found by name; Action, Pointer and Size are required in the header and in every row, and every
 /// row has the header's count of fields. Anything else that is not what the writer writes (a
-/// size past `KMM_MAX_BUFFER_BYTES` too) is an error naming the line and the value. A field may
+/// size past `KMM_MAX_BUFFER_BYTES` too, except in an `allocate failure` row, which records the
+/// refused size) is an error naming the line and the value. A field may
 /// be quoted (as Python's `csv.QUOTE_ALL` writes every one): no value of a trace holds a comma.
 pub fn read(text: &str) -> Result<Vec<Record>> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
@@ -174,6 +175,9 @@ pub fn read(text: &str) -> Result<Vec<Record>> {
             kind,
             address: number(required(pointer_col, "pointer")?, "pointer")?,
             bytes: match number(required(size_col, "size")?, "size")? {
+                // A failure row carries the size that was refused, often for being past the
+                // limit (2^49, or SIZE_MAX): it allocated nothing, and replays skip and count it.
+                b if action == Action::AllocateFailure => b,
                 b if b > super::config::MAX_BUFFER_BYTES => {
                     fail!(KMM_ERROR_INVALID_ARGUMENT, "line {}: size {b} is past KMM_MAX_BUFFER_BYTES ({})", n + 1, super::config::MAX_BUFFER_BYTES)
                 }
