@@ -5,7 +5,9 @@
 //! trace never saw allocated (older than the trace) and failed allocations are skipped, and
 //! counted. A spill gives the buffer's device memory up and its restore takes it again (a free
 //! and an allocation of the replay, not counted as the caller's), so the replay's device memory
-//! in use follows the run's, as the RMM form's rows do. A wrap (memory allocated elsewhere that
+//! in use follows the run's, as the RMM form's rows do; a restore of a buffer older than the
+//! trace takes memory too (the RMM form writes it as an allocation), and its free, counted as a
+//! free of an older buffer, gives it back. A wrap (memory allocated elsewhere that
 //! became a buffer) is replayed as an allocation: the run counted it in use and as an
 //! allocation, and an allocator under test would have to give that memory.
 
@@ -28,7 +30,8 @@ pub struct Plan {
     /// Of `allocs`, the wraps of memory allocated elsewhere.
     pub wraps: usize,
     pub frees: usize,
-    /// Frees of buffers allocated before the trace started.
+    /// Frees of buffers allocated before the trace started (those restored during the trace
+    /// give back the memory their restore took).
     pub unmatched_frees: usize,
     pub failures: usize,
     /// Spills and restores of the trace's buffers, replayed as frees and allocations.
@@ -89,6 +92,8 @@ pub fn plan(records: &[Record]) -> Result<Plan, String> {
     let mut p = Planner::default();
     // Buffers spilled (their device memory given up) and not yet restored or freed.
     let mut spilled: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    // Buffers older than the trace that a restore brought into the replay.
+    let mut older: std::collections::HashSet<u64> = std::collections::HashSet::new();
     for (i, r) in records.iter().enumerate().filter(|(_, r)| r.kind == 0) {
         let too_many = || format!("row {} after the header: {} bytes more in use pass 2^64 - 1 bytes (the live buffers' sizes add up past what any run holds)", i + 1, r.bytes);
         match Action::from_u32(r.action) {
@@ -98,7 +103,13 @@ pub fn plan(records: &[Record]) -> Result<Plan, String> {
                 p.plan.wraps += (r.action == Action::Wrap as u32) as usize;
             }
             Some(Action::Free) => {
-                if p.free(key(r)) {
+                if older.remove(&key(r)) {
+                    // The caller freed a buffer older than the trace (counted so), whose
+                    // restore the replay allocated: its memory goes back (spilled: it went).
+                    p.free(key(r));
+                    spilled.remove(&key(r));
+                    p.plan.unmatched_frees += 1;
+                } else if p.free(key(r)) {
                     p.plan.frees += 1;
                 } else if by_buffer && spilled.remove(&key(r)) {
                     // A buffer freed while spilled: its device memory went at the spill.
@@ -113,7 +124,13 @@ pub fn plan(records: &[Record]) -> Result<Plan, String> {
                     p.plan.spills += 1;
                 }
             }
-            Some(Action::Restore) if by_buffer && spilled.remove(&key(r)) => {
+            // A restore takes device memory whatever the buffer's age: one allocated before the
+            // trace (its spill unseen, or before the trace too) is live from here on, as the RMM
+            // form writes it (an allocation), and its later spill or free gives the memory back.
+            Some(Action::Restore) if by_buffer && !p.live.contains_key(&key(r)) => {
+                if !spilled.remove(&key(r)) {
+                    older.insert(key(r));
+                }
                 p.alloc(key(r), r.bytes).ok_or_else(too_many)?;
                 p.plan.restores += 1;
             }

@@ -391,3 +391,42 @@ fn refused_allocations_past_the_size_limit_are_skipped_and_counted() {
     let e = kmm::manager::csv::read(log).unwrap_err();
     assert!(e.message.contains("line 3: size 562949953421312 is past KMM_MAX_BUFFER_BYTES"), "{}", e.message);
 }
+
+#[test]
+fn a_restore_of_a_buffer_older_than_the_trace_takes_memory_in_either_form() {
+    // Found by an adversarial run (round 19): two buffers allocated before the trace, one
+    // spilled for a new one and restored (spilling the other). The RMM form replayed the restore
+    // as an allocation (2 MiB, the run's peak in the InUse column); the full form dropped it
+    // (1 MiB).
+    let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
+    ok(kmm_config_default(&mut c));
+    c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+    c.chunk_size = 1 << 20;
+    c.hard_limit = 2 << 20;
+    c.spill_limit = 16 << 20;
+    c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
+    let mut m = 0;
+    ok(kmm_manager_create(&c, &mut m));
+    let (mut old0, mut old1, mut b, mut p) = (0, 0, 0, 0);
+    ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut old0));
+    ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut old1));
+    ok(kmm_manager_trace_start(m, 0, std::ptr::null(), 0));
+    ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut b)); // spills old0
+    ok(kmm_buffer_map(m, old0, &mut p)); // restores old0, spills old1
+    ok(kmm_buffer_unmap(m, old0));
+    for h in [old0, b, old1] {
+        ok(kmm_buffer_free(m, h, 0));
+    }
+    for (form, records) in both_forms(m, "older") {
+        let peak = records.iter().filter(|r| r.kind == 0).map(|r| r.in_use).max().unwrap();
+        assert_eq!(peak, 2 << 20, "{form}: the run held 2 MiB during the trace");
+        let p = plan(&records).unwrap();
+        assert_eq!(p.peak_in_use, peak, "{form}: the replay peaks where the run did");
+        assert_eq!((p.in_use_at_end, p.restores + p.allocs), (0, 2), "{form}: b and old0's restore");
+        if form == "full" {
+            assert_eq!((p.allocs, p.frees, p.unmatched_frees), (1, 1, 2), "{form}: old0 and old1 are older");
+        }
+        run_plan_through(manager(), &p);
+    }
+    ok(kmm_manager_destroy(m, 0));
+}
