@@ -1582,6 +1582,16 @@ PLANTS = [
      "            if let Some(failure) = before.write_failure() {",
      "            if let Some(failure) = before.write_failure().filter(|_| false) {",
      ["observe"]),
+    # Round 19 (observability): an `allocate failure` row of a size past the limit fails the read.
+    ("replay-refuses-refused-sizes", "rust/kmm/src/manager/csv.rs",
+     "                b if action == Action::AllocateFailure => b,\n",
+     "",
+     ["bench:replay"]),
+    # Round 19 (observability): the full form drops the restore of a buffer older than the trace.
+    ("replay-drops-restores-of-older-buffers", "rust/kmm-bench/src/replay.rs",
+     "Some(Action::Restore) if by_buffer && !p.live.contains_key(&key(r)) => {",
+     "Some(Action::Restore) if by_buffer && spilled.contains(&key(r)) => {",
+     ["bench:replay"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
