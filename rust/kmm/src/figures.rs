@@ -147,7 +147,11 @@ const FREE: &str = "#e6e6e6";
 const IN_USE: &str = "#3b75af";
 const MAPPED: &str = "#ef8636";
 
-/// Blocks of one row drawn as one rectangle: those that share its pixels.
+/// A run of blocks of more than one state grows to this many pixels at most: it is drawn split
+/// by state, so a wider one would show its states side by side far from where they lie.
+const MIXED_RUN_PX: f64 = 8.0;
+
+/// Blocks of one row drawn together: those that share pixels.
 struct Run {
     x: f64,
     end: f64,
@@ -156,13 +160,22 @@ struct Run {
     bytes: u64,
     /// Blocks per state (free, in use, mapped).
     count: [usize; 3],
+    /// Bytes per state (free, in use, mapped).
+    bytes_by: [u64; 3],
 }
 
 impl Run {
     fn new(s: &MapSegment, x: f64, end: f64) -> Run {
-        let mut count = [0; 3];
+        let (mut count, mut bytes_by) = ([0; 3], [0; 3]);
         count[s.state as usize] = 1;
-        Run { x, end, first: *s, blocks: 1, bytes: s.bytes, count }
+        bytes_by[s.state as usize] = s.bytes;
+        Run { x, end, first: *s, blocks: 1, bytes: s.bytes, count, bytes_by }
+    }
+
+    /// Whether `s` may join: blocks of the run's one state always (one colour, drawn exactly);
+    /// another state only while the run is narrower than `MIXED_RUN_PX`.
+    fn takes(&self, s: &MapSegment) -> bool {
+        self.count[s.state as usize] == self.blocks || self.end - self.x < MIXED_RUN_PX
     }
 
     fn add(&mut self, s: &MapSegment, end: f64) {
@@ -170,14 +183,10 @@ impl Run {
         self.blocks += 1;
         self.bytes += s.bytes;
         self.count[s.state as usize] += 1;
+        self.bytes_by[s.state as usize] += s.bytes;
     }
 
     fn draw(&self, out: &mut String, y: f64, h: f64) {
-        let colour = match self.count {
-            [_, _, m] if m > 0 => MAPPED,
-            [_, u, _] if u > 0 => IN_USE,
-            _ => FREE,
-        };
         let s = &self.first;
         let what = if self.blocks > 1 {
             let [f, u, m] = self.count;
@@ -187,15 +196,30 @@ impl Run {
         } else {
             format!("buffer {:#x}: {} asked", s.buffer, human_bytes(s.requested))
         };
-        let _ = write!(
-            out,
-            "<rect x=\"{:.2}\" y=\"{y}\" width=\"{:.2}\" height=\"{h}\" fill=\"{colour}\" stroke=\"white\" stroke-width=\"0.3\"><title>{:#x}, {}: {}</title></rect>",
-            self.x,
-            self.end - self.x,
-            s.address,
-            human_bytes(self.bytes),
-            escape(&what)
-        );
+        let title = format!("{:#x}, {}: {}", s.address, human_bytes(self.bytes), escape(&what));
+        let states = self.count.iter().filter(|&&c| c > 0).count();
+        if states == 1 || self.bytes == 0 {
+            let colour = [FREE, IN_USE, MAPPED][s.state as usize];
+            let _ = write!(
+                out,
+                "<rect x=\"{:.2}\" y=\"{y}\" width=\"{:.2}\" height=\"{h}\" fill=\"{colour}\" stroke=\"white\" stroke-width=\"0.3\"><title>{title}</title></rect>",
+                self.x,
+                self.end - self.x
+            );
+            return;
+        }
+        // Blocks of several states under a few pixels: a rectangle per state, as wide as its
+        // share of the bytes (one mapped block in fifty shows as a fiftieth, not as the whole
+        // run), without strokes that would hide the narrow ones.
+        let mut x = self.x;
+        for (state, colour) in [(1, IN_USE), (2, MAPPED), (0, FREE)] {
+            if self.bytes_by[state] == 0 {
+                continue;
+            }
+            let w = (self.end - self.x) * self.bytes_by[state] as f64 / self.bytes as f64;
+            let _ = write!(out, "<rect x=\"{x:.3}\" y=\"{y}\" width=\"{w:.3}\" height=\"{h}\" fill=\"{colour}\"><title>{title}</title></rect>");
+            x += w;
+        }
     }
 }
 
@@ -230,8 +254,9 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
             human_bytes(size)
         );
         // Blocks that fall on the pixel of the one drawn before, and end within one more, join
-        // it (drawn in the colour of the busiest state among them): a row draws at most one
-        // rectangle per pixel, however many buffers the chunk holds. A larger block that starts
+        // it: a row draws at most a few rectangles per pixel, however many buffers the chunk
+        // holds. A run of one state is one rectangle; one of several (at most `MIXED_RUN_PX`
+        // wide) a rectangle per state, in proportion to its bytes. A larger block that starts
         // there begins where the run ends: one small buffer does not colour the free space after
         // it.
         let mut run: Option<Run> = None;
@@ -242,7 +267,7 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
             let offset = s.address - s.chunk;
             let x = MAP_LEFT + offset as f64 * scale;
             let end = (MAP_LEFT + (offset + s.bytes) as f64 * scale).max(x + 1.0);
-            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {
+            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0 && r.takes(s)) {
                 r.add(s, end);
                 continue;
             }

@@ -1076,3 +1076,36 @@ fn an_empty_memory_map_labels_its_axis_once() {
     assert_eq!(numbers.len(), 1, "one tick label on an empty axis: {numbers:?}");
     assert_eq!(numbers[0].2, "0");
 }
+
+#[test]
+fn a_map_with_one_block_in_fifty_mapped_draws_a_fiftieth_mapped() {
+    // Found by an adversarial run (round 19): blocks sharing pixels were drawn as one rectangle
+    // coloured "mapped" when any of them was, so 512-byte buffers with one in 50 mapped drew
+    // whole rows orange and "in use" nowhere.
+    let m = pool_manager();
+    let bufs: Vec<u64> = (0..20_000).map(|_| m.alloc(512, DEVICE)).collect();
+    let mut p = 0;
+    for &b in bufs.iter().step_by(50) {
+        ok(kmm_buffer_map(m.0, b, &mut p));
+    }
+    let map = memory_map(&m, DEVICE);
+    let bytes = |state: u32| map.iter().filter(|s| s.state == state).map(|s| s.bytes).sum::<u64>() as f64;
+    let text = svg(&m, KmmFigure::KMM_FIGURE_DEVICE_MAP as u32).unwrap();
+    let rects = block_rects(&text);
+    let width = |fill: &str| rects.iter().filter(|r| r.0 == fill).map(|r| r.1).sum::<f64>();
+    let (used, mapped) = (width("#3b75af"), width("#ef8636"));
+    // The drawn share of mapped among used bytes is the map's (up to the pixel each run may
+    // take beyond its bytes).
+    let share = bytes(2) / (bytes(1) + bytes(2));
+    assert!((share - 0.02).abs() < 0.001, "the setup maps a fiftieth: {share}");
+    assert!(mapped > 0.0 && mapped / (used + mapped) < 2.0 * share, "mapped drawn over {mapped:.1} px, in use over {used:.1} px");
+    let widest = rects.iter().filter(|r| r.0 == "#ef8636").map(|r| r.1).fold(0.0, f64::max);
+    assert!(widest <= 1.01, "mapped blocks drawn where they lie, not gathered into {widest:.1} px");
+    assert!(text.len() < 400_000, "{} bytes", text.len());
+    for &b in bufs.iter().step_by(50) {
+        ok(kmm_buffer_unmap(m.0, b));
+    }
+    for b in bufs {
+        m.free(b);
+    }
+}
