@@ -1592,6 +1592,11 @@ PLANTS = [
      "Some(Action::Restore) if by_buffer && !p.live.contains_key(&key(r)) => {",
      "Some(Action::Restore) if by_buffer && spilled.contains(&key(r)) => {",
      ["bench:replay"]),
+    # Round 19 (observability): a map run of several states is drawn in the busiest's colour.
+    ("map-mixed-run-in-busiest-colour", "rust/kmm/src/figures.rs",
+     "        if states == 1 || self.bytes == 0 {\n            let colour = [FREE, IN_USE, MAPPED][s.state as usize];",
+     "        if states > 0 {\n            let colour = if self.count[2] > 0 { MAPPED } else if self.count[1] > 0 { IN_USE } else { FREE };",
+     ["observe"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
