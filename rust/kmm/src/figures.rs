@@ -34,12 +34,17 @@ fn byte_unit(max: u64) -> (f64, &'static str) {
 
 /// About five round tick values (1, 2 or 5 times a power of ten) from 0 to past `max`.
 fn ticks(max: f64) -> Vec<f64> {
+    ticks_from(max, 0.0)
+}
+
+/// `ticks`, at least `min_step` apart (1 for a count of the smallest unit: no tick at 0.2 ns).
+fn ticks_from(max: f64, min_step: f64) -> Vec<f64> {
     if max <= 0.0 {
         return vec![0.0, 1.0];
     }
     let raw = max / 5.0;
     let power = 10f64.powf(raw.log10().floor());
-    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * power).find(|s| *s >= raw).unwrap_or(10.0 * power);
+    let step = [1.0, 2.0, 5.0, 10.0].into_iter().map(|m| m * power).find(|s| *s >= raw).unwrap_or(10.0 * power).max(min_step);
     let n = (max / step).ceil() as usize;
     (0..=n).map(|i| i as f64 * step).collect()
 }
@@ -122,11 +127,11 @@ fn legend(out: &mut String, left: f64, bottom: f64, entries: &[(Swatch, &str)]) 
 }
 
 /// An x axis from 0 to `max` (in the unit its label names) over `width` pixels from `left`:
-/// the line, round ticks with their values, and the label.
-fn x_axis(out: &mut String, left: f64, width: f64, y: f64, max: f64, label: &str) {
+/// the line, round ticks (at least `min_step` apart) with their values, and the label.
+fn x_axis(out: &mut String, left: f64, width: f64, y: f64, max: f64, min_step: f64, label: &str) {
     let _ = write!(out, "<line x1=\"{left}\" y1=\"{y}\" x2=\"{}\" y2=\"{y}\" stroke=\"#333\"/>", left + width);
-    // An empty axis (nothing reserved) has its 0 alone: every tick would sit on it.
-    let (scale, ticks) = if max > 0.0 { (width / max, ticks(max)) } else { (0.0, vec![0.0]) };
+    // An empty axis (nothing reserved, no records) has its 0 alone: every tick would sit on it.
+    let (scale, ticks) = if max > 0.0 { (width / max, ticks_from(max, min_step)) } else { (0.0, vec![0.0]) };
     for t in ticks {
         let x = left + t * scale;
         if x > left + width + 0.5 {
@@ -286,7 +291,7 @@ pub fn memory_map_svg(map: &MemoryMap, title: &str) -> String {
     }
     // The x axis: offset within a chunk.
     let axis_y = TOP + plot_h + 4.0;
-    x_axis(&mut out, MAP_LEFT, plot_w, axis_y, largest as f64 / div, &format!("offset in chunk ({unit})"));
+    x_axis(&mut out, MAP_LEFT, plot_w, axis_y, largest as f64 / div, 0.0, &format!("offset in chunk ({unit})"));
     let _ = write!(out, "<text x=\"{}\" y=\"{}\" text-anchor=\"end\" {FONT}>chunk (size)</text>", MAP_LEFT - 6.0, TOP - 6.0);
     let more = chunks.len().saturating_sub(MAX_ROWS);
     legend(&mut out, MAP_LEFT, height - 12.0, &entries);
@@ -333,10 +338,14 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     let (div, unit) = byte_unit(max);
     let y_ticks = ticks(max as f64 / div);
     let y_top = y_ticks.last().copied().unwrap_or(1.0).max(f64::MIN_POSITIVE) * div;
+    // A unit in which the span is at least 10 (ns: at least 1, and ticks whole nanoseconds),
+    // so the ticks' labels, three decimals at most, differ: a span of 1 ns in µs labelled its
+    // ticks 0, 0, 0, 0.001.
     let (t_div, t_unit) = match end_ns {
         n if n >= 10_000_000_000 => (1e9, "s"),
         n if n >= 10_000_000 => (1e6, "ms"),
-        _ => (1e3, "µs"),
+        n if n >= 10_000 => (1e3, "µs"),
+        _ => (1.0, "ns"),
     };
     let x_of = |ns: u64| LEFT + ns as f64 / end_ns as f64 * plot_w;
     let y_of = |bytes: u64| TOP + plot_h - bytes as f64 / y_top * plot_h;
@@ -354,7 +363,9 @@ pub fn timeline_svg(records: &[Record], title: &str) -> String {
     }
     let axis_y = TOP + plot_h;
     let _ = write!(out, "<line x1=\"{LEFT}\" y1=\"{TOP}\" x2=\"{LEFT}\" y2=\"{axis_y}\" stroke=\"#333\"/>");
-    x_axis(&mut out, LEFT, plot_w, axis_y, end_ns as f64 / t_div, &format!("time since the trace started ({t_unit})"));
+    // No records: no span, a tick at 0 alone.
+    let span = if records.is_empty() { 0.0 } else { end_ns as f64 / t_div };
+    x_axis(&mut out, LEFT, plot_w, axis_y, span, 1.0 / t_div, &format!("time since the trace started ({t_unit})"));
     let _ = write!(
         out,
         "<text transform=\"translate({},{}) rotate(-90)\" text-anchor=\"middle\" {FONT}>bytes ({unit})</text>",

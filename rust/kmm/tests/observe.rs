@@ -1109,3 +1109,28 @@ fn a_map_with_one_block_in_fifty_mapped_draws_a_fiftieth_mapped() {
         m.free(b);
     }
 }
+
+#[test]
+fn a_timeline_labels_its_time_ticks_apart_for_any_span() {
+    // Found by an adversarial run (round 19): an empty ring trace's timeline labelled its time
+    // axis 0, 0, 0, 0.001, 0.001, 0.001 (µs).
+    let m = pool_manager();
+    ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
+    let empty = svg(&m, KmmFigure::KMM_FIGURE_TIMELINE as u32).unwrap();
+    // The x axis's tick labels: the numbers on the line below the plot.
+    let x_ticks = |svg: &str| -> Vec<String> {
+        let numbers: Vec<_> = texts(svg).into_iter().filter(|t| t.2.parse::<f64>().is_ok()).collect();
+        let y = numbers.iter().map(|t| t.1).fold(f64::MIN, f64::max);
+        numbers.into_iter().filter(|t| t.1 == y).map(|t| t.2).collect()
+    };
+    assert_eq!(x_ticks(&empty), ["0"], "no records: a tick at 0 alone");
+    let record = |time_ns: u64| kmm::manager::trace::Record { time_ns, in_use: 1 << 20, reserved: 2 << 20, ..Default::default() };
+    for (span, unit) in [(1u64, "ns"), (1_000, "ns"), (1_000_000_000, "ms"), (3_600_000_000_000, "s")] {
+        let text = kmm::figures::timeline_svg(&[record(0), record(span)], "t");
+        let ticks = x_ticks(&text);
+        let distinct: std::collections::BTreeSet<_> = ticks.iter().collect();
+        assert!(ticks.len() >= 2 && distinct.len() == ticks.len(), "span {span} ns: ticks {ticks:?}");
+        assert!(ticks.iter().all(|t| t.len() <= 5 && t.parse::<f64>().unwrap().fract() == 0.0), "span {span} ns: ticks {ticks:?}");
+        assert!(text.contains(&format!("time since the trace started ({unit})")), "span {span} ns in {unit}");
+    }
+}
