@@ -1597,6 +1597,15 @@ PLANTS = [
      "        if states == 1 || self.bytes == 0 {\n            let colour = [FREE, IN_USE, MAPPED][s.state as usize];",
      "        if states > 0 {\n            let colour = if self.count[2] > 0 { MAPPED } else if self.count[1] > 0 { IN_USE } else { FREE };",
      ["observe"]),
+    # Round 19 (observability): a timeline of no records (or a span of ns) ticks 0, 0, 0.001 µs.
+    ("timeline-ticks-of-no-span", [
+        ("rust/kmm/src/figures.rs",
+         "        n if n >= 10_000 => (1e3, \"µs\"),\n        _ => (1.0, \"ns\"),\n",
+         "        _ => (1e3, \"µs\"),\n"),
+        ("rust/kmm/src/figures.rs",
+         "let span = if records.is_empty() { 0.0 } else { end_ns as f64 / t_div };",
+         "let span = end_ns as f64 / t_div;"),
+     ], ["observe"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
