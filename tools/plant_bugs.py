@@ -100,7 +100,7 @@ PLANTS = [
     # The memory map draws every block, however many share a pixel: the figure grows with the
     # buffers (36 MB for 200,000).
     ("map-figure-draws-every-block", "rust/kmm/src/figures.rs",
-     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {\n",
+     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0 && r.takes(s)) {\n",
      "            if let Some(r) = run.as_mut().filter(|_| false) {\n",
      ["observe"]),
     # A trace save empties a file another manager's recording trace writes.
@@ -1271,8 +1271,8 @@ PLANTS = [
      ["py:test_adversarial_python_round11.py"]),
     # Round 11 (observability): a block under a pixel joins the whole next block, in its colour.
     ("map-small-block-joins-the-next-whole", "rust/kmm/src/figures.rs",
-     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0) {\n",
-     "            if let Some(r) = run.as_mut().filter(|r| x < r.end) {\n",
+     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && end <= r.end + 1.0 && r.takes(s)) {\n",
+     "            if let Some(r) = run.as_mut().filter(|r| x < r.end && r.takes(s)) {\n",
      ["observe"]),
     # Round 11 (observability): a timeline of records in its last pixels draws nothing seen.
     ("timeline-of-one-record-blank", "rust/kmm/src/figures.rs",
