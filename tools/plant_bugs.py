@@ -1574,8 +1574,8 @@ PLANTS = [
      ["jl:adversarial_round19.jl"]),
     # Round 19 (observability): an out-of-memory message's reserved read apart from its pass.
     ("oom-message-reserved-apart", "rust/kmm/src/manager/observe.rs",
-     "            chunk_bytes + adopted + staged\n",
-     "            let _ = chunk_bytes + adopted + staged;\n            stats.resource.reserved\n",
+     "            MemoryKind::Device => reserved,\n",
+     "            MemoryKind::Device => stats.resource.reserved,\n",
      ["abi_lanes"]),
     # Round 19 (observability): a start replacing a file trace whose writing failed drops the failure.
     ("trace-start-drops-write-failure", "rust/kmm/src/manager/observe.rs",
@@ -1606,6 +1606,16 @@ PLANTS = [
          "let span = if records.is_empty() { 0.0 } else { end_ns as f64 / t_div };",
          "let span = end_ns as f64 / t_div;"),
      ], ["observe"]),
+    # Review of round 19: an out-of-memory message's reserved taken from the pools' chunks (0 B in direct mode).
+    ("oom-message-reserved-from-chunks", "rust/kmm/src/manager/observe.rs",
+     "            MemoryKind::Device => reserved,\n",
+     "            MemoryKind::Device => chunk_bytes,\n",
+     ["abi_lanes"]),
+    # Review of round 19: a write failure found as a start closes the trace it replaces is dropped.
+    ("trace-start-drops-late-write-failure", "rust/kmm/src/manager/observe.rs",
+     "            Some(Err(e)) => Some(e.message),",
+     "            Some(Err(_)) => None,",
+     ["observe"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -213,3 +213,22 @@ fn an_out_of_memory_message_agrees_with_itself_while_other_threads_allocate() {
         assert!(bad.is_empty(), "{} of 2000 messages disagree with themselves, e.g.:\n{}", bad.len(), bad[0]);
     });
 }
+
+/// In direct mode (each buffer an allocation of its own, no chunks) the message's reserved is
+/// what the buffers hold, as `kmm_manager_stats` says: the one-pass message first read it from
+/// the pools' chunks and said "reserved: 0 B" beside 40 MiB held (review of round 19).
+#[test]
+fn an_out_of_memory_message_in_direct_mode_gives_the_reserved_bytes() {
+    let m = Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_DIRECT as u32;
+        c.hard_limit = 64 << 20;
+    });
+    let held = m.alloc(40 << 20, DEVICE);
+    let mut b = 0;
+    assert_eq!(kmm_buffer_alloc(m.0, 40 << 20, DEVICE, &mut b), KmmStatus::KMM_ERROR_OUT_OF_MEMORY);
+    let text = last_error();
+    assert_eq!(message_figure(&text, "reserved: "), m.stats(DEVICE).reserved as f64, "{text}");
+    assert_eq!(message_figure(&text, "in use: "), (40u64 << 20) as f64, "{text}");
+    m.free(held);
+}

@@ -13,6 +13,9 @@ use std::sync::Arc;
 pub(super) struct TraceSlot {
     tracer: Option<Arc<Tracer>>,
     recording: bool,
+    /// The write error of a file trace a start replaced, found only as it was closed (rows
+    /// recorded by other threads during the start): the next stop reports it.
+    replaced_failure: Option<String>,
 }
 
 /// What a stretch of a chunk holds.
@@ -110,8 +113,8 @@ struct Holdings {
     buffers: u64,
     /// The largest block one lane's pool could serve.
     largest_free: u64,
-    /// Bytes of adopted memory (`kmm_buffer_wrap` with `KMM_ADOPT`) the lanes hold.
-    adopted: u64,
+    /// Bytes the lanes hold of their upstream (chunks or allocations, and adopted memory).
+    reserved: u64,
 }
 
 impl Manager {
@@ -175,7 +178,7 @@ impl Manager {
         // stops it first, and learns that rows are missing.
         if let Some(before) = slot.tracer.as_ref().filter(|_| slot.recording) {
             before.flush();
-            if let Some(failure) = before.write_failure() {
+            if let Some(failure) = before.write_failure().or_else(|| slot.replaced_failure.clone()) {
                 crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{failure}; the trace recording lost rows: stop it first (kmm_manager_trace_stop reports this and ends it)");
             }
         }
@@ -186,16 +189,17 @@ impl Manager {
         if !shares_file {
             tracer.begin()?;
         }
-        if let Some(before) = self.stop_recording(&mut slot) {
-            let _ = before.finish();
-        }
+        let replaced_failure = match self.stop_recording(&mut slot).map(|before| before.finish()) {
+            Some(Err(e)) => Some(e.message),
+            _ => slot.replaced_failure.take(),
+        };
         if shares_file {
             tracer.begin()?;
         }
         for (lane, trace) in self.lanes().zip(traces) {
             self.lane(lane).trace = Some(trace);
         }
-        *slot = TraceSlot { tracer: Some(tracer), recording: true };
+        *slot = TraceSlot { tracer: Some(tracer), recording: true, replaced_failure };
         Ok(())
     }
 
@@ -204,7 +208,12 @@ impl Manager {
     pub fn trace_stop(&self) -> Result<()> {
         let mut slot = lock(&self.trace);
         // Flushed under the trace's lock: a start into the same file empties it only after.
-        self.stop_recording(&mut slot).map_or(Ok(()), |tracer| tracer.finish())
+        let stopped = self.stop_recording(&mut slot).map_or(Ok(()), |tracer| tracer.finish());
+        match (slot.replaced_failure.take(), stopped) {
+            (Some(failure), Ok(())) => crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{failure} (the trace a start replaced)"),
+            (Some(failure), Err(e)) => crate::fail!(KMM_ERROR_INVALID_ARGUMENT, "{}; and {failure} (the trace a start replaced)", e.message),
+            (None, stopped) => stopped,
+        }
     }
 
     /// Writes a recording file trace's rows to its file (see `Tracer::flush`).
@@ -344,8 +353,11 @@ impl Manager {
         for lane in self.lanes() {
             let st = self.lane(lane);
             chunks.extend(st.resources[k].chunks());
-            h.largest_free = h.largest_free.max(st.resources[k].counters().largest_free);
-            h.adopted += st.adopted[k].counters().reserved;
+            let counters = st.resources[k].counters();
+            h.largest_free = h.largest_free.max(counters.largest_free);
+            // What the lane holds of its upstream: its pool's chunks, or (direct mode) its
+            // buffers' allocations, and adopted memory.
+            h.reserved += counters.reserved + st.adopted[k].counters().reserved;
             // Buffers freed under a copy (`State::dying`) hold their blocks until it ends.
             let dying = st.dying.iter().map(|(h, r)| (*h, r));
             for (handle, r) in st.buffers.iter().chain(dying).filter(|(_, r)| r.kind == kind) {
@@ -374,7 +386,7 @@ impl Manager {
     /// holds and where the free space is, the largest holders, what was tried (`before`: the
     /// resource counters before the rungs), and where to see the whole map.
     pub(super) fn explain_out_of_memory(&self, bytes: u64, kind: MemoryKind, before: &ResourceCounters, spilled: u64, cause: &str) -> String {
-        let Holdings { chunk_bytes, held, top, in_use, buffers: n, largest_free, adopted } = self.holdings(kind);
+        let Holdings { chunk_bytes, held, top, in_use, buffers: n, largest_free, reserved } = self.holdings(kind);
         let stats = self.stats(kind);
         let name = format!("{kind:?}").to_lowercase();
         let mut text = format!("allocating {} ({bytes} bytes) of {name} memory failed: {cause}\n", human_bytes(bytes));
@@ -387,13 +399,13 @@ impl Manager {
             (MemoryKind::Device, Ok((free, total))) => format!("; the device has {} free of {}", human_bytes(free), human_bytes(total)),
             _ => String::new(),
         };
-        // Reserved as the pass read it (the chunks it saw), so that it holds the bytes in use and
-        // free beside it; CUDA's own pool (cuda_async mode) counts its reservation itself.
-        let reserved = if kind == MemoryKind::Device && self.config.alloc_mode == AllocMode::CudaAsync {
-            stats.resource.reserved
-        } else {
-            let staged = if kind == MemoryKind::Pinned { lock(&self.staging).reserved() } else { 0 };
-            chunk_bytes + adopted + staged
+        // Reserved as the pass read it (what the lanes held), so that it holds the bytes in use
+        // and free beside it; pinned memory adds the staging slots and the spill store's, as
+        // `stats` does. CUDA's own pool (cuda_async mode) counts its reservation itself.
+        let reserved = match kind {
+            MemoryKind::Device if self.config.alloc_mode == AllocMode::CudaAsync => stats.resource.reserved,
+            MemoryKind::Device => reserved,
+            MemoryKind::Pinned => reserved + lock(&self.staging).reserved() + self.spill.pinned_reserved(),
         };
         // Spilled buffers hold no device memory: counted apart.
         let on_host = match stats.spill.buffers {
