@@ -118,12 +118,11 @@ Base.iterate(p::PinnedArray) = (check_live(p); invoke(iterate, Tuple{AbstractArr
 Base.iterate(x::KmmArray) = (check_live(x); invoke(iterate, Tuple{AbstractArray}, x))
 Base.fill!(p::PinnedArray, v) = (check_live(p); invoke(fill!, Tuple{AbstractArray,Any}, p, v))
 # So do Base's reductions (`sum`, `prod`: `mapreduce`), `hash` and broadcasting
-# (`broadcastable`, Base's documented hook for each argument of a broadcast).
+# (`broadcastable`, Base's documented hook for each argument of a broadcast); Base's wrappers
+# of these arrays, the same (wrappers.jl).
 Base.mapreduce(f, op, p::PinnedArray; kw...) =
     (check_live(p); invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, p; kw...))
 Base.mapreduce(f, op, x::KmmArray; kw...) = (check_live(x); device_mapreduce(f, op, x; kw...))
-Base.hash(x::Union{KmmArray,PinnedArray}, h::UInt) = (check_live(x); invoke(hash, Tuple{AbstractArray,UInt}, x, h))
-Base.Broadcast.broadcastable(x::Union{KmmArray,PinnedArray}) = (check_live(x); x)
 
 """
     device_mapreduce(f, op, x::KmmArray; kw...)

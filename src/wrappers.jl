@@ -48,6 +48,16 @@ on_host(v::LinearAlgebra.Transpose) = transpose(on_host(parent(v)))
 on_host(v::LinearAlgebra.Adjoint) = adjoint(on_host(parent(v)))
 on_host(v::PermutedDimsArray{T,N,perm}) where {T,N,perm} = PermutedDimsArray(on_host(parent(v)), perm)
 
+# Base's loops, reductions, hashing and broadcasts over no elements touch no memory: a freed
+# array of none (or a wrapper of one) would pass them. Each checks that the memory is live
+# first; Base does the rest (a KmmArray's own iterate and mapreduce are in pinned.jl).
+const KmmOrWrapped = Union{KmmMemory,WrappedKmm}
+Base.hash(x::KmmOrWrapped, h::UInt) = (check_live(x); invoke(hash, Tuple{AbstractArray,UInt}, x, h))
+Base.Broadcast.broadcastable(x::KmmOrWrapped) = (check_live(x); x)
+Base.iterate(v::WrappedKmm) = (check_live(v); invoke(iterate, Tuple{AbstractArray}, v))
+Base.mapreduce(f, op, v::WrappedKmm; kw...) =
+    (check_live(v); invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, v; kw...))
+
 # A pinned root is host memory already: Base's own methods (no second trip through these).
 Base.Array(v::WrappedKmm) =
     kmm_root(v) isa KmmArray ? Array(on_host(v)) : invoke(Array, Tuple{AbstractArray}, v)

@@ -40,6 +40,16 @@ end
         @test_throws KmmError Array(transpose(a))
         @test_throws KmmError collect(view(a, :, 1:2))
         @test_throws KmmError Matrix(a')
+        # Found by the review of these fixes: behind a wrapper, reductions, hash, broadcasts,
+        # `any` and `==` passed (sum(transpose(a)) gave 0.0).
+        for f in (() -> sum(transpose(a)), () -> sum(view(a, :, 1:2)), () -> hash(a'), () -> a' .+ 1,
+                  () -> any(x -> x > 0, a'), () -> a' == zeros(3, 0), () -> mapreduce(abs, +, reshape(a, 3, 0); init = 0.0))
+            @test_throws KmmError f()
+        end
     end
+    # Live arrays and their wrappers: Base's results, unchanged.
+    p = PinnedArray([1.0, 2.0, 3.0]; manager = m)
+    @test sum(p) == 6 && sum(view(p, 1:2)) == 3 && hash(p') == hash([1.0, 2.0, 3.0]') && (p' .+ 1) == [2.0 3.0 4.0]
+    @test any(x -> x > 2, view(p, :)) && transpose(p) == [1.0 2.0 3.0]
     close(m)
 end

@@ -2,6 +2,7 @@
 Kmm `Buffer`, exchanged without copies through `__cuda_array_interface__` (v3) and DLPack."""
 
 import math
+import threading
 import warnings
 import weakref
 
@@ -156,18 +157,22 @@ def _refuse_read_only(why):
 #: the import). Several per address: an import may overlap another, or a buffer Kmm allocated.
 _cai_addresses = {}
 _cai_prune_at = [256]
+#: Guards the table: threads exporting and importing at once would change it (and its sets)
+#: while another iterates them, and a prune could drop an entry just being added.
+_cai_lock = threading.Lock()
 
 
 def _enter_cai_address(ptr, buf):
-    entries = _cai_addresses.get(ptr)
-    if entries is None:
-        if len(_cai_addresses) >= _cai_prune_at[0]:
-            # Addresses whose buffers are all gone, dropped once the table doubled.
-            for key in [key for key, bufs in _cai_addresses.items() if not bufs]:
-                del _cai_addresses[key]
-            _cai_prune_at[0] = max(256, 2 * len(_cai_addresses))
-        entries = _cai_addresses[ptr] = weakref.WeakSet()
-    entries.add(buf)
+    with _cai_lock:
+        entries = _cai_addresses.get(ptr)
+        if entries is None:
+            if len(_cai_addresses) >= _cai_prune_at[0]:
+                # Addresses whose buffers are all gone, dropped once the table doubled.
+                for key in [key for key, bufs in _cai_addresses.items() if not bufs]:
+                    del _cai_addresses[key]
+                _cai_prune_at[0] = max(256, 2 * len(_cai_addresses))
+            entries = _cai_addresses[ptr] = weakref.WeakSet()
+        entries.add(buf)
 
 
 def _dict_producers(cai, ptr, lo, hi):
@@ -175,7 +180,9 @@ def _dict_producers(cai, ptr, lo, hi):
     `ptr` (checked to hold the dict's whole range), else the live imports whose dicts gave that
     address, with the dict. A closed buffer's entry says nothing: its address may be another
     buffer's now, whose own dicts enter it again."""
-    live = [buf for buf in list(_cai_addresses.get(ptr, ())) if not buf.closed and buf._ptr <= ptr < buf._ptr + buf.nbytes]
+    with _cai_lock:
+        entered = list(_cai_addresses.get(ptr, ()))
+    live = [buf for buf in entered if not buf.closed and buf._ptr <= ptr < buf._ptr + buf.nbytes]
     allocated = [buf for buf in live if not isinstance(buf, _Imported)]
     if allocated:
         # Live buffers Kmm allocated do not overlap: this one is the memory's only owner.

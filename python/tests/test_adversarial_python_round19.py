@@ -126,3 +126,37 @@ def test_the_cai_import_of_an_object_without_cai_raises_type_error(manager):
     # An AttributeError from inside the import, naming nothing.
     for obj in (5, np.zeros(3), object()):
         expect_named(TypeError, "obj", kmm.from_cuda_array_interface, obj, manager=manager)
+
+
+def test_the_table_of_cai_addresses_takes_threads_exporting_at_once(manager):
+    # Found by the review of these fixes: the table's prune iterated it while other threads
+    # entered addresses ("dictionary changed size during iteration" from a property read), and
+    # a prune could drop an entry just being added.
+    import threading
+    import traceback
+
+    errors = []
+
+    def export(seed):
+        try:
+            for r in range(30):
+                big = manager.empty((100000,), "float32")
+                base = ((r * 6 + seed) * 400) % 95000
+                for k in range(base, base + 400):
+                    kmm.DeviceArray(big.buffer, (1,), "float32", offset=4 * k).__cuda_array_interface__
+                del big
+        except Exception as e:  # noqa: BLE001 - any error from a property read is the finding
+            errors.append("".join(traceback.format_exception(type(e), e, e.__traceback__)))
+
+    import sys
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # threads switch often: the races show in one run
+    try:
+        threads = [threading.Thread(target=export, args=(s,)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[0]
