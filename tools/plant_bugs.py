@@ -1110,11 +1110,6 @@ PLANTS = [
      "if failed.is_none() && !*closed {",
      "if failed.is_none() {",
      ["lib"]),
-    # A file trace whose writes failed makes the next start fail too.
-    ("failed-trace-file-blocks-next-start", "rust/kmm/src/manager/observe.rs",
-     "            let _ = before.finish();\n",
-     "            before.finish()?;\n",
-     ["observe"]),
     # Spill to host (manager/spill.rs). The copy out no longer waits for the streams that used
     # the buffer: a recorded stream's late write is lost.
     ("spill-skips-the-users-fence", "rust/kmm/src/manager/spill.rs",
@@ -1579,8 +1574,8 @@ PLANTS = [
      ["abi_lanes"]),
     # Round 19 (observability): a start replacing a file trace whose writing failed drops the failure.
     ("trace-start-drops-write-failure", "rust/kmm/src/manager/observe.rs",
-     "            if let Some(failure) = before.write_failure() {",
-     "            if let Some(failure) = before.write_failure().filter(|_| false) {",
+     "            if let Some(failure) = before.write_failure().or_else(|| slot.replaced_failure.clone()) {",
+     "            if let Some(failure) = None::<String> {",
      ["observe"]),
     # Round 19 (observability): an `allocate failure` row of a size past the limit fails the read.
     ("replay-refuses-refused-sizes", "rust/kmm/src/manager/csv.rs",
