@@ -31,7 +31,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "adversarial, tenth run" begin include("adversarial_round10.jl") end
     @testset "adversarial, eleventh run" begin include("adversarial_round11.jl") end
     @testset "adversarial, twelfth run" begin include("adversarial_round12.jl") end
-    @testset "adversarial, nineteenth run" begin include("adversarial_round19.jl") end
+    @testset "adversarial, thirteenth run" begin include("adversarial_round13.jl") end
     @testset "review of session 14 (two threads, in a child)" begin
         include("in_child.jl")
         test_in_child("include($(repr(joinpath(@__DIR__, "review_s14.jl"))))"; threads = 2)

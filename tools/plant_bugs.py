@@ -1510,7 +1510,7 @@ PLANTS = [
      '    if host.dtype.names is not None and dtype.names is not None:\n        # Records field by field',
      '    if False:\n        # Records field by field',
      ["py:test_adversarial_python_round12.py"]),
-    # Round 19 (C ABI): another thread's copy counted as the caller's map: a plain free refused.
+    # Round 13 (C ABI): another thread's copy counted as the caller's map: a plain free refused.
     ("free-counts-copy-leases-as-maps", "rust/kmm/src/manager/lane.rs",
      "let callers_pins = record.pins - record.leases;",
      "let callers_pins = record.pins;",
@@ -1519,80 +1519,80 @@ PLANTS = [
      "Ok((r.addr, r.bytes, r.kind, r.pins - r.leases))",
      "Ok((r.addr, r.bytes, r.kind, r.pins))",
      ["abi_copies"]),
-    # Round 19 (Python): the bare CAI dict of a kmm import holds nothing.
+    # Round 13 (Python): the bare CAI dict of a kmm import holds nothing.
     ('py-cai-table-leaves-imports-out', 'python/kmm/array.py',
      '    return [cai] + live\n',
      '    return [cai]\n',
-     ["py:test_adversarial_python_round19.py"]),
-    # Round 19 (Python): one buffer per CAI address: an empty view at a buffer's end takes the next one's.
+     ["py:test_adversarial_python_round13.py"]),
+    # Round 13 (Python): one buffer per CAI address: an empty view at a buffer's end takes the next one's.
     ('py-cai-table-one-buffer-per-address', 'python/kmm/array.py',
      '    entries.add(buf)\n',
      '    entries.clear()\n    entries.add(buf)\n',
-     ["py:test_adversarial_python_round19.py"]),
-    # Round 19 (Python): an ndarray subclass's properties are trusted by copies.
+     ["py:test_adversarial_python_round13.py"]),
+    # Round 13 (Python): an ndarray subclass's properties are trusted by copies.
     ('py-host-address-trusts-subclass', 'python/kmm/buffer.py',
      '    if type(obj) is np.ndarray:',
      '    if isinstance(obj, np.ndarray):',
-     ["py:test_adversarial_python_round19.py"]),
-    # Round 19 (Python): complex numbers checked as a whole against a float type's range.
+     ["py:test_adversarial_python_round13.py"]),
+    # Round 13 (Python): complex numbers checked as a whole against a float type's range.
     ('py-complex-range-as-a-whole', 'python/kmm/array.py',
      '        return (a.real, a.imag) if a.dtype.kind == "c" else (a,)',
      '        return (a,)',
-     ["py:test_adversarial_python_round19.py"]),
-    # Round 19 (Python): a non-CAI object raises AttributeError.
+     ["py:test_adversarial_python_round13.py"]),
+    # Round 13 (Python): a non-CAI object raises AttributeError.
     ('py-cai-import-attribute-error', 'python/kmm/array.py',
      '        if cai is None:\n            raise TypeError("obj = %r has no',
      '        if cai is None:\n            cai.x\n            raise TypeError("obj = %r has no',
-     ["py:test_adversarial_python_round19.py"]),
-    # Round 19 (Julia): copyto!'s converting paths sum offsets in the arguments' type (wraps).
+     ["py:test_adversarial_python_round13.py"]),
+    # Round 13 (Julia): copyto!'s converting paths sum offsets in the arguments' type (wraps).
     ("jl-copied-range-in-argument-type", "src/array.jl",
      "copied_range(offs::Integer, n::Integer) = Int(offs):(Int(offs) + Int(n) - 1)",
      "copied_range(offs::Integer, n::Integer) = offs:(offs + n - 1)",
-     ["jl:adversarial_round19.jl"]),
-    # Round 19 (Julia): reductions, hash and broadcasts of a freed array of no elements pass.
+     ["jl:adversarial_round13.jl"]),
+    # Round 13 (Julia): reductions, hash and broadcasts of a freed array of no elements pass.
     ("jl-freed-empty-reduction-passes", "src/pinned.jl",
      "Base.mapreduce(f, op, x::KmmArray; kw...) = (check_live(x); device_mapreduce(f, op, x; kw...))",
      "Base.mapreduce(f, op, x::KmmArray; kw...) = device_mapreduce(f, op, x; kw...)",
-     ["jl:adversarial_round19.jl"]),
+     ["jl:adversarial_round13.jl"]),
     ("jl-freed-empty-broadcast-passes", "src/wrappers.jl",
      "Base.Broadcast.broadcastable(x::KmmOrWrapped) = (check_live(x); x)",
      "Base.Broadcast.broadcastable(x::KmmOrWrapped) = x",
-     ["jl:adversarial_round19.jl"]),
+     ["jl:adversarial_round13.jl"]),
     ("jl-freed-empty-hash-passes", "src/wrappers.jl",
      "Base.hash(x::KmmOrWrapped, h::UInt) = (check_live(x); invoke(",
      "Base.hash(x::KmmOrWrapped, h::UInt) = (invoke(",
-     ["jl:adversarial_round19.jl"]),
-    # Round 19 (Julia): Base's copies of a freed pinned array of no elements behind a wrapper pass.
+     ["jl:adversarial_round13.jl"]),
+    # Round 13 (Julia): Base's copies of a freed pinned array of no elements behind a wrapper pass.
     ("jl-freed-pinned-wrapper-copy-passes", "src/wrappers.jl",
      "(check_live(v); invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, v))",
      "invoke(copyto!, Tuple{AbstractArray,AbstractArray}, dest, v)",
-     ["jl:adversarial_round19.jl"]),
-    # Round 19 (observability): an out-of-memory message's reserved read apart from its pass.
+     ["jl:adversarial_round13.jl"]),
+    # Round 13 (observability): an out-of-memory message's reserved read apart from its pass.
     ("oom-message-reserved-apart", "rust/kmm/src/manager/observe.rs",
      "            MemoryKind::Device => reserved,\n",
      "            MemoryKind::Device => stats.resource.reserved,\n",
      ["abi_lanes"]),
-    # Round 19 (observability): a start replacing a file trace whose writing failed drops the failure.
+    # Round 13 (observability): a start replacing a file trace whose writing failed drops the failure.
     ("trace-start-drops-write-failure", "rust/kmm/src/manager/observe.rs",
      "            if let Some(failure) = before.write_failure().or_else(|| slot.replaced_failure.clone()) {",
      "            if let Some(failure) = None::<String> {",
      ["observe"]),
-    # Round 19 (observability): an `allocate failure` row of a size past the limit fails the read.
+    # Round 13 (observability): an `allocate failure` row of a size past the limit fails the read.
     ("replay-refuses-refused-sizes", "rust/kmm/src/manager/csv.rs",
      "                b if action == Action::AllocateFailure => b,\n",
      "",
      ["bench:replay"]),
-    # Round 19 (observability): the full form drops the restore of a buffer older than the trace.
+    # Round 13 (observability): the full form drops the restore of a buffer older than the trace.
     ("replay-drops-restores-of-older-buffers", "rust/kmm-bench/src/replay.rs",
      "Some(Action::Restore) if by_buffer && !p.live.contains_key(&key(r)) => {",
      "Some(Action::Restore) if by_buffer && spilled.contains(&key(r)) => {",
      ["bench:replay"]),
-    # Round 19 (observability): a map run of several states is drawn in the busiest's colour.
+    # Round 13 (observability): a map run of several states is drawn in the busiest's colour.
     ("map-mixed-run-in-busiest-colour", "rust/kmm/src/figures.rs",
      "        if states == 1 || self.bytes == 0 {\n            let colour = [FREE, IN_USE, MAPPED][s.state as usize];",
      "        if states > 0 {\n            let colour = if self.count[2] > 0 { MAPPED } else if self.count[1] > 0 { IN_USE } else { FREE };",
      ["observe"]),
-    # Round 19 (observability): a timeline of no records (or a span of ns) ticks 0, 0, 0.001 µs.
+    # Round 13 (observability): a timeline of no records (or a span of ns) ticks 0, 0, 0.001 µs.
     ("timeline-ticks-of-no-span", [
         ("rust/kmm/src/figures.rs",
          "        n if n >= 10_000 => (1e3, \"µs\"),\n        _ => (1.0, \"ns\"),\n",
@@ -1601,30 +1601,30 @@ PLANTS = [
          "let span = if records.is_empty() { 0.0 } else { end_ns as f64 / t_div };",
          "let span = end_ns as f64 / t_div;"),
      ], ["observe"]),
-    # Review of round 19: an out-of-memory message's reserved taken from the pools' chunks (0 B in direct mode).
+    # Review of round 13: an out-of-memory message's reserved taken from the pools' chunks (0 B in direct mode).
     ("oom-message-reserved-from-chunks", "rust/kmm/src/manager/observe.rs",
      "            MemoryKind::Device => reserved,\n",
      "            MemoryKind::Device => chunk_bytes,\n",
      ["abi_lanes"]),
-    # Review of round 19: a write failure found as a start closes the trace it replaces is dropped.
+    # Review of round 13: a write failure found as a start closes the trace it replaces is dropped.
     ("trace-start-drops-late-write-failure", "rust/kmm/src/manager/observe.rs",
      "            Some(Err(e)) => Some(e.message),",
      "            Some(Err(_)) => None,",
      ["observe"]),
-    # Review of round 19 (Python): the table of CAI addresses changed by threads without a lock.
+    # Review of round 13 (Python): the table of CAI addresses changed by threads without a lock.
     ('py-cai-table-unlocked', 'python/kmm/array.py',
      '_cai_lock = threading.Lock()',
      '_cai_lock = type("NoLock", (), {"__enter__": lambda self: self, "__exit__": lambda self, *a: None})()',
-     ["py:test_adversarial_python_round19.py"]),
-    # Review of round 19 (Julia): reductions, iteration and broadcasts behind wrappers of freed arrays pass.
+     ["py:test_adversarial_python_round13.py"]),
+    # Review of round 13 (Julia): reductions, iteration and broadcasts behind wrappers of freed arrays pass.
     ("jl-freed-wrapper-reduction-passes", "src/wrappers.jl",
      "    (check_live(v); invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, v; kw...))",
      "    invoke(mapreduce, Tuple{Any,Any,AbstractArray}, f, op, v; kw...)",
-     ["jl:adversarial_round19.jl"]),
+     ["jl:adversarial_round13.jl"]),
     ("jl-freed-wrapper-iterate-passes", "src/wrappers.jl",
      "Base.iterate(v::WrappedKmm) = (check_live(v); invoke(",
      "Base.iterate(v::WrappedKmm) = (invoke(",
-     ["jl:adversarial_round19.jl"]),
+     ["jl:adversarial_round13.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

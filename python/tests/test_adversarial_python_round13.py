@@ -1,4 +1,4 @@
-"""Adversarial round 19 (host backend): the bare `__cuda_array_interface__` dict of a kmm import,
+"""Adversarial round 13 (host backend): the bare `__cuda_array_interface__` dict of a kmm import,
 NumPy subclasses whose properties lie to a copy, a zero-size view's dict at a buffer's end,
 complex parts past a float type's range, and a non-CAI object given to the CAI import. Each test
 failed on the code before the fix it names."""

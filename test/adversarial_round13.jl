@@ -1,4 +1,4 @@
-# Adversarial round 19 (Julia, host backend). Each test failed on the code before its fix.
+# Adversarial round 13 (Julia, host backend). Each test failed on the code before its fix.
 
 # copyto!(dest, doffs, src, soffs, n) with offsets of a small integer type: the converting paths
 # summed `soffs:soffs+n-1` in the arguments' type, which wraps (UInt8(250) + UInt8(10) - 1 is
