@@ -368,7 +368,7 @@ fn both_forms(m: KmmManager, name: &str) -> Vec<(&'static str, Vec<kmm::manager:
 
 #[test]
 fn refused_allocations_past_the_size_limit_are_skipped_and_counted() {
-    // Found by an adversarial run (round 19): an `allocate failure` row carries the refused
+    // Found by an adversarial run (round 13): an `allocate failure` row carries the refused
     // size, 2^49 or SIZE_MAX, and the reader refused the whole trace for a size past
     // KMM_MAX_BUFFER_BYTES, in either form.
     let m = manager();
@@ -394,7 +394,7 @@ fn refused_allocations_past_the_size_limit_are_skipped_and_counted() {
 
 #[test]
 fn a_restore_of_a_buffer_older_than_the_trace_takes_memory_in_either_form() {
-    // Found by an adversarial run (round 19): two buffers allocated before the trace, one
+    // Found by an adversarial run (round 13): two buffers allocated before the trace, one
     // spilled for a new one and restored (spilling the other). The RMM form replayed the restore
     // as an allocation (2 MiB, the run's peak in the InUse column); the full form dropped it
     // (1 MiB).

@@ -224,7 +224,7 @@ fn a_free_during_a_copy_releases_the_memory_after_the_copy() {
 
 /// Another thread's copy pins the buffer for itself while it queues, but that pin is not the
 /// caller's map: `kmm_buffer_info` does not count it, and a plain free (no `KMM_FREE_FORCE`) is
-/// not refused as "mapped". It was (round 19, 2026-11-29: a finalizer's free beside a copy in
+/// not refused as "mapped". It was (round 13, 2026-11-29: a finalizer's free beside a copy in
 /// another thread failed, and the buffer leaked), while `kmm_buffer_unmap` said "not mapped".
 #[test]
 fn another_threads_copy_neither_maps_the_buffer_nor_refuses_its_free() {

@@ -171,7 +171,7 @@ fn message_figure(text: &str, key: &str) -> f64 {
 
 /// An out-of-memory message's figures come from one pass over the lanes, each lane's under its
 /// lock: while other threads allocate and free, in use, free, reserved and the holders still
-/// agree. Read at different moments (round 19, 2026-11-29), a few messages in a thousand said
+/// agree. Read at different moments (round 13, 2026-11-29), a few messages in a thousand said
 /// "in use: 0 B in 0 buffers" beside a listed holder, a largest free block of 0 B beside 16 MiB
 /// free, or 16 MiB reserved with nothing in use or free.
 #[test]
@@ -216,7 +216,7 @@ fn an_out_of_memory_message_agrees_with_itself_while_other_threads_allocate() {
 
 /// In direct mode (each buffer an allocation of its own, no chunks) the message's reserved is
 /// what the buffers hold, as `kmm_manager_stats` says: the one-pass message first read it from
-/// the pools' chunks and said "reserved: 0 B" beside 40 MiB held (review of round 19).
+/// the pools' chunks and said "reserved: 0 B" beside 40 MiB held (review of round 13).
 #[test]
 fn an_out_of_memory_message_in_direct_mode_gives_the_reserved_bytes() {
     let m = Mgr::with(|c| {

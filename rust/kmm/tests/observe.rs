@@ -568,7 +568,7 @@ fn the_header_declares_the_trace_enums_and_nothing_internal() {
 
 /// A file trace whose writing failed is reported by its stop, also where a start would replace
 /// it: the start is refused (changing nothing) until the stop reported it. The replacing start
-/// used to drop the failure (round 19, 2026-11-29: `/dev/full`, 10 rows, every start and the stop
+/// used to drop the failure (round 13, 2026-11-29: `/dev/full`, 10 rows, every start and the stop
 /// of the next trace said OK). Rows still buffered when the start comes are written first.
 #[cfg(target_os = "linux")]
 #[test]
@@ -1079,7 +1079,7 @@ fn an_empty_memory_map_labels_its_axis_once() {
 
 #[test]
 fn a_map_with_one_block_in_fifty_mapped_draws_a_fiftieth_mapped() {
-    // Found by an adversarial run (round 19): blocks sharing pixels were drawn as one rectangle
+    // Found by an adversarial run (round 13): blocks sharing pixels were drawn as one rectangle
     // coloured "mapped" when any of them was, so 512-byte buffers with one in 50 mapped drew
     // whole rows orange and "in use" nowhere.
     let m = pool_manager();
@@ -1112,7 +1112,7 @@ fn a_map_with_one_block_in_fifty_mapped_draws_a_fiftieth_mapped() {
 
 #[test]
 fn a_timeline_labels_its_time_ticks_apart_for_any_span() {
-    // Found by an adversarial run (round 19): an empty ring trace's timeline labelled its time
+    // Found by an adversarial run (round 13): an empty ring trace's timeline labelled its time
     // axis 0, 0, 0, 0.001, 0.001, 0.001 (µs).
     let m = pool_manager();
     ok(kmm_manager_trace_start(m.0, 0, std::ptr::null(), 0));
@@ -1137,7 +1137,7 @@ fn a_timeline_labels_its_time_ticks_apart_for_any_span() {
 
 /// A start replacing a file trace while another thread records: rows recorded after the start
 /// wrote the trace out (its check) are written when the trace is closed, and where that fails
-/// the next stop reports it. It was dropped (review of round 19: 5 starts in 10,000 returned OK
+/// the next stop reports it. It was dropped (review of round 13: 5 starts in 10,000 returned OK
 /// with a row cut short and nothing reported). The file limit (`RLIMIT_FSIZE`, one byte past the
 /// header) is the process's, so the body runs in a child of the test binary.
 #[cfg(target_os = "linux")]
