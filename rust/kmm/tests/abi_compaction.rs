@@ -407,15 +407,20 @@ fn a_block_freed_under_a_copy_is_never_moved_for_another_buffer() {
         let src = vec![0xAAu8; PIECE as usize];
         kmm_copy_to_device(handle, x, 0, src.as_ptr().cast(), PIECE) // waits behind the gate, leased
     });
-    while m.info(x).pins == 0 {
+    // The copy's own pin (not the caller's map: `kmm_buffer_info` leaves it out) shows in the
+    // memory map, which draws a pinned block as mapped.
+    let held = |m: &Mgr| {
+        let mut segs = vec![KmmMapSegment::default(); 64];
+        let mut n = 0usize;
+        ok(kmm_manager_memory_map(m.0, DEVICE, segs.as_mut_ptr(), segs.len(), &mut n));
+        segs[..n].iter().any(|s| s.buffer == x && s.state == KmmSegmentState::KMM_SEGMENT_MAPPED as u32)
+    };
+    while !held(&m) {
         std::thread::yield_now();
     }
     ok(kmm_buffer_free(m.0, x, KMM_FREE_FORCE));
     // Until the copy ends its block is held: the map draws it (as held, by its dead handle).
-    let mut segs = vec![KmmMapSegment::default(); 64];
-    let mut n = 0usize;
-    ok(kmm_manager_memory_map(m.0, DEVICE, segs.as_mut_ptr(), segs.len(), &mut n));
-    assert!(segs[..n].iter().any(|s| s.buffer == x && s.state == KmmSegmentState::KMM_SEGMENT_MAPPED as u32), "the held block is drawn free");
+    assert!(held(&m), "the held block is drawn free");
     let y = m.alloc(4 << 20, DEVICE);
     let bb = 0xBBu8;
     ok(kmm_fill(m.0, y, 0, 4 << 20, (&bb as *const u8).cast(), 1));
