@@ -359,7 +359,7 @@ impl Manager {
             // buffers' allocations, and adopted memory.
             h.reserved += counters.reserved + st.adopted[k].counters().reserved;
             // Buffers freed under a copy (`State::dying`) hold their blocks until it ends.
-            let dying = st.dying.iter().map(|(h, r)| (*h, r));
+            let dying = st.dying.iter().map(|(handle, r)| (*handle, r));
             for (handle, r) in st.buffers.iter().chain(dying).filter(|(_, r)| r.kind == kind) {
                 match r.origin {
                     Origin::Resource(b) | Origin::Lent { block: b, .. } => blocks.push((b.addr, b.size)),
