@@ -193,7 +193,9 @@ fn an_out_of_memory_message_agrees_with_itself_while_other_threads_allocate() {
             });
         }
         let mut bad = Vec::new();
-        for _ in 0..2000 {
+        // Each failure gives the cached chunks back, which the other threads then take again:
+        // about 20 ms a round on two cores.
+        for _ in 0..1000 {
             let mut b = 0;
             assert_eq!(kmm_buffer_alloc(m.0, 1 << 47, DEVICE, &mut b), KmmStatus::KMM_ERROR_OUT_OF_MEMORY);
             let text = last_error();
@@ -210,7 +212,7 @@ fn an_out_of_memory_message_agrees_with_itself_while_other_threads_allocate() {
             }
         }
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        assert!(bad.is_empty(), "{} of 2000 messages disagree with themselves, e.g.:\n{}", bad.len(), bad[0]);
+        assert!(bad.is_empty(), "{} of 1000 messages disagree with themselves, e.g.:\n{}", bad.len(), bad[0]);
     });
 }
 
