@@ -180,6 +180,23 @@ fn copies_between_a_host_and_a_cuda_manager_go_through_host_memory() {
     cuda.free(d);
 }
 
+/// Starts a copy of `n` bytes of `byte` into `b` on another thread and returns once it is
+/// inside the copy, waiting behind the manager's closed `Gate` (for staging slots).
+fn copy_behind_the_gate(m: &Mgr, b: u64, n: usize, byte: u8) -> std::thread::JoinHandle<KmmStatus> {
+    let (handle, started) = (m.0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+    let flag = started.clone();
+    let copier = std::thread::spawn(move || {
+        let src = vec![byte; n];
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        kmm_copy_to_device(handle, b, 0, src.as_ptr().cast(), n as u64)
+    });
+    while !started.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::yield_now();
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50)); // inside the copy, behind the gate
+    copier
+}
+
 /// A forced free while another thread's copy into the buffer is still being queued (here: waiting
 /// for a staging slot behind a blocked stream) must not release the memory under it: what the
 /// copy queues after the free would land in the next buffer at that address. Found through the
@@ -196,17 +213,7 @@ fn a_free_during_a_copy_releases_the_memory_after_the_copy() {
     const N: usize = 1 << 20; // 16 staging slots' worth: the copy waits for slots mid-way
     let b = m.alloc(N as u64, DEVICE);
     let gate = Gate::close(&m);
-    let (handle, started) = (m.0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
-    let flag = started.clone();
-    let copier = std::thread::spawn(move || {
-        let src = vec![0xAAu8; N];
-        flag.store(true, std::sync::atomic::Ordering::SeqCst);
-        kmm_copy_to_device(handle, b, 0, src.as_ptr().cast(), N as u64)
-    });
-    while !started.load(std::sync::atomic::Ordering::SeqCst) {
-        std::thread::yield_now();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(50)); // inside the copy, behind the gate
+    let copier = copy_behind_the_gate(&m, b, N, 0xAA);
     ok(kmm_buffer_free(m.0, b, KMM_FREE_FORCE));
     expect_err(kmm_buffer_free(m.0, b, KMM_FREE_FORCE), KMM_ERROR_INVALID_HANDLE, &[]);
     let c = m.alloc(N as u64, DEVICE);
@@ -236,17 +243,7 @@ fn another_threads_copy_neither_maps_the_buffer_nor_refuses_its_free() {
     const N: usize = 1 << 20;
     let b = m.alloc(N as u64, DEVICE);
     let gate = Gate::close(&m);
-    let (handle, started) = (m.0, std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
-    let flag = started.clone();
-    let copier = std::thread::spawn(move || {
-        let src = vec![0x55u8; N];
-        flag.store(true, std::sync::atomic::Ordering::SeqCst);
-        kmm_copy_to_device(handle, b, 0, src.as_ptr().cast(), N as u64)
-    });
-    while !started.load(std::sync::atomic::Ordering::SeqCst) {
-        std::thread::yield_now();
-    }
-    std::thread::sleep(std::time::Duration::from_millis(50)); // inside the copy, behind the gate
+    let copier = copy_behind_the_gate(&m, b, N, 0x55);
     let mut info = KmmBufferInfo::default();
     ok(kmm_buffer_info(m.0, b, &mut info));
     assert_eq!(info.pins, 0, "another thread's copy counted as the caller's map");
