@@ -16,9 +16,15 @@ fn ok(s: KmmStatus) {
 }
 
 fn manager() -> KmmManager {
+    manager_with(|_| {})
+}
+
+/// A host-backend manager of the default configuration changed by `f`.
+fn manager_with(f: impl FnOnce(&mut KmmConfig)) -> KmmManager {
     let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
     ok(kmm_config_default(&mut c));
     c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+    f(&mut c);
     let mut m = 0;
     ok(kmm_manager_create(&c, &mut m));
     m
@@ -157,14 +163,11 @@ fn a_trace_of_a_run_that_spilled_replays_to_its_device_peak_in_either_form() {
     // Found by an adversarial review (2026-11-28): the full form kept spilled buffers in use
     // (12 MiB where the run's device peak was 4 MiB) while the RMM form, whose spills are frees,
     // replayed to 4 MiB. Both now follow the device memory, as the run's stats do.
-    let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
-    ok(kmm_config_default(&mut c));
-    c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
-    c.chunk_size = 1 << 20;
-    c.hard_limit = 4 << 20;
-    c.spill_limit = 64 << 20;
-    let mut m = 0;
-    ok(kmm_manager_create(&c, &mut m));
+    let m = manager_with(|c| {
+        c.chunk_size = 1 << 20;
+        c.hard_limit = 4 << 20;
+        c.spill_limit = 64 << 20;
+    });
     ok(kmm_manager_trace_start(m, 0, std::ptr::null(), 0));
     let mut bufs = Vec::new();
     for _ in 0..12 {
@@ -398,15 +401,12 @@ fn a_restore_of_a_buffer_older_than_the_trace_takes_memory_in_either_form() {
     // spilled for a new one and restored (spilling the other). The RMM form replayed the restore
     // as an allocation (2 MiB, the run's peak in the InUse column); the full form dropped it
     // (1 MiB).
-    let mut c = unsafe { std::mem::zeroed::<KmmConfig>() };
-    ok(kmm_config_default(&mut c));
-    c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
-    c.chunk_size = 1 << 20;
-    c.hard_limit = 2 << 20;
-    c.spill_limit = 16 << 20;
-    c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
-    let mut m = 0;
-    ok(kmm_manager_create(&c, &mut m));
+    let m = manager_with(|c| {
+        c.chunk_size = 1 << 20;
+        c.hard_limit = 2 << 20;
+        c.spill_limit = 16 << 20;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_HEAP as u32;
+    });
     let (mut old0, mut old1, mut b, mut p) = (0, 0, 0, 0);
     ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut old0));
     ok(kmm_buffer_alloc(m, 1 << 20, DEVICE, &mut old1));
