@@ -362,3 +362,42 @@ fn bad_mrstat_arguments_are_rejected() {
     expect_err(kmm_qmri_fisp_derivatives(m.0, &raw, badp, 0, 2, mb, 0, 0, 0), KMM_ERROR_INVALID_ARGUMENT, &["T2"]);
     assert_eq!(m.download(out, 0, 64), before, "refused calls wrote nothing");
 }
+
+/// An output sharing memory with an input or another output is refused before anything is
+/// written: with `dm_dt1 == m` the derivatives returned `KMM_OK` and the buffer held m alone.
+#[test]
+fn outputs_that_share_memory_with_an_argument_are_refused() {
+    let m = Mgr::new();
+    let p = problem();
+    let model = upload_model(&m, &p);
+    let n = (p.nr * p.nvox) as u64;
+    let seq = FispSpec::mrf(p.nr, 8);
+    let params = upload(&m, &atoms(&p));
+    let (mb, d1, d2) = (m.alloc(n * 8, DEVICE), m.alloc(n * 8, DEVICE), m.alloc(n * 8, DEVICE));
+    let shared = "an output may not overlap another argument";
+    expect_err(kmm_qmri_fisp_derivatives(m.0, &seq.raw(), params, 0, p.nvox as u64, mb, mb, d2, 0), KMM_ERROR_INVALID_ARGUMENT, &["dm_dt1 and m", shared]);
+    expect_err(kmm_qmri_fisp_derivatives(m.0, &seq.raw(), params, 0, p.nvox as u64, mb, d1, d1, 0), KMM_ERROR_INVALID_ARGUMENT, &["dm_dt2 and dm_dt1"]);
+    ok(kmm_qmri_fisp_derivatives(m.0, &seq.raw(), params, 0, p.nvox as u64, mb, d1, d2, 0));
+    let ns = (p.nc * p.nr * p.ns) as u64;
+    // Large enough for every product's output, so that only the sharing is wrong.
+    let big = m.alloc(ns.max(n) * 8, DEVICE);
+    ok(kmm_qmri_mrstat_signal(m.0, &model, mb, big));
+    let signal: Vec<Cf> = download(&m, big, ns as usize);
+    let mags: Vec<Cf> = download(&m, mb, n as usize);
+    // Valid voxel records at the start of a buffer large enough for the signal.
+    let records = bytes_of(&p.records);
+    let vo = m.alloc((ns * 8).max(records.len() as u64), DEVICE);
+    m.upload(vo, 0, &records);
+    expect_err(kmm_qmri_mrstat_signal(m.0, &KmmMrstatModel { voxels: vo, ..model }, mb, vo), KMM_ERROR_INVALID_ARGUMENT, &["out and model->voxels"]);
+    let (mbig, vbig) = (m.alloc(ns.max(n) * 8, DEVICE), m.alloc(ns.max(n) * 8, DEVICE));
+    ok(kmm_qmri_fisp_derivatives(m.0, &seq.raw(), params, 0, p.nvox as u64, mbig, 0, 0, 0));
+    expect_err(kmm_qmri_mrstat_signal(m.0, &model, mbig, mbig), KMM_ERROR_INVALID_ARGUMENT, &["out and m", shared]);
+    let v = upload(&m, &vec![0.01f32; 4 * p.nvox]);
+    ok(kmm_copy_buffer(m.0, vbig, 0, m.0, v, 0, 16 * p.nvox as u64));
+    expect_err(kmm_qmri_jacobian_mul(m.0, &model, mb, d1, d2, vbig, vbig), KMM_ERROR_INVALID_ARGUMENT, &["out and v"]);
+    expect_err(kmm_qmri_jacobian_mul(m.0, &model, mb, d1, d2, v, d1), KMM_ERROR_INVALID_ARGUMENT, &["out and dm_dt1"]);
+    expect_err(kmm_qmri_jacobian_adjoint_mul(m.0, &model, mb, d1, d2, big, big), KMM_ERROR_INVALID_ARGUMENT, &["out and w"]);
+    expect_err(kmm_qmri_jacobian_adjoint_mul(m.0, &model, mb, d1, d2, big, model.coils), KMM_ERROR_INVALID_ARGUMENT, &["out and model->coils"]);
+    assert_eq!(download::<Cf>(&m, big, ns as usize), signal, "the refused calls wrote nothing");
+    assert_eq!(download::<Cf>(&m, mb, n as usize), mags);
+}

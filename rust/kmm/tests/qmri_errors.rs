@@ -170,3 +170,59 @@ fn modules_need_the_cuda_backend() {
         &["2048 threads"],
     );
 }
+
+/// An output sharing memory with another argument: the simulation wrote atom 0's signal over
+/// atom 1's parameters before simulating atom 1, and returned `KMM_OK`.
+#[test]
+fn outputs_that_share_memory_with_an_argument_are_refused() {
+    let m = Mgr::new();
+    let spec = FispSpec::constant(2, 0.3);
+    let atoms = [atom(1.0, 0.1, 1.0, 0.0), atom(0.5, 0.05, 1.0, 0.0)];
+    let p = upload(&m, &atoms);
+    let shared = "an output may not overlap another argument";
+    expect_err(kmm_qmri_simulate_fisp(m.0, &spec.raw(), p, 0, 2, p, 0), KMM_ERROR_INVALID_ARGUMENT, &["out and params", shared]);
+    expect_err(kmm_qmri_simulate_pssfp(m.0, &PssfpSpec::mrf(2, 2).raw(), p, 0, 2, p, 0), KMM_ERROR_INVALID_ARGUMENT, &["out and params", shared]);
+    assert_eq!(download::<[f32; 4]>(&m, p, 2), atoms, "the refused calls left the parameters alone");
+    // Disjoint ranges of one buffer are allowed: atoms 2 and 3 of a buffer whose first 32 bytes
+    // take the two signals (2 TRs x 2 atoms x 8 bytes).
+    let both = upload(&m, &[[0f32; 4], [0f32; 4], atoms[0], atoms[1]]);
+    ok(kmm_qmri_simulate_fisp(m.0, &spec.raw(), both, 2, 2, both, 0));
+    let want = fisp(&m, &spec, &atoms);
+    assert_eq!(download::<Cf>(&m, both, 4), want);
+    // Atoms 1 and 2 start at byte 16, inside the signals' 32 bytes.
+    expect_err(kmm_qmri_simulate_fisp(m.0, &spec.raw(), both, 1, 2, both, 0), KMM_ERROR_INVALID_ARGUMENT, &["out and params", "both are buffer"]);
+
+    // Matching: outputs against inputs and against each other.
+    let (ntr, natoms, nvox) = (2u64, 2u64, 2u64);
+    let dict = upload(&m, &want);
+    let signals = upload(&m, &want);
+    let (idx, score, pd) = (m.alloc(4 * nvox, DEVICE), m.alloc(4 * nvox, DEVICE), m.alloc(8 * nvox, DEVICE));
+    let run = |outs: KmmMatchOutputs, d, s, params| kmm_qmri_match(m.0, d, ntr, natoms, 0, s, nvox, 0, params, &outs, 0);
+    let o = KmmMatchOutputs { index: idx, score, pd, ..Default::default() };
+    expect_err(run(KmmMatchOutputs { score: idx, ..o }, dict, signals, 0), KMM_ERROR_INVALID_ARGUMENT, &["outputs->score and outputs->index"]);
+    expect_err(run(KmmMatchOutputs { pd: signals, ..o }, dict, signals, 0), KMM_ERROR_INVALID_ARGUMENT, &["outputs->pd and signals"]);
+    expect_err(run(KmmMatchOutputs { index: dict, ..o }, dict, signals, 0), KMM_ERROR_INVALID_ARGUMENT, &["outputs->index and dictionary"]);
+    expect_err(run(KmmMatchOutputs { params: p, ..o }, dict, signals, p), KMM_ERROR_INVALID_ARGUMENT, &["outputs->params and params"]);
+    // Inputs may share: the dictionary matched against itself.
+    ok(run(o, dict, dict, 0));
+    assert_eq!(download::<i32>(&m, idx, 2), [0, 1]);
+    let basis = m.alloc(8 * ntr * 2, DEVICE);
+    expect_err(kmm_qmri_compression_basis(m.0, dict, ntr, natoms, 2, dict), KMM_ERROR_INVALID_ARGUMENT, &["basis and dictionary"]);
+    ok(kmm_qmri_compression_basis(m.0, dict, ntr, natoms, 2, basis));
+    let outs = KmmMatchOutputs { index: idx, score: basis, ..Default::default() };
+    expect_err(kmm_qmri_match_in_basis(m.0, dict, ntr, natoms, 0, signals, nvox, basis, 2, 0, &outs, 0), KMM_ERROR_INVALID_ARGUMENT, &["outputs->score and basis"]);
+
+    // Wrapped memory inside another buffer: the handles differ, the memory is the same.
+    let mut addr = 0u64;
+    ok(kmm_buffer_map(m.0, p, &mut addr));
+    let mut alias = 0;
+    ok(kmm_buffer_wrap(m.0, addr as *mut std::ffi::c_void, 16, DEVICE, KmmOwnership::KMM_BORROW as u32, &mut alias));
+    let two = FispSpec::constant(2, 0.3);
+    expect_err(kmm_qmri_simulate_fisp(m.0, &two.raw(), p, 0, 1, alias, 0), KMM_ERROR_INVALID_ARGUMENT, &["out and params", "their memory overlaps"]);
+    // Atom 1 lies after the wrapped range: its signal may go over atom 0's record.
+    ok(kmm_qmri_simulate_fisp(m.0, &two.raw(), p, 1, 1, alias, 0));
+    assert_eq!(download::<Cf>(&m, alias, 2), fisp(&m, &two, &atoms[1..]));
+    m.free(alias);
+    ok(kmm_buffer_unmap(m.0, p));
+    assert_eq!(download::<[f32; 4]>(&m, p, 2)[1], atoms[1], "atom 1 was only read");
+}

@@ -14,6 +14,7 @@ mod gpu_mrstat;
 mod gpu_svd;
 /// The MR-STAT products alone, for the benchmark's floor.
 pub use gpu_mrstat::BareProducts;
+mod operands;
 mod run;
 pub mod svd;
 

@@ -12,6 +12,7 @@
 use super::mrstat::{self, AtomF64, Cartesian, Model, Param, Spiral, Trajectory, VoxelParam, Voxels};
 use super::gpu::Scratch;
 use super::gpu_mrstat;
+use super::operands::{check_disjoint, Operand};
 use super::run::Pins;
 use super::{Atom, Fisp};
 use crate::backend::BackendKind;
@@ -187,13 +188,15 @@ pub fn fisp_derivatives(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, n
             check_room::<[f32; 2]>(m, h, count, name)?;
         }
     }
+    let bytes = count * 8;
+    let outputs = [Operand::output("m", out_m, bytes), Operand::output("dm_dt1", dm_dt1, bytes), Operand::output("dm_dt2", dm_dt2, bytes)];
+    check_disjoint(m, &[&[Operand::input("params", params, natoms * 16).at(first_atom.saturating_mul(16))][..], &outputs].concat())?;
     let all: Vec<Atom> = read(m, params, end, "params")?;
     let atoms: Vec<AtomF64> = all[first_atom as usize..].iter().map(|&a| a.into()).collect();
     mrstat::validate_atoms_f64(&atoms)?;
     if on_cuda(m) {
         let mut pins = Pins::new(m);
         let p = pins.map(params, end * 16, "params")? + first_atom * 16;
-        let bytes = count * 8;
         let mut outs = [pins.map(out_m, bytes, "m")?, 0, 0];
         // The kernel writes all three: a left-out derivative goes to scratch.
         let mut scratch = Vec::new();
@@ -221,6 +224,29 @@ pub fn fisp_derivatives(m: &Manager, seq: &Fisp, params: u64, first_atom: u64, n
     write(m, out_m, &c32(&mm))
 }
 
+/// Refuses an output of an MR-STAT product that shares memory with the model, the
+/// magnetization `mag` (its derivatives after it, 0 where the product takes none) or `input`.
+fn check_model_disjoint(m: &Manager, b: &ModelBuffers, mag: [u64; 3], input: Operand, out: Operand) -> Result<()> {
+    let (nv, mag_bytes) = (b.nvoxels, b.nreadouts.saturating_mul(b.nvoxels).saturating_mul(8));
+    let kspace_pairs = match b.trajectory {
+        TrajectoryKind::Cartesian => 2 * b.nreadouts,
+        TrajectoryKind::Spiral => b.nreadouts.saturating_mul(b.nsamples),
+    };
+    check_disjoint(
+        m,
+        &[
+            Operand::input("model->voxels", b.voxels, nv.saturating_mul(VOXEL_FLOATS * 4)),
+            Operand::input("model->coils", b.coils, nv.saturating_mul(b.ncoils).saturating_mul(8)),
+            Operand::input("model->kspace", b.kspace, kspace_pairs.saturating_mul(8)),
+            Operand::input("m", mag[0], mag_bytes),
+            Operand::input("dm_dt1", mag[1], mag_bytes),
+            Operand::input("dm_dt2", mag[2], mag_bytes),
+            input,
+            out,
+        ],
+    )
+}
+
 /// Reads the magnetization and its T1 and T2 derivatives (`nreadouts x nvoxels` complex each).
 fn read_magnetization(m: &Manager, b: &ModelBuffers, handles: [u64; 3]) -> Result<[Vec<[f64; 2]>; 3]> {
     let n = b.nreadouts.saturating_mul(b.nvoxels);
@@ -236,16 +262,19 @@ fn signal_len(b: &ModelBuffers) -> u64 {
 /// `out` (`nsamples x nreadouts x ncoils` complex float, sample fastest).
 pub fn signal(m: &Manager, b: &ModelBuffers, mag: u64, out: u64) -> Result<()> {
     let mag_len = b.nreadouts.saturating_mul(b.nvoxels);
+    let disjoint = || check_model_disjoint(m, b, [mag, 0, 0], Operand::input("", 0, 0), Operand::output("out", out, signal_len(b) * 8));
     if on_cuda(m) {
         let mut pins = Pins::new(m);
         let dm = device_model(m, &mut pins, b)?;
         check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
         let (mg, o) = (pins.map(mag, mag_len * 8, "m")?, pins.map(out, signal_len(b) * 8, "out")?);
+        disjoint()?;
         return dm.signal(m, mg, o);
     }
     let hm = HostModel::read(m, b)?;
     check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
     let mm = c64(&read(m, mag, mag_len, "m")?);
+    disjoint()?;
     let mut s = vec![[0f64; 2]; signal_len(b) as usize];
     mrstat::signal(&hm.model(), &mm, &mut s)?;
     write(m, out, &c32(&s))
@@ -288,18 +317,21 @@ fn map_magnetization(pins: &mut Pins, b: &ModelBuffers, mag: [u64; 3]) -> Result
 
 /// J·v: `v` holds `4 x nvoxels` floats (T1, T2, Re ρ, Im ρ per voxel); `out` is signal-shaped.
 pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u64) -> Result<()> {
+    let disjoint = || check_model_disjoint(m, b, mag, Operand::input("v", v, b.nvoxels * 16), Operand::output("out", out, signal_len(b) * 8));
     if on_cuda(m) {
         let mut pins = Pins::new(m);
         let dm = device_model(m, &mut pins, b)?;
         check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
         let mg = map_magnetization(&mut pins, b, mag)?;
         let (vv, o) = (pins.map(v, 16 * b.nvoxels, "v")?, pins.map(out, signal_len(b) * 8, "out")?);
+        disjoint()?;
         return dm.jacobian(m, mg, vv, o);
     }
     let hm = HostModel::read(m, b)?;
     check_room::<[f32; 2]>(m, out, signal_len(b), "out")?;
     let [mm, d1, d2] = read_magnetization(m, b, mag)?;
     let vv: Vec<f64> = read::<f32>(m, v, 4 * b.nvoxels, "v")?.iter().map(|&x| x as f64).collect();
+    disjoint()?;
     let mut s = vec![[0f64; 2]; signal_len(b) as usize];
     mrstat::jacobian_mul(&hm.model(), &mm, &JACOBIAN_PARAMS, &[&d1, &d2, &[], &[]], &vv, &mut s)?;
     write(m, out, &c32(&s))
@@ -307,18 +339,21 @@ pub fn jacobian_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], v: u64, out: u
 
 /// Re(Jᴴw): `w` is signal-shaped complex float; `out` holds `4 x nvoxels` floats.
 pub fn jacobian_adjoint_mul(m: &Manager, b: &ModelBuffers, mag: [u64; 3], w: u64, out: u64) -> Result<()> {
+    let disjoint = || check_model_disjoint(m, b, mag, Operand::input("w", w, signal_len(b) * 8), Operand::output("out", out, b.nvoxels * 16));
     if on_cuda(m) {
         let mut pins = Pins::new(m);
         let dm = device_model(m, &mut pins, b)?;
         check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
         let mg = map_magnetization(&mut pins, b, mag)?;
         let (ww, o) = (pins.map(w, signal_len(b) * 8, "w")?, pins.map(out, 16 * b.nvoxels, "out")?);
+        disjoint()?;
         return dm.jacobian_adjoint(m, mg, ww, o);
     }
     let hm = HostModel::read(m, b)?;
     check_room::<f32>(m, out, 4 * b.nvoxels, "out")?;
     let [mm, d1, d2] = read_magnetization(m, b, mag)?;
     let ww = c64(&read(m, w, signal_len(b), "w")?);
+    disjoint()?;
     let mut g = vec![0f64; 4 * b.nvoxels as usize];
     mrstat::jacobian_adjoint_mul(&hm.model(), &mm, &JACOBIAN_PARAMS, &[&d1, &d2, &[], &[]], &ww, &mut g)?;
     write(m, out, &g.iter().map(|&x| x as f32).collect::<Vec<_>>())

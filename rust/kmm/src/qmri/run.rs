@@ -1,6 +1,7 @@
 //! Entry points on a manager's buffers: checks, then the CPU reference queued in stream order
 //! (host backend) or the CUDA kernels on the manager's stream.
 
+use super::operands::{check_disjoint, Operand};
 use super::{cpu, gpu, svd, validate_atoms, Atom, Fisp, Pssfp};
 use crate::backend::{self, BackendKind, Stream};
 use crate::error::{lock, Result};
@@ -139,6 +140,7 @@ fn map_simulation(
     let mut pins = Pins::new(m);
     let p = pins.map(params, bytes(end, 16, "params")?, "params")? + first_atom * 16;
     let o = pins.map(out, out_bytes, "out")?;
+    check_disjoint(m, &[Operand::input("params", params, natoms * 16).at(first_atom * 16), Operand::output("out", out, out_bytes)])?;
     if check {
         check_atoms(m, params, first_atom, natoms)?;
     }
@@ -241,6 +243,7 @@ pub fn compression_basis(m: &Manager, dict: u64, ntr: u64, natoms: u64, rank: u6
     let mut pins = Pins::new(m);
     let d = pins.map(dict, bytes(bytes(ntr, natoms, "ntr x natoms")?, 8, "dictionary")?, "dictionary")?;
     let u = pins.map(basis, bytes(bytes(ntr, rank, "ntr x rank")?, 8, "basis")?, "basis")?;
+    check_disjoint(m, &[Operand::input("dictionary", dict, ntr * natoms * 8), Operand::output("basis", basis, ntr * rank * 8)])?;
     let (ntr, natoms, rank) = (ntr as usize, natoms as usize, rank as usize);
     match m.backend_kind() {
         BackendKind::Cuda => gpu::compression_basis_into(m, d, ntr, natoms, rank, u),
@@ -365,6 +368,23 @@ pub fn match_dictionary(
     if outs.out_params != 0 {
         a.out_params = pins.map(outs.out_params, bytes(nvoxels, 16, "outputs->params")?, "outputs->params")?;
     }
+    let basis = match compression {
+        Compression::Basis { handle, rank } => Operand::input("basis", handle, ntr * rank as u64 * 8),
+        _ => Operand::input("basis", 0, 0),
+    };
+    check_disjoint(
+        m,
+        &[
+            Operand::input("dictionary", dict, ntr * natoms * 8),
+            Operand::input("signals", signals, ntr * nvoxels * 8),
+            basis,
+            Operand::input("params", outs.params, natoms * 16).at(outs.atom_offset * 16),
+            Operand::output("outputs->index", outs.index, nvoxels * 4),
+            Operand::output("outputs->score", outs.score, nvoxels * 4),
+            Operand::output("outputs->pd", outs.pd, nvoxels * 8),
+            Operand::output("outputs->params", outs.out_params, nvoxels * 16),
+        ],
+    )?;
     a.atom_offset = outs.atom_offset;
     a.accumulate = outs.accumulate;
     let (ntr, natoms, nvoxels) = (ntr as usize, natoms as usize, nvoxels as usize);
