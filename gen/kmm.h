@@ -431,7 +431,9 @@ enum KmmSegmentState
   KMM_SEGMENT_FREE = 0,
   KMM_SEGMENT_IN_USE = 1,
   /**
-   * In use and mapped: its address is out, so it never moves.
+   * In use and pinned in place: mapped by the caller (`kmm_buffer_map`, an export), or held by
+   * a call of Kmm's in progress (a copy, fill or kernel being queued). Its address is out, so
+   * it does not move.
    */
   KMM_SEGMENT_MAPPED = 2,
 };
@@ -557,7 +559,7 @@ typedef struct {
   uint64_t chunk_size;
   /**
    * Bytes reserved when the manager is created (default 0); in pool mode, in the lane of the
-   * creating thread.
+   * creating thread. At most `hard_limit` when that is set.
    */
   uint64_t initial_pool_size;
   /**
@@ -565,7 +567,9 @@ typedef struct {
    */
   uint64_t fixed_block_size;
   /**
-   * Most device bytes the manager may reserve; 0 means no limit (default 0).
+   * Most device bytes the manager may reserve; 0 means no limit (default 0). Memory adopted
+   * with `kmm_buffer_wrap` was allocated by the caller, not reserved here: the limit leaves it
+   * out, while `KmmMemoryStats.reserved` counts it (the manager holds and frees it).
    */
   uint64_t hard_limit;
   /**
@@ -647,7 +651,8 @@ typedef struct {
    */
   uint64_t peak_in_use;
   /**
-   * Bytes the manager holds from the device (or host, for pinned memory).
+   * Bytes the manager holds from the device (or host, for pinned memory), adopted memory
+   * included (which `KmmConfig.hard_limit` leaves out).
    */
   uint64_t reserved;
   /**
@@ -1058,7 +1063,9 @@ KmmStatus kmm_buffer_alloc(KmmManager manager, uint64_t bytes, uint32_t kind, Km
  * Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
  * free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
  * the free itself; with `KMM_BORROW` the caller keeps it and
- * must keep it valid until the buffer is freed and the manager synchronized.
+ * must keep it valid until the buffer is freed and the manager synchronized. Adopted memory
+ * counts in `KmmMemoryStats.reserved` but not against `KmmConfig.hard_limit` (the caller
+ * allocated it); wrapped memory is never pooled, moved or spilled.
  */
 KmmStatus kmm_buffer_wrap(KmmManager manager,
                           void *ptr,
@@ -1563,8 +1570,9 @@ KmmStatus kmm_qmri_simulate_pssfp(KmmManager manager,
  * and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
  * whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
  * `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
- * `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
- * subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+ * `rank` in 1..=ntr first projects dictionary and signals on the dominant rank-`rank`
+ * subspace of this dictionary's TR space (SVD compression); 0 (and ntr, whose subspace is the
+ * whole space) matches uncompressed. Compressed,
  * each atom is matched as its projection on the basis, and scores use the norm of the whole
  * signal, so that they are cosines comparable between batches. A dictionary matched
  * in batches should share one basis: `kmm_qmri_compression_basis` once, then

@@ -686,7 +686,9 @@ Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `K
 Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
 free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
 the free itself; with `KMM_BORROW` the caller keeps it and
-must keep it valid until the buffer is freed and the manager synchronized.
+must keep it valid until the buffer is freed and the manager synchronized. Adopted memory
+counts in `KmmMemoryStats.reserved` but not against `KmmConfig.hard_limit` (the caller
+allocated it); wrapped memory is never pooled, moved or spilled.
 
 Returns the status; `kmm_buffer_wrap` is the checked form.
 """
@@ -700,7 +702,9 @@ Makes a buffer of memory allocated elsewhere (`ptr`, `bytes` of `kind`). With `K
 Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
 free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
 the free itself; with `KMM_BORROW` the caller keeps it and
-must keep it valid until the buffer is freed and the manager synchronized.
+must keep it valid until the buffer is freed and the manager synchronized. Adopted memory
+counts in `KmmMemoryStats.reserved` but not against `KmmConfig.hard_limit` (the caller
+allocated it); wrapped memory is never pooled, moved or spilled.
 
 Throws a `KmmError` unless the status is `KMM_OK`.
 """
@@ -1962,8 +1966,9 @@ atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` 
 and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
 whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
 `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
-`rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
-subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+`rank` in 1..=ntr first projects dictionary and signals on the dominant rank-`rank`
+subspace of this dictionary's TR space (SVD compression); 0 (and ntr, whose subspace is the
+whole space) matches uncompressed. Compressed,
 each atom is matched as its projection on the basis, and scores use the norm of the whole
 signal, so that they are cosines comparable between batches. A dictionary matched
 in batches should share one basis: `kmm_qmri_compression_basis` once, then
@@ -1989,8 +1994,9 @@ atoms `atom_offset .. atom_offset + natoms` of the whole dictionary), `signals` 
 and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
 whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
 `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
-`rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
-subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+`rank` in 1..=ntr first projects dictionary and signals on the dominant rank-`rank`
+subspace of this dictionary's TR space (SVD compression); 0 (and ntr, whose subspace is the
+whole space) matches uncompressed. Compressed,
 each atom is matched as its projection on the basis, and scores use the norm of the whole
 signal, so that they are cosines comparable between batches. A dictionary matched
 in batches should share one basis: `kmm_qmri_compression_basis` once, then

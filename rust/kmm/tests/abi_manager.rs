@@ -328,6 +328,15 @@ fn a_config_is_checked_without_making_a_manager() {
         (Box::new(|c: &mut KmmConfig| c.chunk_size = 0), "chunk_size"),
         (Box::new(|c: &mut KmmConfig| c.staging_chunks = 0), "staging_chunks"),
         (Box::new(|c: &mut KmmConfig| c.alloc_mode = 9), "alloc_mode"),
+        // A pool that could never be reserved: `kmm_config_check` passed it, and the create's
+        // out-of-memory error did not name the option.
+        (
+            Box::new(|c: &mut KmmConfig| {
+                c.hard_limit = 1 << 20;
+                c.initial_pool_size = 2 << 20;
+            }),
+            "config.initial_pool_size = 2097152 exceeds config.hard_limit = 1048576",
+        ),
     ] {
         let mut bad = c;
         edit(&mut bad);
@@ -335,6 +344,11 @@ fn a_config_is_checked_without_making_a_manager() {
         let mut m = 0;
         expect_err(kmm_manager_create(&bad, &mut m), KMM_ERROR_INVALID_ARGUMENT, &[word]);
     }
+    // Within the limit it is reserved; a direct-mode manager reserves no pool and ignores it.
+    let within = KmmConfig { hard_limit: 4 << 20, initial_pool_size: 2 << 20, ..c };
+    let m = Mgr::with(|x| *x = within);
+    assert_eq!(m.stats(DEVICE).reserved, 2 << 20);
+    ok(kmm_config_check(&KmmConfig { alloc_mode: KmmAllocMode::KMM_ALLOC_DIRECT as u32, initial_pool_size: 2 << 20, hard_limit: 1 << 20, ..c }));
 }
 
 /// A deferred destroy (the finalizers' call) returns at once even while another thread is in a

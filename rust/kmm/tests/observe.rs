@@ -205,6 +205,36 @@ fn the_out_of_memory_message_explains_itself() {
     assert!(msg.contains(&format!("free in the pool: {}", kmm::manager::human_bytes(free))), "{msg}");
 }
 
+/// A copy holds its buffers while it runs: those holds are Kmm's, not the caller's maps. The
+/// message of a copy that failed to restore its spilled source called the destination "mapped"
+/// (the caller had never mapped it) and blamed only maps and `never_spill`.
+#[test]
+fn a_copys_own_hold_is_not_called_mapped() {
+    let m = Mgr::with(|c| {
+        c.backend = KmmBackend::KMM_BACKEND_HOST as u32;
+        c.alloc_mode = KmmAllocMode::KMM_ALLOC_POOL as u32;
+        c.chunk_size = 1 << 20;
+        c.hard_limit = 4 << 20;
+        c.spill_limit = 64 << 20;
+    });
+    let a = m.alloc(3 << 20, DEVICE);
+    ok(kmm_fill(m.0, a, 0, 3 << 20, [1u8].as_ptr().cast(), 1));
+    let b = m.alloc(3 << 20, DEVICE); // spills a
+    assert_eq!(m.info(a).spilled, 1);
+    assert_eq!(kmm_copy_buffer(m.0, b, 0, m.0, a, 0, 1 << 20), KMM_ERROR_OUT_OF_MEMORY);
+    let msg = last_error();
+    assert!(msg.contains(&format!("largest holders: buffer {b:#x} 3.00 MiB")), "{msg}");
+    assert!(!msg.contains(", mapped"), "b was never mapped:\n{msg}");
+    assert!(msg.contains("in use by the failing call itself"), "{msg}");
+    assert_eq!(m.info(b).pins, 0);
+    // Mapped by the caller, it is called so.
+    let mut p = 0;
+    ok(kmm_buffer_map(m.0, b, &mut p));
+    assert_eq!(kmm_copy_buffer(m.0, b, 0, m.0, a, 0, 1 << 20), KMM_ERROR_OUT_OF_MEMORY);
+    assert!(last_error().contains(&format!("buffer {b:#x} 3.00 MiB, mapped")), "{}", last_error());
+    ok(kmm_buffer_unmap(m.0, b));
+}
+
 #[test]
 fn the_memory_map_covers_every_chunk_with_blocks_and_free_space() {
     let m = Mgr::with(|c| {

@@ -43,7 +43,9 @@ pub extern "C" fn kmm_buffer_alloc(manager: KmmManager, bytes: u64, kind: u32, o
 /// Kmm frees the memory (`cuMemFree`/`cuMemFreeHost`) once the work queued before the buffer's
 /// free has run: at the manager's next allocation, adoption, synchronize or trim, never inside
 /// the free itself; with `KMM_BORROW` the caller keeps it and
-/// must keep it valid until the buffer is freed and the manager synchronized.
+/// must keep it valid until the buffer is freed and the manager synchronized. Adopted memory
+/// counts in `KmmMemoryStats.reserved` but not against `KmmConfig.hard_limit` (the caller
+/// allocated it); wrapped memory is never pooled, moved or spilled.
 #[no_mangle]
 pub extern "C" fn kmm_buffer_wrap(
     manager: KmmManager,

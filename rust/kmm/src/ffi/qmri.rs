@@ -287,8 +287,9 @@ pub extern "C" fn kmm_qmri_simulate_pssfp(
 /// and writes the `outputs` (see `KmmMatchOutputs`; `index` is required). `params` holds the
 /// whole dictionary's atom records (at least `atom_offset + natoms`), or 0 when
 /// `outputs->params` is 0. Ties go to the lower index; zero and non-finite atoms never match.
-/// `rank` > 0 (and < ntr) first projects dictionary and signals on the dominant rank-`rank`
-/// subspace of this dictionary's TR space (SVD compression); 0 matches uncompressed. Compressed,
+/// `rank` in 1..=ntr first projects dictionary and signals on the dominant rank-`rank`
+/// subspace of this dictionary's TR space (SVD compression); 0 (and ntr, whose subspace is the
+/// whole space) matches uncompressed. Compressed,
 /// each atom is matched as its projection on the basis, and scores use the norm of the whole
 /// signal, so that they are cosines comparable between batches. A dictionary matched
 /// in batches should share one basis: `kmm_qmri_compression_basis` once, then

@@ -87,7 +87,9 @@ pub struct KmmTraceRecord {
 pub enum KmmSegmentState {
     KMM_SEGMENT_FREE = 0,
     KMM_SEGMENT_IN_USE = 1,
-    /// In use and mapped: its address is out, so it never moves.
+    /// In use and pinned in place: mapped by the caller (`kmm_buffer_map`, an export), or held by
+    /// a call of Kmm's in progress (a copy, fill or kernel being queued). Its address is out, so
+    /// it does not move.
     KMM_SEGMENT_MAPPED = 2,
 }
 

@@ -112,11 +112,13 @@ pub struct KmmConfig {
     /// the least chunk that serves the request.
     pub chunk_size: u64,
     /// Bytes reserved when the manager is created (default 0); in pool mode, in the lane of the
-    /// creating thread.
+    /// creating thread. At most `hard_limit` when that is set.
     pub initial_pool_size: u64,
     /// Block size of the fixed suballocator (default 1 MiB).
     pub fixed_block_size: u64,
-    /// Most device bytes the manager may reserve; 0 means no limit (default 0).
+    /// Most device bytes the manager may reserve; 0 means no limit (default 0). Memory adopted
+    /// with `kmm_buffer_wrap` was allocated by the caller, not reserved here: the limit leaves it
+    /// out, while `KmmMemoryStats.reserved` counts it (the manager holds and frees it).
     pub hard_limit: u64,
     /// Cached device bytes kept across `kmm_manager_synchronize`; UINT64_MAX keeps all (default).
     pub release_threshold: u64,
@@ -155,7 +157,8 @@ pub struct KmmMemoryStats {
     pub in_use: u64,
     /// The most `in_use` has been since the manager's creation or `kmm_manager_reset_peaks`.
     pub peak_in_use: u64,
-    /// Bytes the manager holds from the device (or host, for pinned memory).
+    /// Bytes the manager holds from the device (or host, for pinned memory), adopted memory
+    /// included (which `KmmConfig.hard_limit` leaves out).
     pub reserved: u64,
     /// The most `reserved` has been since the creation or the last reset of the peaks.
     pub peak_reserved: u64,

@@ -102,6 +102,14 @@ impl Config {
         if self.initial_pool_size > MAX_BUFFER_BYTES {
             fail!(KMM_ERROR_INVALID_ARGUMENT, "config.initial_pool_size = {} exceeds 2^48", self.initial_pool_size);
         }
+        if self.alloc_mode == AllocMode::Pool && self.hard_limit != 0 && self.initial_pool_size > self.hard_limit {
+            fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "config.initial_pool_size = {} exceeds config.hard_limit = {}: the manager could never reserve it",
+                self.initial_pool_size,
+                self.hard_limit
+            );
+        }
         Ok(())
     }
 }

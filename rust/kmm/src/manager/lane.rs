@@ -55,6 +55,14 @@ pub(super) struct BufferRecord {
     pub never_spill: bool,
 }
 
+impl BufferRecord {
+    /// The caller's maps: the pins less Kmm's own (`leases`), which a free, a figure or a
+    /// message must not take for the caller's.
+    pub fn callers_pins(&self) -> u32 {
+        self.pins - self.leases
+    }
+}
+
 /// What a `map` of a settling buffer waits for: the event after a compaction's copies, or (when
 /// none could be recorded) the manager's stream itself.
 #[derive(Clone)]
@@ -434,7 +442,7 @@ impl State {
         let record = self.buffers.remove_if(handle, |record| {
             // Kmm's own pins (another thread's copy, fill or kernel) do not refuse the free:
             // the buffer then waits in `dying` until they end.
-            let callers_pins = record.pins - record.leases;
+            let callers_pins = record.callers_pins();
             if callers_pins > 0 && !force {
                 fail!(
                     KMM_ERROR_BUFFER_MAPPED,
@@ -599,7 +607,7 @@ impl State {
     /// (address, bytes, kind, the caller's pins): Kmm's own pins (`leases`) are not counted.
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
         let r = self.buffers.get(handle)?;
-        Ok((r.addr, r.bytes, r.kind, r.pins - r.leases))
+        Ok((r.addr, r.bytes, r.kind, r.callers_pins()))
     }
 
     /// Pins the buffer; returns its address and, when a compaction's copies that involve it may

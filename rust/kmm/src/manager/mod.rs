@@ -146,7 +146,10 @@ impl Manager {
                     let mut pool = PoolResource::new(upstreams[0].clone(), sub, config.chunk_size, config.alignment)
                         .with_compaction(config.compaction_ratio_pct);
                     if lane == cells::alloc_lane(MemoryKind::Device, lane_mask) {
-                        pool.reserve(config.initial_pool_size)?;
+                        pool.reserve(config.initial_pool_size).map_err(|mut e| {
+                            e.message = format!("config.initial_pool_size = {}: {}", config.initial_pool_size, e.message);
+                            e
+                        })?;
                     }
                     (Box::new(pool), Reuse::Ordered { stream: home, follows: true })
                 }

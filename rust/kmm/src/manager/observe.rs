@@ -24,7 +24,9 @@ pub(super) struct TraceSlot {
 pub enum SegmentState {
     Free = 0,
     InUse = 1,
-    /// In use and mapped: its address is out, so it never moves.
+    /// In use and pinned in place: mapped by the caller (`kmm_buffer_map`, an export), or held by
+    /// a call of Kmm's in progress (a copy, fill or kernel being queued). Its address is out, so
+    /// it does not move.
     Mapped = 2,
 }
 
@@ -370,7 +372,7 @@ impl Manager {
                 h.buffers += 1;
                 h.in_use += r.bytes;
                 if r.bytes > h.top.last().map_or(0, |t| t.1) || h.top.len() < 3 {
-                    h.top.push((handle, r.bytes, r.pins > 0));
+                    h.top.push((handle, r.bytes, r.callers_pins() > 0));
                     h.top.sort_by_key(|t| std::cmp::Reverse(t.1));
                     h.top.truncate(3);
                 }
@@ -474,7 +476,7 @@ impl Manager {
         } else {
             let s = self.spill_stats();
             format!(
-                "spill to host ({} spilled now; {} on the host of a spill limit of {}: the device and the limit together cannot hold the live buffers, or what is left on the device is mapped or marked never to spill)",
+                "spill to host ({} spilled now; {} on the host of a spill limit of {}: the device and the limit together cannot hold the live buffers, or what is left on the device is mapped, in use by the failing call itself (a copy's other buffer) or marked never to spill)",
                 human_bytes(spilled),
                 human_bytes(s.spilled_bytes),
                 human_bytes(self.config.spill_limit)
