@@ -26,11 +26,19 @@ def integer(value, name, lo=0, hi=U64_MAX, error=InvalidArgumentError):
     return v
 
 
+#: Types that are not integers whatever `__index__` a subclass of theirs adds.
+_NOT_INTEGERS = (float, complex, str, bytes, bytearray, memoryview, np.floating, np.complexfloating, np.str_, np.bytes_)
+
+
 def _index(value, name):
     """`operator.index(value)`, refusing bools: given as such, or returned by an `__index__`
     (`operator.index` turns those into 0 or 1 with only a warning). `__index__` runs once."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError("%s = %r must be an integer, not a bool" % (name, value))
+    if isinstance(value, _NOT_INTEGERS):
+        # Subclasses too: a float or str subclass with an __index__ is still a float or str (3.0
+        # was refused while a subclass of float that is 3.0 became what its __index__ said).
+        raise TypeError("%s = %r must be an integer, not a %s" % (name, value, type(value).__name__))
     if isinstance(value, int):
         # The value itself: int(value) would call a subclass's __int__, which may say another.
         return int.__index__(value)

@@ -144,6 +144,27 @@ def _cai_field(cai, name):
                          % name) from None
 
 
+def _cai_dtype(dtype, descr):
+    """The element type of a CAI dict: `typestr`, or the record type its `descr` gives (the
+    fields of a structured type, which a typestr of "|V12" leaves out). A descr that contradicts
+    the typestr is refused rather than one of them believed."""
+    if descr is None:
+        return dtype
+    try:
+        if isinstance(descr, list) and len(descr) == 1 and isinstance(descr[0], tuple) and descr[0][:1] == ("",):
+            # One unnamed field is the plain type itself ([("", "<f4")]), not a record of it.
+            described = np.dtype(descr[0][1] if len(descr[0]) == 2 else tuple(descr[0][1:]))
+        else:
+            described = np.lib.format.descr_to_dtype(descr)
+    except (TypeError, ValueError, KeyError, IndexError) as e:
+        raise ValueError("__cuda_array_interface__ descr = %r is not a valid array-interface descr (%s)" % (descr, e)) from None
+    described = _args.plain_dtype(described, "descr")
+    if described.itemsize != dtype.itemsize or (described.names is None and described != dtype):
+        raise ValueError("__cuda_array_interface__ descr = %r (%s) contradicts typestr %r"
+                         % (descr, described, dtype.str))
+    return described if described.names is not None else dtype
+
+
 def _refuse_read_only(why):
     # A DeviceArray has no read-only mode: fill, set, copies into it and its writable exports
     # (host_view, DLPack, CAI) would write into memory the producer said must not change
@@ -255,7 +276,10 @@ class DeviceArray:
     def from_host(cls, host, manager=None, kind="device"):
         """A copy of a host array (anything `numpy.asarray` accepts; 0-d arrays stay 0-d)."""
         manager = chosen(manager)  # before the host array is converted
-        host = np.require(host, requirements="C")
+        # np.asarray views a NumPy subclass as a base array: its C-level shape and dtype, not
+        # properties a subclass may override (a shape claiming more than the memory made an
+        # array whose extra bytes were a freed buffer's).
+        host = np.require(np.asarray(host), requirements="C")
         _args.plain_dtype(host.dtype, "the host array's dtype")
         a = cls.empty(host.shape, host.dtype, manager, kind)
         a.buffer.copy_from_host(host)
@@ -280,11 +304,12 @@ class DeviceArray:
             raise TypeError("__cuda_array_interface__ = %r must be a dict" % (cai,))
         if cai.get("mask") is not None:
             raise ValueError("masked arrays (__cuda_array_interface__ 'mask') are not supported")
+        version = _args.integer(_cai_field(cai, "version"), "__cuda_array_interface__ version", 0, 3)
         typestr = _cai_field(cai, "typestr")
         if not isinstance(typestr, str):
             # np.dtype(None) is float64: the memory would be read as another type.
             raise TypeError("__cuda_array_interface__ typestr = %r must be a string (e.g. '<f4')" % (typestr,))
-        dtype = _args.plain_dtype(typestr, "typestr")
+        dtype = _cai_dtype(_args.plain_dtype(typestr, "typestr"), cai.get("descr"))
         shape = _args.shape(_cai_field(cai, "shape"), "shape")
         _args.array_bytes(shape, dtype)  # before anything waits or is wrapped
         strides = cai.get("strides")
@@ -301,7 +326,8 @@ class DeviceArray:
         producers = _dict_producers(cai, ptr, lo, hi) if obj is cai else [obj]
         for producer in producers:
             _refuse_other_device(producer, manager)
-        _foreign_stream_wait(manager, cai.get("stream"))
+        # The stream field came with version 3: an older dict's "stream" is no part of it.
+        _foreign_stream_wait(manager, cai.get("stream") if version >= 3 else None)
         base = ptr + lo if hi > lo else 0
         kept = [_producer(producer) for producer in producers]
         buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, kept[0] if len(kept) == 1 else tuple(kept), "data[0]")
@@ -315,6 +341,9 @@ class DeviceArray:
         synchronize or close)."""
         manager = chosen(manager)
         if hasattr(obj, "__dlpack__"):
+            # A kmm array says its device (the host backend's stand-in devices included, which
+            # DLPack calls CPU device 0): another device's manager is refused, as asarray does.
+            _refuse_other_device(obj, manager)
             dev_type = obj.__dlpack_device__()[0] if hasattr(obj, "__dlpack_device__") else dlpack.kDLCUDA
             if dev_type == dlpack.kDLCPU:
                 stream = None
@@ -326,8 +355,11 @@ class DeviceArray:
                 capsule = obj.__dlpack__(stream=stream, max_version=dlpack.VERSION)
             except TypeError:
                 capsule = obj.__dlpack__(stream=stream)
-        else:
+        elif type(obj).__name__ == "PyCapsule":
             capsule = obj
+        else:
+            raise TypeError("obj = %r (%s) is neither a DLPack producer (no __dlpack__) nor a DLPack capsule"
+                            % (obj, type(obj).__name__))
         t, owner, readonly = dlpack.consume(capsule, obj)
         if readonly:
             _refuse_read_only("the DLPack tensor is flagged read-only")
@@ -543,7 +575,7 @@ class DeviceArray:
             "data": (self.ptr, False),
             "version": 3,
             "strides": None if self.is_c_contiguous else self.strides,
-            "descr": [("", self.dtype.str)],
+            "descr": self.dtype.descr,
             "stream": stream if stream else None,
         }
 

@@ -313,13 +313,15 @@ class Buffer(NotCopyable):
                              % (name, addr, addr + nbytes, offset, offset + nbytes))
 
     def copy_from(self, src, dst_offset=0, src_offset=0, nbytes=None):
-        """Stream-ordered copy from another Buffer (of this or another manager of the same backend)."""
+        """Stream-ordered copy from another Buffer (of this or another manager of the same backend)
+        of `nbytes` at `src_offset` to `dst_offset`; by default the rest of `src` from
+        `src_offset`, which must fit here (IndexError otherwise: nothing is cut short)."""
         if not isinstance(src, Buffer):
             raise TypeError("src = %r must be a kmm.Buffer" % (src,))
         dst_offset = _args.nbytes(dst_offset, "dst_offset")
         src_offset = _args.nbytes(src_offset, "src_offset")
         if nbytes is None:
-            nbytes = max(min(self.nbytes - dst_offset, src.nbytes - src_offset), 0)
+            nbytes = max(src.nbytes - src_offset, 0)
         dst_offset, nbytes = self._range(dst_offset, nbytes, "dst_offset")
         src_offset, nbytes = src._range(src_offset, nbytes, "src_offset")
         check(_lib_.kmm_copy_buffer(self._manager._live(), self._live(), dst_offset,

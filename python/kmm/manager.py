@@ -34,7 +34,7 @@ def kind_code(kind):
     try:
         return KINDS[kind]
     except (KeyError, TypeError):
-        raise ValueError("kind = %r must be \"device\" or \"pinned\"" % (kind,)) from None
+        raise ValueError("kind = %r must be \"device\" or \"pinned\" (or its code: 0 or 1)" % (kind,)) from None
 
 
 #: The range of each C integer type of KmmConfig's fields.

@@ -60,6 +60,11 @@ class MemoryMap:
     space between them (`segments`). Shows as a figure in Jupyter."""
 
     def __init__(self, handle, kind):
+        """`handle`: a manager's handle (`Manager.memory_map(kind)` passes it); `kind`: "device"
+        or "pinned"."""
+        handle = _args.integer(handle, "handle")
+        if kind not in ("device", "pinned"):
+            raise ValueError("kind = %r must be \"device\" or \"pinned\"" % (kind,))
         code = _lib.KMM_MEMORY_DEVICE if kind == "device" else _lib.KMM_MEMORY_PINNED
         raw = _items(_lib_.kmm_manager_memory_map, handle, _lib.KmmMapSegment, code)
         self.kind = kind
@@ -127,6 +132,10 @@ class MemoryStatus:
     reserved, timeline when a ring trace exists; `svg`). Jupyter shows table and figures."""
 
     def __init__(self, manager):
+        from .manager import Manager
+
+        if not isinstance(manager, Manager):
+            raise TypeError("manager = %r must be a kmm.Manager" % (manager,))
         self.device = manager.stats("device")
         self.pinned = manager.stats("pinned")
         self.text = manager.summary().rstrip()
