@@ -415,7 +415,7 @@ end
 
 What `memory_status` returns: the `device` and `pinned` counters (`LibKmm.KmmMemoryStats`),
 the library's readable table (`text`), which is how it displays as text, and its figures
-(`svg`: the device map, the pinned map when pinned memory is reserved, the memory timeline when
+(`svg`: the device map, the pinned map when pinned buffers or pool chunks exist, the memory timeline when
 the manager has a ring trace), which notebooks show with the table.
 """
 struct MemoryStatus

@@ -164,7 +164,7 @@ function save_trace(m::KmmManager, path; rmm_only::Bool = false)
     path
 end
 
-# A status shows its figures: the device map, the pinned map when pinned memory is reserved,
+# A status shows its figures: the device map, the pinned map when pinned buffers or pool chunks exist,
 # and the timeline when the manager has a ring trace.
 Base.show(io::IO, ::MIME"image/svg+xml", s::MemoryStatus) = print(io, s.svg)
 Base.show(io::IO, ::MIME"text/html", s::MemoryStatus) = print(io, "<pre>", html_escape(s.text), "</pre>", s.svg)

@@ -150,13 +150,14 @@ end
 """
 After `call()` (needing `bytes` of `m`'s memory) returned the status `st`: throws unless it is out
 of memory; else runs `GC.gc(false)`, `GC.gc(true)` and `trim!`, retrying after each, and returns
-once a retry succeeds; then a `KmmOutOfMemoryError` with the manager's memory status. Its message
-is the first failure's: that call climbed libkmm's whole ladder (what it released, moved and
-spilled), where the retries after it find that done.
+once a retry succeeds; then a `KmmOutOfMemoryError` with the manager's memory status. Its figures
+are the last retry's, read with that status (a collection may have freed buffers meanwhile); the
+first failure's `tried:` line follows them, since that call climbed libkmm's whole ladder (what it
+released, moved and spilled), where the retries after it find that done.
 """
 function retry_out_of_memory(call, st::UInt32, m::KmmManager, bytes::Int)
     st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
-    msg = last_error_message()
+    first = last_error_message()
     for step in 1:3
         if step == 1
             GC.gc(false)
@@ -169,8 +170,13 @@ function retry_out_of_memory(call, st::UInt32, m::KmmManager, bytes::Int)
         st == LibKmm.KMM_OK && return nothing
         st == LibKmm.KMM_ERROR_OUT_OF_MEMORY || throw_kmm_error(st)
     end
-    msg *= "\n  then, in Julia: GC.gc(false), GC.gc(true) and trim!(manager, 0), each followed by a retry that ran out of memory too"
-    throw(KmmOutOfMemoryError(bytes, msg, memory_status(m)))
+    msg = last_error_message()
+    status = memory_status(m)
+    msg *= "\n  in Julia: GC.gc(false), GC.gc(true) and trim!(manager, 0), each followed by a retry that ran out of memory too (the figures above are the last retry's)"
+    for line in split(first, '\n')
+        startswith(line, "  tried:") && (msg *= "\n  the first try " * lstrip(line))
+    end
+    throw(KmmOutOfMemoryError(bytes, msg, status))
 end
 
 "Pins the buffer and returns its address (device pointer, or host pointer for pinned memory)."

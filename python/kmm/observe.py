@@ -128,8 +128,8 @@ class MemoryTrace:
 
 class MemoryStatus:
     """A manager's memory at one moment: the counters (`device`, `pinned`: dicts), the readable
-    table (`text`, its str) and the figures (device map, pinned map when pinned memory is
-    reserved, timeline when a ring trace exists; `svg`). Jupyter shows table and figures."""
+    table (`text`, its str) and the figures (device map, pinned map when pinned buffers or
+    pool chunks exist, timeline when a ring trace exists; `svg`). Jupyter shows table and figures."""
 
     def __init__(self, manager):
         from .manager import Manager
