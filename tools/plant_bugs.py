@@ -1645,6 +1645,11 @@ PLANTS = [
      "if self.alloc_mode == AllocMode::Pool && self.hard_limit != 0 && self.initial_pool_size > self.hard_limit {",
      "if false {",
      ["abi_manager"]),
+    # Round 14 (observability): a file trace's rows written in another order than the lanes' changes.
+    ("trace-file-change-outside-lock", "rust/kmm/src/manager/trace.rs",
+     "let mut f = file.lock();\n                let in_use = change();",
+     "let in_use = change();\n                let mut f = file.lock();",
+     ["observe"]),
     # Round 14 (Python): asarray trusts a NumPy subclass's shape and dtype properties.
     ('py-asarray-trusts-subclass-properties', 'python/kmm/array.py',
      'host = np.require(np.asarray(host), requirements="C")',

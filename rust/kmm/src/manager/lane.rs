@@ -362,15 +362,39 @@ impl State {
         }
     }
 
-    /// `insert_buffer`, and its record in the trace (`action`: an allocation or a wrap).
+    /// Adds a live buffer, counts it in use and records `action` (an allocation or a wrap) in
+    /// the trace; its resource's block goes back when no handle can be had.
     #[inline]
     pub(super) fn insert_traced(&mut self, action: Action, record: BufferRecord, stream: u64) -> Result<u64> {
-        let (kind, addr, bytes) = (record.kind, record.addr, record.bytes);
-        let handle = self.insert_buffer(record)?;
-        if let Some(t) = &mut self.trace {
-            t.record(action, kind, addr, bytes, stream, handle, 0);
+        let (kind, addr, bytes, origin) = (record.kind, record.addr, record.bytes, record.origin);
+        match self.buffers.insert(record) {
+            Ok(handle) => {
+                self.usage[kind as usize].on_alloc(bytes);
+                self.change_in_use(false, bytes, action, kind, addr, bytes, stream, handle, 0);
+                Ok(handle)
+            }
+            Err(e) => {
+                if let Origin::Resource(block) = origin {
+                    self.resources[kind as usize].deallocate(block)?;
+                }
+                Err(e)
+            }
         }
-        Ok(handle)
+    }
+
+    /// Changes the manager's bytes in use of `kind` by `delta` (taken away with `take`) and
+    /// records `action` with the figure after the change (`LaneTrace::record_after`).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn change_in_use(&mut self, take: bool, delta: u64, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, handle: u64, extra: u64) {
+        let (gauge, lane) = (&self.in_use[kind as usize], self.place.lane);
+        let change = || Some(if take { gauge.sub(delta, lane) } else { gauge.add(delta, lane) });
+        match &mut self.trace {
+            Some(t) => t.record_after(change, action, kind, address, bytes, stream, handle, extra),
+            None => {
+                change();
+            }
+        }
     }
 
     /// The first try of an allocation for work on the manager's own stream, in the caller's
@@ -416,24 +440,6 @@ impl State {
         self.fence_query_in = Some(FENCE_QUERY_INTERVAL);
     }
 
-    #[inline]
-    pub(super) fn insert_buffer(&mut self, record: BufferRecord) -> Result<u64> {
-        let (kind, bytes, origin) = (record.kind, record.bytes, record.origin);
-        match self.buffers.insert(record) {
-            Ok(h) => {
-                self.usage[kind as usize].on_alloc(bytes);
-                self.in_use[kind as usize].add(bytes, self.place.lane);
-                Ok(h)
-            }
-            Err(e) => {
-                if let Origin::Resource(block) = origin {
-                    self.resources[kind as usize].deallocate(block)?;
-                }
-                Err(e)
-            }
-        }
-    }
-
     /// Frees a buffer once its memory's reuse is ordered after every stream that used it. When
     /// that ordering fails the buffer stays allocated (and the error says why).
     pub fn free(&mut self, handle: u64, force: bool) -> Result<()> {
@@ -467,10 +473,7 @@ impl State {
         // A spilled buffer's bytes left the counts of bytes in use when it spilled.
         let resident = if record.is_spilled() { 0 } else { record.bytes };
         self.usage[k].on_free(resident);
-        self.in_use[k].sub(resident, self.place.lane);
-        if let Some(t) = &mut self.trace {
-            t.record(Action::Free, record.kind, record.addr, record.bytes, self.home, handle, 0);
-        }
+        self.change_in_use(true, resident, Action::Free, record.kind, record.addr, record.bytes, self.home, handle, 0);
         match record.origin {
             Origin::Resource(block) => self.resources[k].deallocate(block),
             Origin::Adopted(block) => self.adopted[k].deallocate(block),

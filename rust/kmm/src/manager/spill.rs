@@ -76,11 +76,8 @@ impl State {
         r.settling = false;
         r.users.insert(home);
         self.usage[0].in_use -= bytes;
-        self.in_use[0].sub(bytes, self.place.lane);
+        self.change_in_use(true, bytes, Action::Spill, MemoryKind::Device, from, bytes, home, handle, place.block.addr);
         self.spill.made(place, bytes);
-        if let Some(t) = &mut self.trace {
-            t.record(Action::Spill, MemoryKind::Device, from, bytes, home, handle, place.block.addr);
-        }
         // A lent block goes back after its record: the lender may hand it out at once.
         if let Origin::Lent { lane, block } = origin {
             self.return_lent(lane, block, true);
@@ -167,15 +164,12 @@ impl State {
         // the buffer in neither, never in both.
         self.spill.give_back(place, bytes, true);
         self.usage[0].in_use += bytes;
-        self.in_use[0].add(bytes, self.place.lane);
+        self.change_in_use(false, bytes, Action::Restore, MemoryKind::Device, block.addr, bytes, home, handle, place.block.addr);
         self.spill.count(|s| {
             s.restores += 1;
             s.bytes_in += bytes;
         });
         self.fence_moves();
-        if let Some(t) = &mut self.trace {
-            t.record(Action::Restore, MemoryKind::Device, block.addr, bytes, home, handle, place.block.addr);
-        }
         Ok(true)
     }
 }

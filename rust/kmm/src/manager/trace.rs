@@ -348,13 +348,37 @@ impl LaneTrace {
         Ok(LaneTrace { tracer: tracer.clone(), ring })
     }
 
-    /// Adds a record of an event of this lane (its lock is held).
+    /// Adds a record of an event of this lane (its lock is held) that changed no bytes in use.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(super) fn record(&mut self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
+        self.record_after(|| None, action, kind, address, bytes, stream, buffer, extra)
+    }
+
+    /// Makes `change` of the manager's bytes in use (it returns the figure after it) and records
+    /// the event with that figure. A file trace holds its lock across both: rows come in the
+    /// order of the changes, so each row's figure is the sum of the rows before it and a replay
+    /// of the file meets the run's peak (lanes changing the figure at once wrote their rows in
+    /// another order, 3% under the peak with six threads).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    pub(super) fn record_after(
+        &mut self,
+        change: impl FnOnce() -> Option<u64>,
+        action: Action,
+        kind: MemoryKind,
+        address: u64,
+        bytes: u64,
+        stream: u64,
+        buffer: u64,
+        extra: u64,
+    ) {
         match &mut self.ring {
-            Some(ring) => ring.push(self.tracer.make(action, kind, address, bytes, stream, buffer, extra)),
-            None => self.tracer.record(action, kind, address, bytes, stream, buffer, extra),
+            Some(ring) => {
+                let in_use = change();
+                ring.push(self.tracer.make(in_use, action, kind, address, bytes, stream, buffer, extra))
+            }
+            None => self.tracer.record_after(change, action, kind, address, bytes, stream, buffer, extra),
         }
     }
 
@@ -428,7 +452,7 @@ impl Tracer {
     /// raw reading (see `Clock`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn make(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Entry {
+    fn make(&self, in_use: Option<u64>, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Entry {
         let k = kind as usize;
         let held = match kind {
             MemoryKind::Device => self.limits[k].used().current(),
@@ -450,7 +474,7 @@ impl Tracer {
             bytes,
             stream_or_moved_from: if action.moves() { extra } else { stream },
             buffer,
-            in_use: self.in_use[k].current(),
+            in_use: in_use.unwrap_or_else(|| self.in_use[k].current()),
             reserved,
         }
     }
@@ -478,10 +502,27 @@ impl Tracer {
     /// a file trace; the time is read under the lock, so file rows come in time order.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
+        self.record_after(|| None, action, kind, address, bytes, stream, buffer, extra)
+    }
+
+    /// `LaneTrace::record_after` for a file trace, or an event of the manager's own.
+    #[allow(clippy::too_many_arguments)]
+    fn record_after(
+        &self,
+        change: impl FnOnce() -> Option<u64>,
+        action: Action,
+        kind: MemoryKind,
+        address: u64,
+        bytes: u64,
+        stream: u64,
+        buffer: u64,
+        extra: u64,
+    ) {
         match &self.file {
             Some(file) => {
                 let mut f = file.lock();
-                let record = self.record_of(&self.make(action, kind, address, bytes, stream, buffer, extra));
+                let in_use = change();
+                let record = self.record_of(&self.make(in_use, action, kind, address, bytes, stream, buffer, extra));
                 let FileStore { out, writer, failed, closed, .. } = &mut *f;
                 if failed.is_none() && !*closed {
                     if let Err(e) = writer.row(out, &record) {
@@ -491,7 +532,8 @@ impl Tracer {
             }
             None => {
                 let mut kept = self.kept.lock();
-                let record = self.make(action, kind, address, bytes, stream, buffer, extra);
+                let in_use = change();
+                let record = self.make(in_use, action, kind, address, bytes, stream, buffer, extra);
                 kept.0.push(record);
             }
         }

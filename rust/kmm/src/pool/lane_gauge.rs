@@ -66,20 +66,21 @@ impl Default for LaneGauge {
 }
 
 impl LaneGauge {
-    /// Adds `n` bytes put in use by `lane` (whose lock the caller holds).
+    /// Adds `n` bytes put in use by `lane` (whose lock the caller holds); the figure after it.
     #[inline]
-    pub fn add(&self, n: u64, lane: usize) {
+    pub fn add(&self, n: u64, lane: usize) -> u64 {
         let now = self.change(n, false, lane);
         // A load first: the peak seldom moves, and a read keeps the cache line shared.
         if now > self.counts.peak.load(Ordering::Relaxed) {
             self.counts.peak.fetch_max(now, Ordering::AcqRel);
         }
+        now
     }
 
     /// Takes away `n` bytes `lane` (whose lock the caller holds) no longer uses.
     #[inline]
-    pub fn sub(&self, n: u64, lane: usize) {
-        self.change(n, true, lane);
+    pub fn sub(&self, n: u64, lane: usize) -> u64 {
+        self.change(n, true, lane)
     }
 
     /// The writer lane's change, with plain loads and stores; the total after it.
@@ -370,7 +371,9 @@ pub(super) mod tests {
         let (writer, resume) = writer_paused_mid_update(&g);
         let on = |lane: usize, n: u64| {
             let g = g.clone();
-            std::thread::spawn(move || g.add(n, lane))
+            std::thread::spawn(move || {
+                g.add(n, lane);
+            })
         };
         let switcher = on(1, 5);
         while g.has_sole_writer() {
