@@ -35,7 +35,9 @@ end
 
 "The bytes of an array of `T` with `dims`, or an `ArgumentError` naming the dimensions (a
 negative one, or a length or size past `typemax(Int)`: also for elements of no bytes, whose
-`length` would wrap). No `try`: it runs at every allocation."
+`length` would wrap). A dimension of 0 makes the length 0 wherever it is, as in Base
+((2^32, 2^32, 0) was refused while (0, 2^32, 2^32) passed). No `try`: it runs at every
+allocation."
 function checked_bytes(::Type{T}, dims::Dims) where {T}
     n = 1
     overflow = false
@@ -45,8 +47,8 @@ function checked_bytes(::Type{T}, dims::Dims) where {T}
         overflow |= o
     end
     n, o = Base.mul_with_overflow(n, sizeof(T))
-    (overflow | o) && throw_bad_dims(dims, "the size overflows")
-    return n
+    (overflow | o) && !any(iszero, dims) && throw_bad_dims(dims, "the size overflows")
+    return any(iszero, dims) ? 0 : n
 end
 @noinline throw_bad_dims(dims, why) = throw(ArgumentError("invalid array dimensions $dims: $why"))
 
@@ -392,10 +394,12 @@ wrapping (a product that overflows Int is refused, never compared modulo 2^64), 
     n = 1
     for d in dims
         p, overflow = Base.mul_with_overflow(n, d)
-        overflow && throw(DimensionMismatch(
+        # A later 0 makes the product 0: no overflow then.
+        overflow && !any(iszero, dims) && throw(DimensionMismatch(
             "new dimensions $dims must be consistent with array size $(length(x)): their product overflows Int"))
         n = p
     end
+    n = any(iszero, dims) ? 0 : n
     n == length(x) || throw(DimensionMismatch(
         "new dimensions $dims must be consistent with array size $(length(x))"))
     nothing

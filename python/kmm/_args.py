@@ -3,6 +3,8 @@ they become (no silent truncation, wrap or coercion from floats, strings or bool
 element types, and sizes libkmm can hold. Each error names the argument and the bound, as
 libkmm's own messages do."""
 
+import numbers
+
 import numpy as np
 
 from ._errors import InvalidArgumentError, SizeOverflowError
@@ -26,8 +28,9 @@ def integer(value, name, lo=0, hi=U64_MAX, error=InvalidArgumentError):
     return v
 
 
-#: Types that are not integers whatever `__index__` a subclass of theirs adds.
-_NOT_INTEGERS = (float, complex, str, bytes, bytearray, memoryview, np.floating, np.complexfloating, np.str_, np.bytes_)
+#: Types that are not integers whatever `__index__` a subclass of theirs adds (numbers that are
+#: not integral, Decimal and Fraction among them, are checked apart).
+_NOT_INTEGERS = (str, bytes, bytearray, memoryview, np.str_, np.bytes_)
 
 
 def _index(value, name):
@@ -35,7 +38,8 @@ def _index(value, name):
     (`operator.index` turns those into 0 or 1 with only a warning). `__index__` runs once."""
     if isinstance(value, (bool, np.bool_)):
         raise TypeError("%s = %r must be an integer, not a bool" % (name, value))
-    if isinstance(value, _NOT_INTEGERS):
+    if (isinstance(value, _NOT_INTEGERS) or (isinstance(value, numbers.Number) and not isinstance(value, numbers.Integral))
+            or (isinstance(value, np.ndarray) and value.dtype.kind not in "iu")):
         # Subclasses too: a float or str subclass with an __index__ is still a float or str (3.0
         # was refused while a subclass of float that is 3.0 became what its __index__ said).
         raise TypeError("%s = %r must be an integer, not a %s" % (name, value, type(value).__name__))

@@ -144,6 +144,15 @@ def _cai_field(cai, name):
                          % name) from None
 
 
+def _cai_descr(dtype):
+    """The CAI `descr` of an element type: NumPy's (the fields of a record type), or the type as
+    one unnamed field where NumPy has none (records whose fields overlap or are out of order)."""
+    try:
+        return dtype.descr
+    except ValueError:
+        return [("", dtype.str)]
+
+
 def _cai_dtype(dtype, descr):
     """The element type of a CAI dict: `typestr`, or the record type its `descr` gives (the
     fields of a structured type, which a typestr of "|V12" leaves out). A descr that contradicts
@@ -151,11 +160,15 @@ def _cai_dtype(dtype, descr):
     if descr is None:
         return dtype
     try:
-        if isinstance(descr, list) and len(descr) == 1 and isinstance(descr[0], tuple) and descr[0][:1] == ("",):
+        if not isinstance(descr, (list, tuple)):
+            raise TypeError("not a list of fields")
+        # Lists and tuples alike ([["", "<f4"]] as [("", "<f4")]), as JSON-minded producers give.
+        fields = [tuple(f) if isinstance(f, (list, tuple)) else f for f in descr]
+        if len(fields) == 1 and isinstance(fields[0], tuple) and fields[0][:1] == ("",):
             # One unnamed field is the plain type itself ([("", "<f4")]), not a record of it.
-            described = np.dtype(descr[0][1] if len(descr[0]) == 2 else tuple(descr[0][1:]))
+            described = np.dtype(fields[0][1] if len(fields[0]) == 2 else tuple(fields[0][1:]))
         else:
-            described = np.lib.format.descr_to_dtype(descr)
+            described = np.lib.format.descr_to_dtype(fields)
     except (TypeError, ValueError, KeyError, IndexError) as e:
         raise ValueError("__cuda_array_interface__ descr = %r is not a valid array-interface descr (%s)" % (descr, e)) from None
     described = _args.plain_dtype(described, "descr")
@@ -575,7 +588,7 @@ class DeviceArray:
             "data": (self.ptr, False),
             "version": 3,
             "strides": None if self.is_c_contiguous else self.strides,
-            "descr": self.dtype.descr,
+            "descr": _cai_descr(self.dtype),
             "stream": stream if stream else None,
         }
 

@@ -4,6 +4,8 @@ structured dtypes and versions through `__cuda_array_interface__`, `from_dlpack`
 device's manager or no producer, and the observe classes' arguments. Each test failed on the code
 before the fix it names."""
 
+import decimal
+import fractions
 import os
 import subprocess
 import sys
@@ -66,7 +68,23 @@ class C(complex):
         return 8
 
 
-@pytest.mark.parametrize("value", [F(3.0), S("x"), B(b"x"), C(1j), np.float64(3.0)])
+class Dec(decimal.Decimal):
+    def __index__(self):
+        return 3
+
+
+class Frac(fractions.Fraction):
+    def __index__(self):
+        return 3
+
+
+class FloatArray(np.ndarray):
+    def __index__(self):
+        return 8
+
+
+@pytest.mark.parametrize("value", [F(3.0), S("x"), B(b"x"), C(1j), np.float64(3.0), Dec("3.5"), Frac(7, 2),
+                                   np.array(3.0).view(FloatArray)])
 def test_float_and_str_subclasses_are_not_integers(manager, value):
     # alloc(F(3.0)) allocated 8 bytes (what __index__ said) while alloc(3.0) was refused.
     expect_named(TypeError, "nbytes", manager.alloc, value)
@@ -108,6 +126,17 @@ def test_a_structured_dtype_goes_through_cai_with_its_fields(manager):
     aligned = np.dtype([("a", "u1"), ("b", "<f8")], align=True)
     x = manager.asarray(np.zeros(3, dtype=aligned))
     assert kmm.from_cuda_array_interface(x, manager=manager).dtype == aligned
+    # Records NumPy gives no descr for (fields out of order, or overlapping) export as one
+    # unnamed field of their bytes: the export raised ValueError once descr came from NumPy.
+    odd = np.dtype({"names": ["a", "b"], "formats": ["<i4", "<i4"], "offsets": [4, 0]})
+    y = manager.empty((3,), odd)
+    assert y.__cuda_array_interface__["descr"] == [("", "|V8")]
+    assert kmm.from_cuda_array_interface(y, manager=manager).dtype == np.dtype("V8")
+    # A plain type's descr given as lists or tuples (JSON-minded producers) is that type.
+    f4 = manager.asarray(np.arange(4, dtype=np.float32))
+    for descr in ([["", "<f4"]], (("", "<f4"),), [("", "<f4")]):
+        got = kmm.from_cuda_array_interface(dict(f4.__cuda_array_interface__, descr=descr), manager=manager)
+        assert got.dtype == np.float32 and np.array_equal(got.get(), np.arange(4, dtype=np.float32))
     # A descr that contradicts the typestr is refused, not one of them believed.
     f = manager.asarray(np.zeros(4, np.float32))
     bad = dict(f.__cuda_array_interface__, descr=[("", "<i4")])

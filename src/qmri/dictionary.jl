@@ -9,6 +9,8 @@ The dictionary of `seq` (a `FISPSequence` or `PSSFPSequence`) over the atoms `pa
 each), each a `KmmArray{ComplexF32,2}` of its own, on `manager` (default: that of `params` when it is a
 `KmmArray`, else the default manager). Match it against any number of signal sets
 with `match(dict, signals)`: each block is matched in turn, keeping the best atom per voxel.
+It keeps a copy of `seq` as it was simulated (`dict.seq`): changing the sequence's vectors in
+place afterwards changes neither the dictionary nor its matches' PD.
 
 A dictionary larger than the device (or the manager's `hard_limit`) needs a manager with
 `spill_limit`: blocks not in use spill to host memory, least recently used first, and come back
@@ -27,6 +29,9 @@ const DICTIONARY_BLOCK_BYTES = 256 * 2^20
 
 function Dictionary(seq::AbstractSequence, params; manager::KmmManager = default_manager_of(params),
                     block_atoms::Union{Nothing,Integer} = nothing, check::Bool = true)
+    # Its own copy: the PD of a match is scaled by the sequence's signal, and the sequence's
+    # vectors may be changed in place (the matches of a kept dictionary followed them).
+    seq = deepcopy(seq)
     ntr = length(seq)
     nb = block_atoms === nothing ? max(1, DICTIONARY_BLOCK_BYTES ÷ (8 * ntr)) :
                                    count_arg("Dictionary", :block_atoms, block_atoms)

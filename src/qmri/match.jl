@@ -4,7 +4,8 @@
     MatchResult
 
 What `QMRI.match` returns: maps with the shape of the voxel dimensions of the signals, all
-KmmArrays on the signals' manager.
+KmmArrays on the manager the match ran on: the signals' for `match(seq, params, signals)`, the
+dictionary's for `match(dict, signals)` and `match(::Dictionary, signals)`.
 
 - `index`: the best atom of each voxel (1-based column of the dictionary / parameters), `Int32`;
   0 where no atom matches (a zero or non-finite signal), with score, PD and parameters 0 there

@@ -208,7 +208,9 @@ end
 The Jacobian of `signal(model, m)` with respect to the parameters (T1, T2, Re ρ, Im ρ) of every
 voxel, as a matrix-free operator: `J * v` (`v`: `4 x nvoxels` or a vector of `4 nvoxels`
 Float32, parameter fastest) gives a signal-shaped `KmmArray`, `J' * w` gives Re(Jᴴw) as
-`4 x nvoxels`; `mul!(y, J, v)` and `mul!(g, J', w)` write into given KmmArrays.
+`4 x nvoxels`; `mul!(y, J, v)` and `mul!(g, J', w)` write into given KmmArrays (`y`:
+`ComplexF32`, `g`: `Float32`, on the model's manager). Inputs may be KmmArrays or host arrays,
+which are uploaded for the call.
 """
 struct Jacobian
     model::MRSTATModel
@@ -265,6 +267,24 @@ function LinearAlgebra.mul!(g::KmmArray{Float32}, A::AdjointJacobian, w::KmmArra
             handles(ww.storage)[2], handles(g.storage)[2])
     end
     g
+end
+
+# A host input is uploaded for the call and freed (in stream order) when it returns or throws,
+# as `J * v` does.
+function LinearAlgebra.mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::AbstractArray{<:Real})
+    length(v) == size(J, 2) || throw(DimensionMismatch("the input has $(length(v)) entries; need $(size(J, 2))"))
+    with_upload(x -> LinearAlgebra.mul!(y, J, x), KmmArray{Float32}(Array{Float32}(v); manager = Kmm.manager(J.model)))
+end
+function LinearAlgebra.mul!(g::KmmArray{Float32}, A::AdjointJacobian, w::AbstractArray{<:Complex})
+    length(w) == size(A, 2) || throw(DimensionMismatch("the input has $(length(w)) entries; need $(size(A, 2))"))
+    with_upload(x -> LinearAlgebra.mul!(g, A, x), KmmArray{ComplexF32}(Array{ComplexF32}(w); manager = Kmm.manager(A.J.model)))
+end
+# Any other output or input: an error naming them, not a MethodError of LinearAlgebra's
+# five-argument fallback.
+function LinearAlgebra.mul!(y::AbstractArray, A::Union{Jacobian,AdjointJacobian}, x::AbstractArray)
+    out, in = A isa Jacobian ? ("KmmArray{ComplexF32}", "real") : ("KmmArray{Float32}", "complex")
+    throw(ArgumentError("mul!(y, $(A isa Jacobian ? "J" : "J'"), x): y must be a $out on the model's manager and x a " *
+                        "$in array (a KmmArray, or a host array uploaded for the call); got $(typeof(y)) and $(typeof(x))"))
 end
 
 "`mul!(out, A, x)` into `out`, a new array of this call's, freed when the call fails."

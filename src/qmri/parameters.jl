@@ -18,7 +18,9 @@ function log_grid(lo::Real, hi::Real, n::Integer)
     count_arg("log_grid", :n, n, MAX_GRID_VALUES)
     n == 1 && return [Float64(lo)]
     a, b = log(Float64(lo)), log(Float64(hi))
-    [exp(a + (b - a) * (i - 1) / (n - 1)) for i in 1:n]
+    # The ends as given: exp(log(x)) is not always x (0.49999999999999994 for 0.5), and
+    # parameter_grid then dropped the atom where T2 == T1.
+    [i == 1 ? Float64(lo) : i == n ? Float64(hi) : exp(a + (b - a) * (i - 1) / (n - 1)) for i in 1:n]
 end
 
 # The values of one `parameter_grid` keyword (`name`), whose errors name it.

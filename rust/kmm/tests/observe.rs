@@ -445,6 +445,17 @@ fn the_rmm_form_is_what_rmm_replay_accepts_with_moves_as_free_and_allocate() {
     let (allocs, frees) = replay_as_rmm(&std::fs::read_to_string(&rmm_path).unwrap());
     assert_eq!(allocs, 9 + moves, "nine allocations of memory, and an allocation per move");
     assert_eq!(frees, allocs, "every allocation in the RMM form is freed");
+    // Each row's in-use figure is the sum of the rows before it: the free half of a move said
+    // the figure after the whole move (its allocation half's), `bytes` too high.
+    let mut live = 0u64;
+    for r in csv::read(&std::fs::read_to_string(&rmm_path).unwrap()).unwrap() {
+        match r.action {
+            ALLOCATE => live += r.bytes,
+            FREE => live -= r.bytes,
+            _ => {}
+        }
+        assert_eq!(r.in_use, live, "{r:?}");
+    }
     // The same file written while recording is the same text.
     let (live_path, live) = temp_path("rmm-live.csv");
     drop(m);

@@ -56,7 +56,9 @@ impl Writer {
             Action::Move => match self.live.get_mut(&r.buffer) {
                 Some(address) => {
                     let old = std::mem::replace(address, r.address);
-                    line(out, r, Action::Free, old, 0)?;
+                    // Between the two halves the buffer is in use at neither address.
+                    let freed = Record { in_use: r.in_use.saturating_sub(r.bytes), ..*r };
+                    line(out, &freed, Action::Free, old, 0)?;
                     line(out, r, Action::Allocate, r.address, 0)
                 }
                 None => Ok(()),

@@ -607,6 +607,11 @@ impl State {
         Ok((r.is_spilled(), r.never_spill))
     }
 
+    /// Whether the buffer is memory allocated elsewhere (`wrap`), which no pool owns.
+    pub fn is_wrapped(&self, handle: u64) -> Result<bool> {
+        Ok(matches!(self.buffers.get(handle)?.origin, Origin::Borrowed | Origin::Adopted(_)))
+    }
+
     /// (address, bytes, kind, the caller's pins): Kmm's own pins (`leases`) are not counted.
     pub fn buffer_info(&self, handle: u64) -> Result<(u64, u64, MemoryKind, u32)> {
         let r = self.buffers.get(handle)?;

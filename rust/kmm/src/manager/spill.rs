@@ -520,6 +520,11 @@ impl Manager {
         Ok(())
     }
 
+    /// Whether the buffer is memory allocated elsewhere (`wrap`), which no pool owns.
+    pub fn is_wrapped(&self, handle: u64) -> Result<bool> {
+        self.state_of(handle).is_wrapped(handle)
+    }
+
     /// Whether the buffer's bytes are on the host now.
     pub fn is_spilled(&self, handle: u64) -> Result<bool> {
         Ok(self.state_of(handle).buffers.get(handle)?.is_spilled())

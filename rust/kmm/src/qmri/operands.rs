@@ -33,29 +33,35 @@ impl<'a> Operand<'a> {
 }
 
 /// Refuses an output whose range overlaps another argument's: the same buffer at overlapping
-/// offsets, or two resident buffers whose memory overlaps (wrapped memory may lie inside another
-/// buffer). Ranges are cut at each buffer's end, so a buffer too small for the call is left to
-/// the size check that names it. A spilled buffer shares memory with no other buffer: the pool
-/// never hands out one address twice, and wrapped memory never spills.
+/// offsets, or memory that overlaps where one of the two buffers is wrapped memory (which may lie
+/// inside another buffer). Two buffers of the pools never share memory, and their addresses are
+/// not compared: read one after the other (unpinned, on the host path), a compaction or a spill
+/// and restore between the reads could show one at the address the other just left. Ranges are
+/// cut at each buffer's end, so a buffer too small for the call is left to the size check that
+/// names it.
 pub fn check_disjoint(m: &Manager, operands: &[Operand]) -> Result<()> {
     let mut placed = Vec::with_capacity(operands.len());
     for o in operands.iter().filter(|o| o.handle != 0 && o.bytes > 0) {
         let (address, size, _, _) = m.buffer_info(o.handle)?;
         let end = o.offset.saturating_add(o.bytes).min(size);
         if o.offset < end {
-            let resident = if m.is_spilled(o.handle)? { None } else { Some(address) };
-            placed.push((o, o.offset, end, resident));
+            // Wrapped memory never moves or spills; a pool buffer's address counts only against it.
+            let wrapped = m.is_wrapped(o.handle)?;
+            let resident = if !wrapped && m.is_spilled(o.handle)? { None } else { Some(address) };
+            placed.push((o, o.offset, end, resident, wrapped));
         }
     }
-    for (i, &(a, a_start, a_end, a_addr)) in placed.iter().enumerate() {
-        for &(b, b_start, b_end, b_addr) in &placed[..i] {
+    for (i, &(a, a_start, a_end, a_addr, a_wrapped)) in placed.iter().enumerate() {
+        for &(b, b_start, b_end, b_addr, b_wrapped) in &placed[..i] {
             if !(a.written || b.written) {
                 continue;
             }
             let overlaps = if a.handle == b.handle {
                 a_start < b_end && b_start < a_end
-            } else {
+            } else if a_wrapped || b_wrapped {
                 a_addr.zip(b_addr).is_some_and(|(x, y)| x + a_start < y + b_end && y + b_start < x + a_end)
+            } else {
+                false
             };
             if overlaps {
                 let (out, other) = if a.written { (a, b) } else { (b, a) };
