@@ -83,7 +83,7 @@ end
     m = KmmManager(backend = :host)
     cases = ((() -> KmmArray{Float64}(undef, 2, -1; manager = m), "negative dimension"),
              (() -> KmmArray{Float64}(undef, 2^31, 2^31; manager = m), "the size overflows"),
-             (() -> KmmArray{UInt8}(undef, typemax(Int), 2, 0; manager = m), "the size overflows"),
+             (() -> KmmArray{UInt8}(undef, typemax(Int), 2, 1; manager = m), "the size overflows"),
              (() -> PinnedArray{Int32}(undef, 2^62; manager = m), "the size overflows"),
              (() -> PinnedArray{Int32}(undef, -3; manager = m), "negative dimension"))
     for (f, why) in cases
@@ -95,5 +95,6 @@ end
     @test Kmm.memory_stats(m).live_buffers == 0 && Kmm.memory_stats(m, :pinned).live_buffers == 0
     @test_throws ArgumentError KmmArray{Float64}(undef, 4; manager = m, kind = :managed)
     @test size(KmmArray{Float64}(undef, 0, typemax(Int); manager = m)) == (0, typemax(Int))
+    @test size(KmmArray{UInt8}(undef, typemax(Int), 2, 0; manager = m)) == (typemax(Int), 2, 0)
     close(m)
 end
