@@ -466,8 +466,9 @@ enum KmmFigure
    */
   KMM_FIGURE_TIMELINE = 2,
   /**
-   * What a status shows: the device map, the pinned map when pinned memory is reserved, and
-   * the timeline when the manager has a ring trace.
+   * What a status shows: the device map, the pinned map when pinned buffers or pinned pool
+   * chunks exist (the copy staging ring and the spill store are in no map), and the timeline
+   * when the manager has a ring trace.
    */
   KMM_FIGURE_OVERVIEW = 3,
 };
