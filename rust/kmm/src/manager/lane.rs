@@ -9,7 +9,7 @@ use super::config::{MemoryKind, MAX_BUFFER_BYTES};
 use super::handles::HandleTable;
 use super::order::{self, Reuse, StreamSet};
 use super::spill_store::{HostPlace, Spill};
-use super::trace::{Action, LaneTrace};
+use super::trace::{Action, LaneTrace, TracedEvent};
 use crate::backend::{Backend, BackendKind, Event, Stream};
 use crate::error::{KmmStatus, Result};
 use crate::pool::deferred::Deferred;
@@ -390,7 +390,7 @@ impl State {
         let (gauge, lane) = (&self.in_use[kind as usize], self.place.lane);
         let change = || Some(if take { gauge.sub(delta, lane) } else { gauge.add(delta, lane) });
         match &mut self.trace {
-            Some(t) => t.record_after(change, action, kind, address, bytes, stream, handle, extra),
+            Some(t) => t.record_after(change, TracedEvent { action, kind, address, bytes, stream, buffer: handle, extra }),
             None => {
                 change();
             }

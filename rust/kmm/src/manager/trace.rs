@@ -333,6 +333,19 @@ pub struct TraceCounts {
     pub dropped: u64,
 }
 
+/// One event as the recording calls pass it on: `extra` is the moved-from address of a move,
+/// spill or restore, and the status of a failed allocation.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TracedEvent {
+    pub action: Action,
+    pub kind: MemoryKind,
+    pub address: u64,
+    pub bytes: u64,
+    pub stream: u64,
+    pub buffer: u64,
+    pub extra: u64,
+}
+
 /// What a lane holds while a trace records: the trace, and the lane's ring (a ring trace).
 pub(super) struct LaneTrace {
     tracer: Arc<Tracer>,
@@ -352,7 +365,7 @@ impl LaneTrace {
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     pub(super) fn record(&mut self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
-        self.record_after(|| None, action, kind, address, bytes, stream, buffer, extra)
+        self.record_after(|| None, TracedEvent { action, kind, address, bytes, stream, buffer, extra })
     }
 
     /// Makes `change` of the manager's bytes in use (it returns the figure after it) and records
@@ -360,25 +373,14 @@ impl LaneTrace {
     /// order of the changes, so each row's figure is the sum of the rows before it and a replay
     /// of the file meets the run's peak (lanes changing the figure at once wrote their rows in
     /// another order, 3% under the peak with six threads).
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    pub(super) fn record_after(
-        &mut self,
-        change: impl FnOnce() -> Option<u64>,
-        action: Action,
-        kind: MemoryKind,
-        address: u64,
-        bytes: u64,
-        stream: u64,
-        buffer: u64,
-        extra: u64,
-    ) {
+    pub(super) fn record_after(&mut self, change: impl FnOnce() -> Option<u64>, event: TracedEvent) {
         match &mut self.ring {
             Some(ring) => {
                 let in_use = change();
-                ring.push(self.tracer.make(in_use, action, kind, address, bytes, stream, buffer, extra))
+                ring.push(self.tracer.make(in_use, event))
             }
-            None => self.tracer.record_after(change, action, kind, address, bytes, stream, buffer, extra),
+            None => self.tracer.record_after(change, event),
         }
     }
 
@@ -450,9 +452,9 @@ impl Tracer {
 
     /// A record of an event now, with the manager's figures after it; its time is the clock's
     /// raw reading (see `Clock`).
-    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn make(&self, in_use: Option<u64>, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) -> Entry {
+    fn make(&self, in_use: Option<u64>, event: TracedEvent) -> Entry {
+        let TracedEvent { action, kind, address, bytes, stream, buffer, extra } = event;
         let k = kind as usize;
         let held = match kind {
             MemoryKind::Device => self.limits[k].used().current(),
@@ -502,27 +504,16 @@ impl Tracer {
     /// a file trace; the time is read under the lock, so file rows come in time order.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn record(&self, action: Action, kind: MemoryKind, address: u64, bytes: u64, stream: u64, buffer: u64, extra: u64) {
-        self.record_after(|| None, action, kind, address, bytes, stream, buffer, extra)
+        self.record_after(|| None, TracedEvent { action, kind, address, bytes, stream, buffer, extra })
     }
 
     /// `LaneTrace::record_after` for a file trace, or an event of the manager's own.
-    #[allow(clippy::too_many_arguments)]
-    fn record_after(
-        &self,
-        change: impl FnOnce() -> Option<u64>,
-        action: Action,
-        kind: MemoryKind,
-        address: u64,
-        bytes: u64,
-        stream: u64,
-        buffer: u64,
-        extra: u64,
-    ) {
+    fn record_after(&self, change: impl FnOnce() -> Option<u64>, event: TracedEvent) {
         match &self.file {
             Some(file) => {
                 let mut f = file.lock();
                 let in_use = change();
-                let record = self.record_of(&self.make(in_use, action, kind, address, bytes, stream, buffer, extra));
+                let record = self.record_of(&self.make(in_use, event));
                 let FileStore { out, writer, failed, closed, .. } = &mut *f;
                 if failed.is_none() && !*closed {
                     if let Err(e) = writer.row(out, &record) {
@@ -533,7 +524,7 @@ impl Tracer {
             None => {
                 let mut kept = self.kept.lock();
                 let in_use = change();
-                let record = self.make(in_use, action, kind, address, bytes, stream, buffer, extra);
+                let record = self.make(in_use, event);
                 kept.0.push(record);
             }
         }
