@@ -48,39 +48,13 @@ def test_asarray_reads_a_subclass_by_its_memory_not_its_properties(manager, cls)
     assert np.array_equal(b.get(), host)
 
 
-class F(float):
-    def __index__(self):
-        return 8
+def with_index(base, value=8):
+    """A subclass of `base` whose `__index__` says `value`: still not an integer."""
+    return type(base.__name__ + "WithIndex", (base,), {"__index__": lambda self: value})
 
 
-class S(str):
-    def __index__(self):
-        return 8
-
-
-class B(bytes):
-    def __index__(self):
-        return 8
-
-
-class C(complex):
-    def __index__(self):
-        return 8
-
-
-class Dec(decimal.Decimal):
-    def __index__(self):
-        return 3
-
-
-class Frac(fractions.Fraction):
-    def __index__(self):
-        return 3
-
-
-class FloatArray(np.ndarray):
-    def __index__(self):
-        return 8
+F, S, B, C, FloatArray = (with_index(t) for t in (float, str, bytes, complex, np.ndarray))
+Dec, Frac = with_index(decimal.Decimal, 3), with_index(fractions.Fraction, 3)
 
 
 @pytest.mark.parametrize("value", [F(3.0), S("x"), B(b"x"), C(1j), np.float64(3.0), Dec("3.5"), Frac(7, 2),
