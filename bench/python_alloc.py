@@ -244,13 +244,26 @@ def take_turns(names, rounds, iters_of, select, selected, alloc, synchronize):
     return samples
 
 
-CUPY_ALLOCATORS = ("default", "kmm", "rmm")
+CUPY_ALLOCATORS = ("default", "kmm", "rmm", "floor")
 
 
-def cupy_interleaved(iters, rounds, pin):
+def cupy_floor_allocator():
+    """A CuPy allocator, in Python, that wraps one pointer made at the start in the
+    `MemoryPointer(UnownedMemory(...))` CuPy needs from an outside allocator, with nothing to
+    free: what CuPy costs around any allocator written outside CuPy's own pool."""
+    import cupy
+
+    held = cupy.cuda.memory._malloc(NBYTES)  # CuPy's plain cudaMalloc, kept for the whole run
+    memory, pointer, ptr, device = cupy.cuda.memory.UnownedMemory, cupy.cuda.memory.MemoryPointer, held.ptr, held.device_id
+    return lambda nbytes: pointer(memory(ptr, nbytes, held, device), 0)
+
+
+def cupy_interleaved(iters, rounds, pin, allocator_only=False):
     """The CuPy variants in one process, taking turns (`cupy.cuda.set_allocator` swapped between
-    CuPy's pool, Kmm's allocator and RMM's, each made once), as `numba_interleaved` does for
-    Numba: samples that share the process's luck, the order turned each round."""
+    CuPy's pool, Kmm's allocator, RMM's and the floor, each made once), as `numba_interleaved`
+    does for Numba: samples that share the process's luck, the order turned each round.
+    `allocator_only`: each operation calls the allocator and drops what it returned, without
+    the array `cupy.empty` builds around it: the allocators' own costs."""
     if pin is not None:
         os.sched_setaffinity(0, {pin})
     ensure_kmm_importable()
@@ -262,13 +275,17 @@ def cupy_interleaved(iters, rounds, pin):
     from rmm.allocators.cupy import rmm_cupy_allocator
 
     allocators = {"default": cupy.get_default_memory_pool().malloc, "kmm": kmm.cupy.allocator,
-                  "rmm": rmm_cupy_allocator}
+                  "rmm": rmm_cupy_allocator, "floor": cupy_floor_allocator()}
+    if allocator_only:
+        alloc = lambda: cupy.cuda.memory.alloc(NBYTES)  # noqa: E731 (CuPy's call of the allocator set)
+    else:
+        alloc = lambda: cupy.empty(NBYTES // 4, cupy.float32)  # noqa: E731
     samples = take_turns(
         CUPY_ALLOCATORS, rounds,
         iters_of=lambda name: iters,
         select=lambda name: cupy.cuda.set_allocator(allocators[name]),
         selected=lambda name: cupy.cuda.get_allocator() is allocators[name],
-        alloc=lambda: cupy.empty(NBYTES // 4, cupy.float32),
+        alloc=alloc,
         synchronize=lambda: cupy.cuda.Device().synchronize())
     return {"cupy/" + name: v for name, v in samples.items()}
 
@@ -278,7 +295,8 @@ INTERLEAVED = {"numba": numba_interleaved, "cupy": cupy_interleaved}
 
 def run_variant(lib, variant, args, repeats=1):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", lib, variant,
-           "--iters", str(args.iters), "--repeats", str(repeats)] + ([] if args.pin is None else ["--pin", str(args.pin)])
+           "--iters", str(args.iters), "--repeats", str(repeats)]
+    cmd += (["--allocator-only"] if args.allocator_only else []) + ([] if args.pin is None else ["--pin", str(args.pin)])
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -336,6 +354,9 @@ def ratios(results):
     v = paired("numba/rmm", "numba/floor")
     if v:
         out["numba: RMM / floor (any plugin's best)"] = {"value": v}
+    v = paired("cupy/floor", "cupy/default")
+    if v:
+        out["cupy: floor / own pool (any outside allocator's best)"] = {"value": v}
     for lib in ("numba", "cupy"):
         v = paired("%s/rmm" % lib, "%s/kmm" % lib)
         if v:
@@ -374,16 +395,21 @@ def main():
                    help="the Numba variants take turns in one process instead of a process per sample")
     p.add_argument("--cupy-interleaved", action="store_true",
                    help="the CuPy variants take turns in one process instead of a process per sample")
+    p.add_argument("--allocator-only", action="store_true",
+                   help="with --cupy-interleaved: time CuPy's call of the allocator alone (no array around it)")
     p.add_argument("--worker", nargs=2, metavar=("LIB", "VARIANT"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         if args.worker[1] == "interleaved":
-            print(json.dumps(INTERLEAVED[args.worker[0]](args.iters, args.repeats, args.pin)))
+            extra = {"allocator_only": True} if args.allocator_only else {}
+            print(json.dumps(INTERLEAVED[args.worker[0]](args.iters, args.repeats, args.pin, **extra)))
         else:
             print(json.dumps(worker(args.worker[0], args.worker[1], args.iters, args.repeats, args.pin)))
         return
     if not args.json_out:
         p.error("give the path of the JSON output")
+    if args.allocator_only and not args.cupy_interleaved:
+        p.error("--allocator-only times CuPy's allocators: give --cupy-interleaved (and --only cupy)")
     if os.path.abspath(args.json_out).startswith(os.path.join(HERE, "results") + os.sep):
         p.error("bench/results/ holds one page per benchmark, no per-run files: write the JSON "
                 "elsewhere (e.g. /tmp) and put the figures in bench/results/python_alloc.md")
@@ -397,6 +423,7 @@ def main():
     for lib in [lib for lib, on in interleaved.items() if on and any(v[0] == lib for v in chosen)]:
         chosen = [v for v in chosen if v[0] != lib]
         r = run_variant(lib, "interleaved", args, repeats=args.repeats)
+        samples.update({key: [] for key in r if key.startswith(lib + "/")})  # variants only run here (cupy/floor)
         for key in samples:
             if key.startswith(lib + "/"):
                 if "error" in r:
@@ -440,6 +467,7 @@ def main():
         "pinned_to_cpu": args.pin,
         "numba_interleaved": args.numba_interleaved,
         "cupy_interleaved": args.cupy_interleaved,
+        "allocator_only": args.allocator_only,
         "numba_plugin_calls": plugin_calls_module(),
         "results": results,
         "ratios": ratios(results),

@@ -2,13 +2,15 @@
  * CuPy calls it at every cupy.empty.
  *
  * It reads CuPy's current device and stream through CuPy's own C functions, allocates with one
- * kmm_plugin_alloc on the device's manager, and returns MemoryPointer(UnownedMemory(address,
- * nbytes, owner, device), 0), the objects CuPy's own pool builds too. The owner, a CupyAllocation,
- * frees the buffer (kmm_plugin_free, after the work queued on the allocation's stream) when CuPy
- * lets go of the memory. By buffer handle: libkmm keeps no table by address, which CuPy's
+ * kmm_plugin_alloc on the device's manager, and returns MemoryPointer(memory, 0), the two objects
+ * CuPy's own pool builds too: `memory` is a CupyAllocation, a subclass of CuPy's UnownedMemory
+ * that frees the buffer (kmm_plugin_free, after the work queued on the allocation's stream) when
+ * CuPy lets go of it. Both are made through their types' __new__ and __init__ slots, as calling
+ * the types would. By buffer handle: libkmm keeps no table by address, which CuPy's
  * CFunctionAllocator (kmm_cupy_malloc, freed by address) needs. On an H200 host that path cost
  * about 0.6 us per cupy.empty more than a C allocator that does nothing; this one skips the table
- * and CFunctionAllocator's Python-level constructor.
+ * and CFunctionAllocator's Python-level constructor, and (on the build machine) an owner object
+ * beside an UnownedMemory cost a tenth of the allocator's time.
  *
  * An allocation made for a stream other than CuPy's default ones (handles 0, 1 and 2, which live
  * as long as the process) holds CuPy's Stream object, from `stream_object()`, until its free: the
@@ -33,11 +35,10 @@ typedef int (*device_source_fn)(int skip_dispatch);
 
 static stream_source_fn current_stream;
 static device_source_fn current_device;
-static PyObject *unowned_memory_type; /* cupy.cuda.memory.UnownedMemory */
 static PyObject *memory_pointer_type; /* cupy.cuda.memory.MemoryPointer */
 static PyObject *fallback;            /* fallback(nbytes, status) -> MemoryPointer, or raises */
 static PyObject *stream_object;       /* cupy.cuda.get_current_stream */
-static PyObject *AllocationType;
+static PyObject *AllocationType;      /* CupyAllocation, made by the first cupy_bind */
 
 /* Each device's manager: its handle, and the kmm.Manager that owns it (every allocation holds a
  * reference, so the handle outlives the memory). A device past the table takes the fallback. */
@@ -51,26 +52,36 @@ static struct {
 static Py_ssize_t live;
 
 /* ------------------------------------------------------------------------------------------ */
-/* CupyAllocation: the owner CuPy keeps alive with the memory. */
+/* CupyAllocation: the memory CuPy keeps alive, a subclass of CuPy's UnownedMemory made by
+ * cupy_bind (so one object per allocation, where an owner beside an UnownedMemory would be two).
+ * UnownedMemory's own fields (ptr, size, device_id, _owner = None) are set by its __init__; ours
+ * follow its layout, at `fields_offset` (the limited API cannot name the base's struct). */
 
 typedef struct {
-    PyObject_HEAD
     PyObject *manager;
     PyObject *stream_owner; /* CuPy's Stream for a stream that may be destroyed, else NULL */
-    uint64_t handle, buffer, stream, address, size;
-} Allocation;
+    uint64_t handle, buffer, stream; /* buffer 0: nothing to free (its __init__ failed) */
+} Fields;
+
+static Py_ssize_t fields_offset;
+static PyTypeObject *unowned_base; /* the UnownedMemory subclassed */
+#define FIELDS(o) ((Fields *)((char *)(o) + fields_offset))
 
 static void allocation_dealloc(PyObject *self)
 {
-    Allocation *a = (Allocation *)self;
+    Fields *a = FIELDS(self);
     PyTypeObject *type = Py_TYPE(self);
     PyObject_GC_UnTrack(self);
-    /* A manager closed meanwhile answers KMM_ERROR_INVALID_HANDLE: its memory went with it. */
-    plugin_free(a->handle, a->buffer, a->stream);
-    live--;
-    Py_XDECREF(a->stream_owner); /* after the free that records an event on it */
-    Py_XDECREF(a->manager);
-    ((freefunc)PyType_GetSlot(type, Py_tp_free))(self);
+    if (a->buffer) {
+        /* A manager closed meanwhile answers KMM_ERROR_INVALID_HANDLE: its memory went with it. */
+        plugin_free(a->handle, a->buffer, a->stream);
+        live--;
+    }
+    Py_CLEAR(a->stream_owner); /* after the free that records an event on it */
+    Py_CLEAR(a->manager);
+    /* UnownedMemory's own teardown (its _owner, then the object's memory); the type's reference
+     * is ours to drop, as for any instance of a heap type. */
+    ((destructor)PyType_GetSlot(unowned_base, Py_tp_dealloc))(self);
     Py_DECREF(type);
 }
 
@@ -78,35 +89,37 @@ static void allocation_dealloc(PyObject *self)
  * turn (a workspace array kept on the stream object), a cycle only the collector can end. */
 static int allocation_traverse(PyObject *self, visitproc visit, void *arg)
 {
-    Allocation *a = (Allocation *)self;
+    Fields *a = FIELDS(self);
     Py_VISIT(Py_TYPE(self));
     Py_VISIT(a->manager);
     Py_VISIT(a->stream_owner);
-    return 0;
+    traverseproc base = (traverseproc)PyType_GetSlot(unowned_base, Py_tp_traverse);
+    return base ? base(self, visit, arg) : 0;
 }
 
 /* Only in a cycle: the Stream's reference goes; the buffer is freed when the allocation is, with
  * the raw stream it keeps. */
 static int allocation_clear(PyObject *self)
 {
-    Py_CLEAR(((Allocation *)self)->stream_owner);
-    return 0;
+    Py_CLEAR(FIELDS(self)->stream_owner);
+    inquiry base = (inquiry)PyType_GetSlot(unowned_base, Py_tp_clear);
+    return base ? base(self) : 0;
 }
 
-static PyMemberDef allocation_members[] = {
-    {"manager", T_OBJECT, offsetof(Allocation, manager), READONLY, "The kmm.Manager allocated from."},
-    {"stream_owner", T_OBJECT, offsetof(Allocation, stream_owner), READONLY,
+/* The members, at offsets within Fields; fields_offset is added when the type is made. */
+static const PyMemberDef allocation_member_templates[] = {
+    {"manager", T_OBJECT, offsetof(Fields, manager), READONLY, "The kmm.Manager allocated from."},
+    {"stream_owner", T_OBJECT, offsetof(Fields, stream_owner), READONLY,
      "CuPy's Stream the memory was allocated for, kept alive until the free (None for CuPy's default streams)."},
-    {"buffer", T_ULONGLONG, offsetof(Allocation, buffer), READONLY, "The KmmBuffer handle."},
-    {"stream", T_ULONGLONG, offsetof(Allocation, stream), READONLY, "The stream its free is ordered after."},
-    {"address", T_ULONGLONG, offsetof(Allocation, address), READONLY, NULL},
-    {"size", T_ULONGLONG, offsetof(Allocation, size), READONLY, NULL},
-    {NULL, 0, 0, 0, NULL},
+    {"buffer", T_ULONGLONG, offsetof(Fields, buffer), READONLY, "The KmmBuffer handle."},
+    {"stream", T_ULONGLONG, offsetof(Fields, stream), READONLY, "The stream its free is ordered after."},
 };
+#define MEMBER_COUNT (sizeof allocation_member_templates / sizeof allocation_member_templates[0])
+static PyMemberDef allocation_members[MEMBER_COUNT + 1];
 
 static PyType_Slot allocation_slots[] = {
-    {Py_tp_doc, "One buffer of kmm.cupy's allocator; freed (after the work queued on its stream) "
-                "when CuPy drops the memory."},
+    {Py_tp_doc, "CuPy's UnownedMemory over one buffer of kmm.cupy's allocator; frees it (after the work "
+                "queued on its stream) when CuPy drops the memory."},
     {Py_tp_dealloc, allocation_dealloc},
     {Py_tp_traverse, allocation_traverse},
     {Py_tp_clear, allocation_clear},
@@ -114,59 +127,88 @@ static PyType_Slot allocation_slots[] = {
     {0, NULL},
 };
 
-static PyType_Spec allocation_spec = {
-    "kmm._plugin_calls.CupyAllocation", sizeof(Allocation), 0, Py_TPFLAGS_DEFAULT | Py_TPFLAGS_DISALLOW_INSTANTIATION | Py_TPFLAGS_HAVE_GC,
-    allocation_slots,
-};
+/* CupyAllocation, subclassing `unowned` (CuPy's UnownedMemory); NULL with an exception set. */
+static PyObject *make_allocation_type(PyObject *unowned)
+{
+    PyObject *basicsize = PyObject_GetAttrString(unowned, "__basicsize__");
+    if (!basicsize)
+        return NULL;
+    Py_ssize_t base_size = PyLong_AsSsize_t(basicsize);
+    Py_DECREF(basicsize);
+    if (base_size < 0)
+        return NULL;
+    Py_ssize_t align = _Alignof(Fields);
+    Py_ssize_t offset = (base_size + align - 1) / align * align;
+    for (size_t i = 0; i < MEMBER_COUNT; i++) {
+        allocation_members[i] = allocation_member_templates[i];
+        allocation_members[i].offset += offset;
+    }
+    PyType_Spec spec = {"kmm._plugin_calls.CupyAllocation", (int)(offset + sizeof(Fields)), 0,
+                        Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION, allocation_slots};
+    PyObject *bases = PyTuple_Pack(1, unowned);
+    if (!bases)
+        return NULL;
+    PyObject *type = PyType_FromSpecWithBases(&spec, bases);
+    Py_DECREF(bases);
+    if (type)
+        fields_offset = offset;
+    return type;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* The allocator */
 
-/* MemoryPointer(UnownedMemory(address, size, owner, device), 0), owning `owner` (a new
- * reference, given up here); NULL with an exception set. */
-static PyObject *memory_pointer(PyObject *owner, uint64_t address, uint64_t size, int device)
+/* `type(*args)` as type() calls it (its __new__, then its __init__), for CuPy's memory types,
+ * whose __new__ returns an instance of `type`; NULL with an exception set. */
+static PyObject *construct(PyTypeObject *type, PyTypeObject *base, PyObject *args)
 {
-    PyObject *args = PyTuple_New(4), *mem = NULL, *mp = NULL;
-    if (!args) {
-        Py_DECREF(owner);
-        return NULL;
-    }
-    PyTuple_SetItem(args, 2, owner); /* steals owner, also on the failures below */
-    PyObject *a0 = PyLong_FromUnsignedLongLong(address), *a1 = PyLong_FromUnsignedLongLong(size),
-             *a3 = PyLong_FromLong(device);
-    if (a0 && a1 && a3) {
-        PyTuple_SetItem(args, 0, a0);
-        PyTuple_SetItem(args, 1, a1);
-        PyTuple_SetItem(args, 3, a3);
-        mem = PyObject_Call(unowned_memory_type, args, NULL);
-    } else {
-        Py_XDECREF(a0);
-        Py_XDECREF(a1);
-        Py_XDECREF(a3);
-    }
-    Py_DECREF(args);
-    if (!mem)
-        return NULL;
-    PyObject *zero = PyLong_FromLong(0);
-    if (zero) {
-        mp = PyObject_CallFunctionObjArgs(memory_pointer_type, mem, zero, NULL);
-        Py_DECREF(zero);
-    }
-    Py_DECREF(mem);
+    PyObject *o = ((newfunc)PyType_GetSlot(base, Py_tp_new))(type, args, NULL);
+    if (o && ((initproc)PyType_GetSlot(base, Py_tp_init))(o, args, NULL) < 0)
+        Py_CLEAR(o);
+    return o;
+}
+
+/* MemoryPointer(memory, 0), for a new reference `memory` given up here; NULL with an exception
+ * set. */
+static PyObject *memory_pointer(PyObject *memory)
+{
+    PyObject *zero = PyLong_FromLong(0), *args = NULL, *mp = NULL;
+    if (zero)
+        args = PyTuple_Pack(2, memory, zero);
+    if (args)
+        mp = construct((PyTypeObject *)memory_pointer_type, (PyTypeObject *)memory_pointer_type, args);
+    Py_XDECREF(args);
+    Py_XDECREF(zero);
+    Py_DECREF(memory);
     return mp;
+}
+
+/* `type(address, size, None, device)`, where `type` is UnownedMemory or CupyAllocation (whose
+ * instantiation from Python is refused); NULL with an exception set. */
+static PyObject *unowned_memory(PyTypeObject *type, uint64_t address, PyObject *size, int device)
+{
+    PyObject *a0 = PyLong_FromUnsignedLongLong(address), *a3 = PyLong_FromLong(device), *args = NULL, *mem = NULL;
+    if (a0 && a3)
+        args = PyTuple_Pack(4, a0, size, Py_None, a3);
+    if (args)
+        mem = construct(type, unowned_base, args);
+    Py_XDECREF(args);
+    Py_XDECREF(a0);
+    Py_XDECREF(a3);
+    return mem;
 }
 
 /* The allocation of `size` bytes on CuPy's current device and stream; NULL with an exception
  * set when CuPy's queries or Python failed, without one when the fallback should serve the
  * request (*status: libkmm's refusal, or 0 where it was not asked). */
-static PyObject *allocate(uint64_t size, uint32_t *status)
+static PyObject *allocate(PyObject *size_obj, uint64_t size, uint32_t *status)
 {
     int device = current_device(1);
     if (device == -1 && PyErr_Occurred())
         return NULL;
     if (size == 0) {
-        Py_INCREF(Py_None);
-        return memory_pointer(Py_None, 0, 0, device);
+        PyObject *mem = unowned_memory(unowned_base, 0, size_obj, device);
+        return mem ? memory_pointer(mem) : NULL;
     }
     if (device < 0 || device >= MAX_DEVICES || !managers[device].handle)
         return NULL;
@@ -187,23 +229,24 @@ static PyObject *allocate(uint64_t size, uint32_t *status)
         Py_XDECREF(stream_owner);
         return NULL;
     }
-    Allocation *a = (Allocation *)((allocfunc)PyType_GetSlot((PyTypeObject *)AllocationType, Py_tp_alloc))(
-        (PyTypeObject *)AllocationType, 0);
-    if (!a) {
+    /* Python may run in the calls below (a collection): the table's entry is read before them. */
+    PyObject *manager = managers[device].manager;
+    Py_INCREF(manager);
+    PyObject *mem = unowned_memory((PyTypeObject *)AllocationType, address, size_obj, device);
+    if (!mem) {
         plugin_free(handle, buffer, (uint64_t)stream);
         Py_XDECREF(stream_owner);
+        Py_DECREF(manager);
         return NULL;
     }
+    Fields *a = FIELDS(mem);
     live++;
     a->stream_owner = stream_owner;
-    a->manager = managers[device].manager;
-    Py_INCREF(a->manager);
+    a->manager = manager;
     a->handle = handle;
     a->buffer = buffer;
     a->stream = (uint64_t)stream;
-    a->address = address;
-    a->size = size;
-    return memory_pointer((PyObject *)a, address, size, device);
+    return memory_pointer(mem);
 }
 
 static PyObject *cupy_allocate(PyObject *module, PyObject *size_obj)
@@ -219,7 +262,7 @@ static PyObject *cupy_allocate(PyObject *module, PyObject *size_obj)
         if (size == (unsigned long long)-1 && PyErr_Occurred())
             PyErr_Clear(); /* out of range: the fallback says what is wrong with it */
         else {
-            PyObject *mp = allocate(size, &status);
+            PyObject *mp = allocate(size_obj, size, &status);
             if (mp || PyErr_Occurred())
                 return mp;
         }
@@ -272,9 +315,27 @@ static PyObject *cupy_bind(PyObject *module, PyObject *const *args, Py_ssize_t n
                         "cupy_bind: UnownedMemory and MemoryPointer must be types, fallback and stream_object callable");
         return NULL;
     }
+    for (int i = 2; i < 4; i++)
+        if (!PyType_GetSlot((PyTypeObject *)args[i], Py_tp_new) || !PyType_GetSlot((PyTypeObject *)args[i], Py_tp_init)) {
+            PyErr_SetString(PyExc_TypeError, "cupy_bind: UnownedMemory and MemoryPointer must have __new__ and __init__");
+            return NULL;
+        }
+    if (!AllocationType) {
+        /* Made once: allocations outlive a later bind (and cupy_release at exit). */
+        PyObject *type = make_allocation_type(args[2]);
+        if (!type || PyModule_AddObjectRef(module, "CupyAllocation", type) < 0) {
+            Py_XDECREF(type);
+            return NULL;
+        }
+        Py_INCREF(args[2]);
+        unowned_base = (PyTypeObject *)args[2];
+        AllocationType = type;
+    } else if (args[2] != (PyObject *)unowned_base) {
+        PyErr_SetString(PyExc_TypeError, "cupy_bind: UnownedMemory is not the type bound before");
+        return NULL;
+    }
     current_stream = (stream_source_fn)stream;
     current_device = (device_source_fn)device;
-    replace(&unowned_memory_type, args[2]);
     replace(&memory_pointer_type, args[3]);
     replace(&fallback, args[4]);
     replace(&stream_object, args[5]);
@@ -328,7 +389,6 @@ static PyObject *cupy_release(PyObject *module, PyObject *unused)
     clear_managers();
     Py_CLEAR(fallback);
     Py_CLEAR(stream_object);
-    Py_CLEAR(unowned_memory_type);
     Py_CLEAR(memory_pointer_type);
     Py_RETURN_NONE;
 }
@@ -358,9 +418,5 @@ static PyMethodDef cupy_methods[] = {
 
 int cupy_calls_init(PyObject *module)
 {
-    AllocationType = PyType_FromSpec(&allocation_spec);
-    if (!AllocationType || PyModule_AddObjectRef(module, "CupyAllocation", AllocationType) < 0 ||
-        PyModule_AddFunctions(module, cupy_methods) < 0)
-        return -1;
-    return 0;
+    return PyModule_AddFunctions(module, cupy_methods);
 }

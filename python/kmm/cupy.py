@@ -11,8 +11,8 @@ that stream when CuPy drops it. Out of memory raises `cupy.cuda.memory.OutOfMemo
 
 Speed: `allocator` is a C function of `kmm._plugin_calls` (see _cupy_calls.c): it reads CuPy's
 current device and stream through CuPy's own C functions, allocates with one libkmm call by
-buffer handle, and returns the `MemoryPointer(UnownedMemory(...))` CuPy's own pool returns too;
-the memory's owner frees the buffer when CuPy drops it. No Python runs between CuPy and Kmm.
+buffer handle, and returns a `MemoryPointer` to a `kmm._plugin_calls.CupyAllocation`, a
+subclass of CuPy's `UnownedMemory` that frees the buffer when CuPy drops it. No Python runs between CuPy and Kmm.
 Where that module was not built, `allocator` hands CuPy a `CFunctionAllocator` over libkmm's
 `kmm_cupy_malloc` and `kmm_cupy_free` (freed by address) instead. Either way only what the fast
 path does not serve takes the Python path: the first allocation on a device or one after its
@@ -250,8 +250,11 @@ def _compiled_allocator(stream_source=None, device_source=None, fallback=None, s
     if not stream_source or not device_source:
         return None
     _compiled.bind(_lib.address_of(_plugin_alloc), _lib.address_of(_plugin_free))
-    _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer, fallback or _allocate_in_python,
-                        stream_object or _stream_object)
+    try:
+        _compiled.cupy_bind(stream_source, device_source, _UnownedMemory, _MemoryPointer,
+                            fallback or _allocate_in_python, stream_object or _stream_object)
+    except TypeError:  # a CuPy whose UnownedMemory cannot be subclassed: the C-function path
+        return None
     return _compiled.cupy_allocate
 
 

@@ -152,6 +152,12 @@ _PLUGIN_FREE = ctypes.CFUNCTYPE(ctypes.c_uint32, ctypes.c_uint64, ctypes.c_uint6
 _address = lambda f: ctypes.cast(f, ctypes.c_void_p).value  # noqa: E731
 
 
+def _allocation(mp):
+    """What frees `mp`'s buffer: the compiled path's CupyAllocation (the memory itself), or the
+    Python path's owner of the UnownedMemory."""
+    return mp.mem if isinstance(mp.mem, kc._compiled.CupyAllocation) else mp.mem._owner
+
+
 @pytest.fixture
 def compiled(fake_cuda, monkeypatch):
     """cupy_allocate with device and stream sources standing in for CuPy's (which need a GPU);
@@ -185,9 +191,9 @@ def test_compiled_allocator_serves_from_the_devices_manager_and_frees_when_cupy_
     before = kc.live_allocations()
     mp = allocate(3 << 20)
     assert isinstance(mp, cupy.cuda.MemoryPointer) and isinstance(mp.mem, cupy.cuda.memory.UnownedMemory)
-    owner = mp.mem._owner
+    owner = mp.mem
     assert isinstance(owner, kc._compiled.CupyAllocation)
-    assert (owner.manager, owner.address, owner.size, owner.stream) == (m, mp.ptr, 3 << 20, 0)
+    assert (owner.manager, owner.ptr, owner.size, owner.stream) == (m, mp.ptr, 3 << 20, 0)
     assert mp.ptr != 0 and mp.mem.size == 3 << 20 and mp.device_id == 0
     assert m.stats("device")["in_use"] == 3 << 20
     assert kc.live_allocations() == before + 1
@@ -211,12 +217,12 @@ def test_compiled_allocator_makes_the_first_manager_through_python(compiled):
     _, state, allocate = compiled
     kc._clear_managers()
     first = allocate(4096)  # no manager on device 0 yet: the Python path makes it
-    assert not isinstance(first.mem._owner, kc._compiled.CupyAllocation)
+    assert not isinstance(first.mem, kc._compiled.CupyAllocation)
     assert state["fallbacks"] == [(4096, 0)]
     made = kc._managers[0]
     second = allocate(4096)  # then the compiled path serves the device
-    assert isinstance(second.mem._owner, kc._compiled.CupyAllocation)
-    assert second.mem._owner.manager is made
+    assert isinstance(second.mem, kc._compiled.CupyAllocation)
+    assert second.mem.manager is made
     assert first.ptr != second.ptr and len(state["fallbacks"]) == 1
     del first, second
     gc.collect()
@@ -242,7 +248,7 @@ def test_compiled_allocator_raises_cupys_oom_after_one_try_and_keeps_what_is_sto
     assert state["fallbacks"] == [(128 << 20, kmm.OutOfMemoryError.status)]
     assert m.stats("device")["failed_allocs"] == 1, "the ladder was climbed once"
     assert kc.live_allocations() == before
-    assert m.stats("device")["in_use"] == 8 << 20 and kept.mem._owner.size == 8 << 20
+    assert m.stats("device")["in_use"] == 8 << 20 and kept.mem.size == 8 << 20
 
 
 @pytest.mark.parametrize("bad", [-1, 2**64, 1.5, "10"])
@@ -267,7 +273,7 @@ def test_closing_the_manager_while_cupy_holds_its_memory_is_refused(compiled):
     if BACKEND == "host":
         assert ctypes.string_at(mp.ptr, 4096) == b"\x5a" * 4096
     kept = allocate(4096)  # still served by the compiled path, from the same manager
-    assert kept.mem._owner.manager is m and state["fallbacks"] == []
+    assert kept.mem.manager is m and state["fallbacks"] == []
     del mp, kept
     gc.collect()
     m.close()  # nothing held: closed
@@ -324,7 +330,7 @@ def test_compiled_allocator_replaces_a_closed_manager(compiled):
     assert kc.manager(0) is not m and not kc.manager(0).closed
     assert kc.manager(0).stats("device")["in_use"] == 4096
     newer = allocate(4096)  # and serves the compiled path from then on
-    assert isinstance(newer.mem._owner, kc._compiled.CupyAllocation) and len(state["fallbacks"]) == 1
+    assert isinstance(newer.mem, kc._compiled.CupyAllocation) and len(state["fallbacks"]) == 1
     assert kc.live_allocations() == before + 1
     del again, newer
 
@@ -352,8 +358,8 @@ def test_compiled_allocator_allocates_and_frees_on_cupys_current_stream(compiled
             state["stream"] = other.stream  # CuPy's current stream, a foreign one
             m.trace_start()
             mp = allocate(1 << 20)
-            buffer = mp.mem._owner.buffer
-            assert mp.mem._owner.stream == other.stream
+            buffer = mp.mem.buffer
+            assert mp.mem.stream == other.stream
             state["stream"] = 0  # CuPy's current stream changes before the memory is dropped
             del mp
             gc.collect()
@@ -394,7 +400,7 @@ def test_allocations_keep_a_user_stream_alive_until_their_free(compiled, monkeyp
         monkeypatch.setattr(kc, "_get_current_stream", lambda: user)  # read by both paths
         state["stream"] = other.stream
         mp = allocate(1 << 20)
-        owner = mp.mem._owner
+        owner = _allocation(mp)
         assert owner.stream == other.stream and owner.stream_owner is user
         gone = weakref.ref(user)
         del user, owner
@@ -408,7 +414,7 @@ def test_allocations_keep_a_user_stream_alive_until_their_free(compiled, monkeyp
         assert in_use_at_destroy == [0], "the stream was let go before the free ordered after it"
         assert m.stats("device")["in_use"] == 0
         mp = allocate(4096)  # CuPy's default stream: nothing held
-        assert mp.mem._owner.stream_owner is None
+        assert _allocation(mp).stream_owner is None
         del mp
         gc.collect()
 
@@ -430,7 +436,7 @@ def test_a_stream_holding_its_own_workspace_is_collected(compiled, monkeypatch, 
         monkeypatch.setattr(kc, "_get_current_stream", lambda: user)
         state["stream"] = other.stream
         user.workspace = allocate(1 << 20)
-        assert user.workspace.mem._owner.stream_owner is user
+        assert _allocation(user.workspace).stream_owner is user
         gone = weakref.ref(user)
         del user
         state["stream"] = 0

@@ -590,7 +590,7 @@ impl State {
     pub(crate) fn try_alloc_mapped(&mut self, bytes: u64, kind: MemoryKind, stream: u64) -> MappedTry {
         match self.try_alloc_in(bytes, kind, stream, Growth::Defer) {
             // A new buffer is resident, so `map` pins it (or fails, and the long way retries).
-            Ok(Some(handle)) => match self.map(handle, false) {
+            Ok(Some(handle)) => match self.map_stamped(handle, false, false) {
                 Ok(Some((addr, settle))) => {
                     let settle = settle.map(|fence| Settle { fence, _backend: self.backend.clone() });
                     MappedTry::Mapped { handle, addr, settle }
@@ -623,12 +623,21 @@ impl State {
     /// outside the stream. With `own_work`, Kmm queues work on it on the manager's stream.
     /// `None` when the buffer is spilled: the manager restores it first.
     pub(super) fn map(&mut self, handle: u64, own_work: bool) -> Result<Option<(u64, Option<MovesFence>)>> {
+        self.map_stamped(handle, own_work, true)
+    }
+
+    /// `map`; `new_use`: stamp the map as a use. A buffer allocated under the same hold of the
+    /// lane's lock keeps its allocation's stamp instead (one atomic add less on the plugins'
+    /// path): no spill candidate list can have seen it between the two.
+    fn map_stamped(&mut self, handle: u64, own_work: bool, new_use: bool) -> Result<Option<(u64, Option<MovesFence>)>> {
         let fence = &self.moves_fence;
         let r = self.buffers.get_mut(handle)?;
         if r.is_spilled() {
             return Ok(None);
         }
-        r.last_use = self.spill.tick();
+        if new_use {
+            r.last_use = self.spill.tick();
+        }
         r.pins = r.pins.checked_add(1).ok_or_else(|| err!(KMM_ERROR_SIZE_OVERFLOW, "buffer {handle:#x} pin count overflow"))?;
         if own_work {
             r.users.insert(self.home);
