@@ -337,6 +337,21 @@ stays owned by the manager.
 """
 stream(m::KmmManager = default_manager()) = info(m).stream
 
+"Waits for the work queued so far on `m`'s stream, yielding to other tasks meanwhile (`wait_event`)."
+function wait_queued(m::KmmManager)
+    ev = Ref{UInt64}(0)
+    GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
+    wait_event(m, ev[])
+end
+
+"""
+Runs `call()`, a libkmm call that waits for `m`'s stream inside (the qMRI calls that read their
+inputs back to check them, the eigensolver of a compression basis), after `wait_queued(m)`: the
+call's own wait is then only for work queued meanwhile, and other tasks run during the long
+one. The call itself should be `@gcsafe`, so that other threads' collections go on during it.
+"""
+after_queued_work(call, m::KmmManager) = waiting(() -> (wait_queued(m); call()), m)
+
 """
     Kmm.synchronize(mgr = Kmm.default_manager())
 
@@ -349,9 +364,7 @@ function synchronize_waiting(m::KmmManager)
     # The copies queued before the event have run once it has; a copy another thread queues
     # meanwhile may still be running when the wait returns.
     before = lock(() -> Base.IdSet{Any}(m.pending), m.lock)
-    ev = Ref{UInt64}(0)
-    GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
-    wait_event(m, ev[])
+    wait_queued(m)
     # The stream has drained: this returns at once and gives cached memory back as configured.
     check_status(GC.@preserve m @gcsafe LibKmm.unchecked_kmm_manager_synchronize(handle(m)))
     complete_pending!(m, before)
@@ -372,9 +385,7 @@ end
 function trim_waiting!(m::KmmManager, keep::UInt64)
     # Waits for the stream by polling (as `synchronize`): the trim then finds it drained and
     # does not block the thread inside its `ccall`.
-    ev = Ref{UInt64}(0)
-    GC.@preserve m LibKmm.kmm_manager_record_event(handle(m), ev)
-    wait_event(m, ev[])
+    wait_queued(m)
     # Giving chunks back may still wait for other streams' work on them.
     check_status(GC.@preserve m @gcsafe LibKmm.unchecked_kmm_manager_trim(handle(m), keep))
     return m

@@ -1728,6 +1728,22 @@ PLANTS = [
      "function LinearAlgebra.mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::AbstractArray{<:Real})",
      "function unused_mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::AbstractArray{<:Real})",
      ["jl:adversarial_round14.jl"]),
+    # Round 15 (qMRI): the CPU match compares f64 scores, a batched one the stored f32 scores;
+    # the calls that wait for the stream inside libkmm do so without yielding.
+    ("qmri-cpu-match-compares-f64", [
+        ("rust/kmm/src/qmri/cpu.rs", "let mut best = (0.0f32, -1i64, C64::ZERO);", "let mut best = (0.0f32, -1i64, C64::ZERO, 0.0f64);"),
+        ("rust/kmm/src/qmri/cpu.rs",
+         "                let s = (c.norm_sqr().sqrt() / xnorm) as f32;\n                if s > best.0 {\n                    best = (s, j as i64, c);",
+         "                let s = c.norm_sqr().sqrt() / xnorm;\n                if s > best.3 {\n                    best = (s as f32, j as i64, c, s);"),
+     ], ["jl:adversarial_round15_qmri.jl"]),
+    ("jl-qmri-waits-inside-the-ccall", "src/manager.jl",
+     "after_queued_work(call, m::KmmManager) = waiting(() -> (wait_queued(m); call()), m)",
+     "after_queued_work(call, m::KmmManager) = call()",
+     ["jl:adversarial_round15_qmri.jl"]),
+    ("jl-simulate-check-waits-inside-the-ccall", "src/qmri/simulate.jl",
+     "    check ? after_queued_work(call, Kmm.manager(p)) : call()\n",
+     "    call()\n",
+     ["jl:adversarial_round15_qmri.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

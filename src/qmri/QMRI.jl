@@ -23,7 +23,7 @@ Atom parameters are `4 x natoms` `Float32` (T1, T2, B1, B0 per column); signals 
 module QMRI
 
 using ..Kmm: Kmm, KmmArray, KmmManager, KmmError, KmmOutOfMemoryError, LibKmm,
-             default_manager, handles
+             default_manager, handles, @gcsafe, after_queued_work
 import LinearAlgebra
 import Distributed
 import Random

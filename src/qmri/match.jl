@@ -71,14 +71,17 @@ function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms:
     flags = accumulate ? UInt32(LibKmm.KMM_MATCH_ACCUMULATE) : UInt32(0)
     GC.@preserve dict signals params o basis begin
         if basis === nothing
-            LibKmm.kmm_qmri_match(mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh,
-                                  UInt64(nvox), UInt32(rank), ph, outs, flags)
+            # GC-safe: a compressed match that computes its own basis waits for the stream.
+            LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_match(
+                mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh, UInt64(nvox), UInt32(rank), ph, outs, flags))
         else
-            # The library checks a basis it did not make (orthonormal columns), once per match.
+            # The library checks a basis it did not make (orthonormal columns), once per match:
+            # it reads the basis back, after the stream's queued work (`after_queued_work`).
             check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))
-            LibKmm.kmm_qmri_match_in_basis(mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh,
-                                           UInt64(nvox), handles(basis.storage)[2], UInt32(size(basis, 2)),
-                                           ph, outs, flags)
+            bh, r = handles(basis.storage)[2], UInt32(size(basis, 2))
+            call() = LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_match_in_basis(
+                mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh, UInt64(nvox), bh, r, ph, outs, flags))
+            check_basis ? after_queued_work(call, Kmm.manager(dict)) : call()
         end
     end
     o
@@ -106,8 +109,12 @@ function compression_basis(dict::KmmArray{ComplexF32,2}; rank::Integer)
     with_temporaries() do made
         d = temp!(made, whole_buffer(dict), dict)     # the copy of a view
         u = result!(made, KmmArray{ComplexF32}(undef, ntr, Int(rank); manager = m))
-        GC.@preserve d u LibKmm.kmm_qmri_compression_basis(handles(d.storage)..., UInt64(ntr), UInt64(natoms),
-                                                           UInt32(rank), handles(u.storage)[2])
+        (mh, dh), uh = handles(d.storage), handles(u.storage)[2]
+        # The eigensolver's status is read back, after the stream's queued work.
+        GC.@preserve d u after_queued_work(m) do
+            LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_compression_basis(
+                mh, dh, UInt64(ntr), UInt64(natoms), UInt32(rank), uh))
+        end
         u
     end
 end

@@ -168,10 +168,12 @@ function magnetization(seq::FISPSequence, params; derivatives::Bool = true,
         m = output()
         d1, d2 = derivatives ? (output(), output()) : (nothing, nothing)
         h(a) = a === nothing ? UInt64(0) : handles(a.storage)[2]
-        GC.@preserve seq p m d1 d2 begin
-            cs = Ref(cstruct(seq))
-            mh, ph = handles(p.storage)
-            LibKmm.kmm_qmri_fisp_derivatives(mh, cs, ph, UInt64(0), UInt64(n), h(m), h(d1), h(d2), UInt32(0))
+        cs = Ref(cstruct(seq))
+        mh, ph = handles(p.storage)
+        # Every MR-STAT call reads its inputs back to check them, after the queued work.
+        GC.@preserve seq p m d1 d2 after_queued_work(manager) do
+            LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_fisp_derivatives(
+                mh, cs, ph, UInt64(0), UInt64(n), h(m), h(d1), h(d2), UInt32(0)))
         end
         (m, d1, d2)
     end
@@ -196,8 +198,10 @@ function signal(model::MRSTATModel, m::KmmArray{ComplexF32,2})
     with_temporaries() do made
         mm = temp!(made, check_magnetization(model, m), m)      # the copy of a view
         out = result!(made, KmmArray{ComplexF32}(undef, signal_size(model)...; manager = Kmm.manager(model)))
-        GC.@preserve model mm out LibKmm.kmm_qmri_mrstat_signal(handles(model.voxels.storage)[1], Ref(cmodel(model)),
-                                                                 handles(mm.storage)[2], handles(out.storage)[2])
+        mh, cm, inh, outh = handles(model.voxels.storage)[1], Ref(cmodel(model)), handles(mm.storage)[2], handles(out.storage)[2]
+        GC.@preserve model mm out after_queued_work(Kmm.manager(model)) do
+            LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_mrstat_signal(mh, cm, inh, outh))
+        end
         out
     end
 end
@@ -248,12 +252,18 @@ function operands(J::Jacobian, x::KmmArray, xlen::Int, y::KmmArray, ylen::Int)
     whole_buffer(x)
 end
 
+# The arguments J·v and Jᴴw share: the manager, the model, the magnetization and its derivatives.
+jacobian_args(J::Jacobian) = (handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)), handles(J.m.storage)[2],
+                              handles(J.dT1.storage)[2], handles(J.dT2.storage)[2])
+
 function LinearAlgebra.mul!(y::KmmArray{ComplexF32}, J::Jacobian, v::KmmArray{Float32})
     with_temporaries() do made
         vv = temp!(made, operands(J, v, 4 * J.model.nvoxels, y, size(J, 1)), v)   # the copy of a view
-        GC.@preserve J vv y LibKmm.kmm_qmri_jacobian_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
-            handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
-            handles(vv.storage)[2], handles(y.storage)[2])
+        a = jacobian_args(J)
+        vh, yh = handles(vv.storage)[2], handles(y.storage)[2]
+        GC.@preserve J vv y after_queued_work(Kmm.manager(J.model)) do
+            LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_jacobian_mul(a[1], a[2], a[3], a[4], a[5], vh, yh))
+        end
     end
     y
 end
@@ -262,9 +272,11 @@ function LinearAlgebra.mul!(g::KmmArray{Float32}, A::AdjointJacobian, w::KmmArra
     J = A.J
     with_temporaries() do made
         ww = temp!(made, operands(J, w, size(J, 1), g, 4 * J.model.nvoxels), w)
-        GC.@preserve J ww g LibKmm.kmm_qmri_jacobian_adjoint_mul(handles(J.model.voxels.storage)[1], Ref(cmodel(J.model)),
-            handles(J.m.storage)[2], handles(J.dT1.storage)[2], handles(J.dT2.storage)[2],
-            handles(ww.storage)[2], handles(g.storage)[2])
+        a = jacobian_args(J)
+        wh, gh = handles(ww.storage)[2], handles(g.storage)[2]
+        GC.@preserve J ww g after_queued_work(Kmm.manager(J.model)) do
+            LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_jacobian_adjoint_mul(a[1], a[2], a[3], a[4], a[5], wh, gh))
+        end
     end
     g
 end

@@ -82,19 +82,23 @@ end
 
 default_manager_of(x) = x isa KmmArray ? Kmm.manager(x) : default_manager()
 
-# The export that simulates each kind of sequence.
-simulate_export(::FISPSequence) = LibKmm.kmm_qmri_simulate_fisp
-simulate_export(::PSSFPSequence) = LibKmm.kmm_qmri_simulate_pssfp
+# The export that simulates each kind of sequence (GC-safe: the check waits for the stream).
+simulate_export(::FISPSequence, mh, cs, ph, first, n, oh, flags) =
+    @gcsafe LibKmm.unchecked_kmm_qmri_simulate_fisp(mh, cs, ph, first, n, oh, flags)
+simulate_export(::PSSFPSequence, mh, cs, ph, first, n, oh, flags) =
+    @gcsafe LibKmm.unchecked_kmm_qmri_simulate_pssfp(mh, cs, ph, first, n, oh, flags)
 
-# The raw call: atoms first_atom .. first_atom + n - 1 (0-based) into `out` (ntr x n).
+# The raw call: atoms first_atom .. first_atom + n - 1 (0-based) into `out` (ntr x n). The
+# check reads the parameters back, after the stream's queued work (`after_queued_work`).
 function simulate_raw!(out::KmmArray{ComplexF32}, seq::AbstractSequence, p::KmmArray{Float32},
                        first_atom::Integer, n::Integer, check::Bool)
     (mh, ph), (_, oh) = handles(p.storage), handles(out.storage)
     flags = check ? UInt32(0) : UInt32(LibKmm.KMM_QMRI_SKIP_CHECKS)
-    GC.@preserve seq p out begin
+    call() = GC.@preserve seq p out begin
         cs = Ref(cstruct(seq))
-        simulate_export(seq)(mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags)
+        LibKmm.check_status(simulate_export(seq, mh, cs, ph, UInt64(first_atom), UInt64(n), oh, flags))
     end
+    check ? after_queued_work(call, Kmm.manager(p)) : call()
     out
 end
 

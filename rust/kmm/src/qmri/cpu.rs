@@ -256,7 +256,7 @@ pub fn match_columns(dict: &[[f32; 2]], k: usize, signals: &[[f32; 2]], dict_nor
         .zip(signal_norms.par_iter())
         .map(|(x, &xnorm)| {
             // Only a strictly positive score matches: a zero signal, or one with NaN, matches nothing.
-            let mut best = (0.0f64, -1i64, C64::ZERO);
+            let mut best = (0.0f32, -1i64, C64::ZERO);
             for (j, d) in dict.chunks(k).enumerate() {
                 let mut dot = C64::ZERO;
                 for (a, b) in d.iter().zip(x) {
@@ -265,16 +265,19 @@ pub fn match_columns(dict: &[[f32; 2]], k: usize, signals: &[[f32; 2]], dict_nor
                     dot.im += a[0] as f64 * b[1] as f64 - a[1] as f64 * b[0] as f64;
                 }
                 let c = dot.scale(inv[j]);
-                let s = c.norm_sqr();
+                // Compared as reported (f32), as a batch's best is compared with the best of the
+                // batches before it: atoms equal in f32 go to the lower index whether the
+                // dictionary is matched whole or in batches.
+                let s = (c.norm_sqr().sqrt() / xnorm) as f32;
                 if s > best.0 {
                     best = (s, j as i64, c);
                 }
             }
-            let score = best.0.sqrt() / xnorm;
+            let score = best.0;
             if best.1 < 0 || !score.is_finite() {
                 return Match { index: -1, score: 0.0, pd: [0.0; 2] };
             }
-            Match { index: best.1 as i32, score: score as f32, pd: [best.2.re as f32, best.2.im as f32] }
+            Match { index: best.1 as i32, score, pd: [best.2.re as f32, best.2.im as f32] }
         })
         .collect()
 }

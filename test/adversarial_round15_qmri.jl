@@ -1,0 +1,76 @@
+# Adversarial round 15 (qMRI): failing tests for defects found from the documentation and the
+# public API (host backend). Each @testset failed on the code as it was found.
+
+using Test, Kmm, Random
+const Q15 = Kmm.QMRI
+
+# Two atoms of a grid with B0 = 0 and 7 Hz scored 4.2713168099530 and 4.2713168096858 in f64,
+# equal in Float32: the whole dictionary's match compared f64 scores (the higher index won),
+# a batched one compared the stored Float32 scores (ties: the lower index), so the maps
+# differed in index, B0 and PD, where the docs promise the same maps.
+@testset "matching whole, in batches and in blocks gives the same maps" begin
+    m = KmmManager(backend = :host)
+    Random.seed!(2)
+    flips = Float32[deg2rad(5 + 60 * sin(pi * n / 50)^2) for n in 1:100]
+    seq = Q15.FISPSequence(flips; TR = 0.010, TE = 0.005, TI = 0.020, Ns = 16)
+    params = Q15.parameter_grid(T1 = (0.1, 5.0, 9), T2 = (0.01, 3.0, 7), B0 = [0.0, 7.0], manager = m)
+    truth = Q15.tissue_parameters([0.78, 1.1, 4.0, 0.3], [0.065, 0.1, 2.0, 0.3], 1.0, [0.0, 7.0, 0.0, 7.0]; manager = m)
+    sig = Array(Q15.simulate_fisp(seq, truth)) .* ComplexF32[0.8, 1.2im, 2, -1]' .+ 0.01f0 .* randn(ComplexF32, 100, 4)
+    dict = Q15.simulate_fisp(seq, params)
+    whole = Q15.match(dict, sig; params = params)
+    maps(r) = (Array(r.index), Array(r.score), Array(r.PD), Array(r.B0))
+    @test Array(whole.index)[3] == 42 && Array(whole.B0)[3] == 0  # the tie: the lower index
+    for batch in (1, 4, 7, 63)
+        @test maps(Q15.match(seq, params, sig; batch_atoms = batch)) == maps(whole)
+    end
+    for block in (5, 17)
+        @test maps(Q15.match(Q15.Dictionary(seq, params; block_atoms = block), sig)) == maps(whole)
+    end
+    close(m)
+end
+
+# `simulate_fisp(...; check = true)` and every MR-STAT call wait for the stream inside libkmm
+# (they read their inputs back to check them). They did so inside a plain ccall: another task
+# of the thread did not run for the whole wait (1.5 s behind queued work), and other threads'
+# collections stalled. Now the queued work is waited for by polling first.
+@testset "qMRI calls that check their inputs let other tasks run while they wait" begin
+    m = KmmManager(backend = :host)
+    flips = Float32[deg2rad(5 + 60 * sin(pi * n / 250)^2) for n in 1:1000]
+    seq = Q15.FISPSequence(flips; TR = 0.010, TE = 0.005, TI = 0.020, Ns = 32)
+    params = Q15.parameter_grid(T1 = (0.1, 5.0, 60), T2 = (0.01, 3.0, 60), manager = m)
+    small = Q15.tissue_parameters([1.0], [0.1]; manager = m)
+    traj = Q15.CartesianTrajectory(ComplexF32.(1:1000), fill(ComplexF32(1), 1000); nsamples = 4, dt = 1e-5)
+    model = Q15.MRSTATModel([0.0], [0.0], [0.1], [0.0], [1.0 + 0im], ones(ComplexF32, 1, 1), traj; manager = m)
+    mag, d1, d2 = Q15.magnetization(seq, small)
+    J = Q15.Jacobian(model, mag, d1, d2)
+    v = KmmArray(ones(Float32, 4, 1); manager = m)
+    calls = [("simulate_fisp", () -> Q15.simulate_fisp(seq, small)),
+             ("magnetization", () -> Q15.magnetization(seq, small)),
+             ("signal", () -> Q15.signal(model, mag)),
+             ("J * v", () -> J * v)]
+    foreach(c -> c[2](), calls)     # compiled before the timed calls
+    Kmm.synchronize(m)
+    for (name, call) in calls
+        # About a second of work queued (a fifth of it at least on a fast machine), then the
+        # call, while a task of this thread beats every 5 ms: beats inside the call mean it yielded.
+        queued = [Q15.simulate_fisp(seq, params; check = false) for _ in 1:3]
+        beats = Float64[]
+        stop = Ref(false)
+        beater = @async while !stop[]
+            push!(beats, time())
+            sleep(0.005)
+        end
+        yield()
+        t0 = time()
+        call()
+        t1 = time()
+        stop[] = true
+        wait(beater)
+        inside = count(t -> t0 < t < t1, beats)
+        @test t1 - t0 > 0.2           # the call did wait for the queued work
+        @test inside >= 5             # and the task ran meanwhile
+        inside >= 5 || @info "$name: $(round(t1 - t0; digits = 2)) s, $inside beats inside"
+        foreach(Kmm.unsafe_free!, queued)
+    end
+    close(m)
+end
