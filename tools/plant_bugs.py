@@ -343,8 +343,8 @@ PLANTS = [
      ["py:test_cupy_plugin.py"]),
     # Python: the compiled allocator lets the user's stream go before the free recorded on it.
     ("py-cupy-stream-released-before-free", "python/kmm/_cupy_calls.c",
-     "    plugin_free(a->handle, a->buffer, a->stream);\n    live--;\n    Py_XDECREF(a->stream_owner); /* after the free that records an event on it */\n",
-     "    Py_XDECREF(a->stream_owner);\n    plugin_free(a->handle, a->buffer, a->stream);\n    live--;\n",
+     "        plugin_free(a->handle, a->buffer, a->stream);\n        live--;\n    }\n    Py_CLEAR(a->stream_owner); /* after the free that records an event on it */\n",
+     "        Py_CLEAR(a->stream_owner);\n        plugin_free(a->handle, a->buffer, a->stream);\n        live--;\n    }\n",
      ["py:test_cupy_plugin.py"]),
     # Python: a manager found in garbage is destroyed in the collector's finalizer pass, under a
     # host_view another finalizer of that garbage still writes through (SIGSEGV).
@@ -510,7 +510,7 @@ PLANTS = [
     # A plugin allocation served by the caller's lane comes back unpinned: a compaction may move
     # it while the library that holds its address uses it.
     ("plugin-alloc-unpinned", "rust/kmm/src/manager/lane.rs",
-     "            Ok(Some(handle)) => match self.map(handle, false) {\n",
+     "            Ok(Some(handle)) => match self.map_stamped(handle, false, false) {\n",
      "            Ok(Some(handle)) => match self.buffer_info(handle).map(|(addr, ..)| Some((addr, Option::<MovesFence>::None))) {\n",
      ["abi_stream_order"]),
     # The same, for an allocation the lane did not serve at once (borrowed, after a spill).
@@ -1002,8 +1002,8 @@ PLANTS = [
      ["jl:adversarial_round6.jl"]),
     # A voxel that matches nothing reports atom 0 (the reference starts from a score of -1).
     ("match-zero-signal-reports-atom-0", "rust/kmm/src/qmri/cpu.rs",
-     "            let mut best = (0.0f64, -1i64, C64::ZERO);\n",
-     "            let mut best = (-1.0f64, 0i64, C64::ZERO);\n",
+     "            let mut best = (0.0f32, -1i64, C64::ZERO);\n",
+     "            let mut best = (-1.0f32, 0i64, C64::ZERO);\n",
      ["qmri_compressed"]),
     # The argmax kernel likewise (run on the CPU by the kernel harness).
     ("match-kernel-zero-signal-reports-atom-0", "rust/kmm/src/qmri/kernels.cu",
@@ -1169,8 +1169,8 @@ PLANTS = [
     # kmm.cupy's compiled allocator (python/kmm/_cupy_calls.c): the owner CuPy drops never frees
     # the buffer.
     ("cupy-compiled-owner-never-frees", "python/kmm/_cupy_calls.c",
-     "    plugin_free(a->handle, a->buffer, a->stream);\n    live--;\n",
-     "    live--;\n",
+     "        plugin_free(a->handle, a->buffer, a->stream);\n        live--;\n",
+     "        live--;\n",
      ["py:test_cupy_plugin.py"]),
     # ... or allocates for the legacy default stream instead of CuPy's current one.
     ("cupy-compiled-ignores-cupys-stream", "python/kmm/_cupy_calls.c",
