@@ -261,7 +261,7 @@ enum KmmSuballocator
    */
   KMM_SUBALLOC_HEAP = 1,
   /**
-   * Blocks of `fixed_block_size`; larger requests fail.
+   * Blocks of `fixed_block_size` (rounded up to `alignment`); larger requests fail.
    */
   KMM_SUBALLOC_FIXED = 2,
   /**
@@ -553,9 +553,12 @@ typedef struct {
    */
   uint64_t alignment;
   /**
-   * Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
-   * Where a whole chunk would pass `hard_limit` or the device's free memory, the pool grows by
-   * the least chunk that serves the request.
+   * Bytes the device pool grows by (default 8 MiB). A chunk is never smaller than the request
+   * rounded up to a multiple of 2 MiB (the granularity CUDA maps device memory in): a
+   * `chunk_size` under 2 MiB grows the pool by 2 MiB, and a larger request gets a chunk of
+   * its own of that size. The fixed suballocator's chunks are `chunk_size` rounded up to whole
+   * blocks instead. Where a whole chunk would pass `hard_limit` or the device's free memory,
+   * the pool grows by the least chunk that serves the request.
    */
   uint64_t chunk_size;
   /**
@@ -564,7 +567,8 @@ typedef struct {
    */
   uint64_t initial_pool_size;
   /**
-   * Block size of the fixed suballocator (default 1 MiB).
+   * Block size of the fixed suballocator (default 1 MiB), rounded up to a multiple of
+   * `alignment`: requests up to the rounded size are served, larger ones fail.
    */
   uint64_t fixed_block_size;
   /**

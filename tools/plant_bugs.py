@@ -1744,6 +1744,11 @@ PLANTS = [
      "    check ? after_queued_work(call, Kmm.manager(p)) : call()\n",
      "    call()\n",
      ["jl:adversarial_round15_qmri.jl"]),
+    # Round 15 (C ABI): the fixed suballocator's refusal names a bound the caller never set.
+    ("fixed-block-refusal-hides-the-rounding", "rust/kmm/src/pool/pooled.rs",
+     " (config.fixed_block_size rounded up to config.alignment)\",",
+     "\",",
+     ["abi_manager"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -73,6 +73,56 @@ fn fixed_suballocator_refuses_requests_above_its_block() {
     assert_eq!(m.stats(DEVICE).failed_allocs, 1);
 }
 
+/// Found by adversarial round 15: a block size under the alignment served requests past it, and
+/// the refusal named a bound the caller never set. The header now says the block size is
+/// rounded up to the alignment, and the refusal says where its bound comes from.
+#[test]
+fn fixed_block_size_rounds_up_to_the_alignment_and_the_refusal_says_so() {
+    let m = Mgr::with(|c| {
+        c.alloc_mode = POOL;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_FIXED as u32;
+        c.fixed_block_size = 100; // alignment 256
+    });
+    let a = m.alloc(256, DEVICE);
+    let mut b = 0;
+    expect_err(
+        kmm_buffer_alloc(m.0, 257, DEVICE, &mut b),
+        KMM_ERROR_INVALID_ARGUMENT,
+        &["bytes = 257", "block size 256", "fixed_block_size rounded up to config.alignment"],
+    );
+    assert_eq!(m.stats(DEVICE).in_use, 256);
+    m.free(a);
+}
+
+/// Found by adversarial round 15: a `chunk_size` under 2 MiB was accepted and grew the pool by
+/// 2 MiB, which the header did not say; it does now (chunks are whole 2 MiB pages), and the
+/// fixed suballocator's chunks are whole blocks of `chunk_size` instead.
+#[test]
+fn chunks_are_whole_two_mib_pages_except_the_fixed_suballocators() {
+    for sub in [KmmSuballocator::KMM_SUBALLOC_BINNED, KmmSuballocator::KMM_SUBALLOC_HEAP] {
+        let m = Mgr::with(|c| {
+            c.alloc_mode = POOL;
+            c.suballocator = sub as u32;
+            c.chunk_size = 4096;
+        });
+        let a = m.alloc(1000, DEVICE);
+        let b = m.alloc(3 << 20, DEVICE);
+        let s = m.stats(DEVICE);
+        assert_eq!((s.reserved, s.upstream_allocs), ((2 << 20) + (4 << 20), 2), "{sub:?}");
+        m.free(a);
+        m.free(b);
+    }
+    let m = Mgr::with(|c| {
+        c.alloc_mode = POOL;
+        c.suballocator = KmmSuballocator::KMM_SUBALLOC_FIXED as u32;
+        c.fixed_block_size = 4096;
+        c.chunk_size = 10000;
+    });
+    let a = m.alloc(1000, DEVICE);
+    assert_eq!(m.stats(DEVICE).reserved, 12288);
+    m.free(a);
+}
+
 #[test]
 fn stats_count_hits_misses_peaks_and_reset() {
     let m = Mgr::with(|c| {

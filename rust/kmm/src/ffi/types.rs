@@ -65,7 +65,7 @@ pub enum KmmSuballocator {
     KMM_SUBALLOC_BINNED = 0,
     /// Best fit within fine size classes, with splitting and coalescing.
     KMM_SUBALLOC_HEAP = 1,
-    /// Blocks of `fixed_block_size`; larger requests fail.
+    /// Blocks of `fixed_block_size` (rounded up to `alignment`); larger requests fail.
     KMM_SUBALLOC_FIXED = 2,
     /// A ring for short-lived temporaries freed roughly in allocation order.
     KMM_SUBALLOC_RING = 3,
@@ -107,14 +107,18 @@ pub struct KmmConfig {
     pub suballocator: u32,
     /// Alignment of every block in bytes: a power of two up to 2 MiB (default 256).
     pub alignment: u64,
-    /// Bytes the device pool grows by (default 8 MiB; larger requests get a chunk of their own).
-    /// Where a whole chunk would pass `hard_limit` or the device's free memory, the pool grows by
-    /// the least chunk that serves the request.
+    /// Bytes the device pool grows by (default 8 MiB). A chunk is never smaller than the request
+    /// rounded up to a multiple of 2 MiB (the granularity CUDA maps device memory in): a
+    /// `chunk_size` under 2 MiB grows the pool by 2 MiB, and a larger request gets a chunk of
+    /// its own of that size. The fixed suballocator's chunks are `chunk_size` rounded up to whole
+    /// blocks instead. Where a whole chunk would pass `hard_limit` or the device's free memory,
+    /// the pool grows by the least chunk that serves the request.
     pub chunk_size: u64,
     /// Bytes reserved when the manager is created (default 0); in pool mode, in the lane of the
     /// creating thread. At most `hard_limit` when that is set.
     pub initial_pool_size: u64,
-    /// Block size of the fixed suballocator (default 1 MiB).
+    /// Block size of the fixed suballocator (default 1 MiB), rounded up to a multiple of
+    /// `alignment`: requests up to the rounded size are served, larger ones fail.
     pub fixed_block_size: u64,
     /// Most device bytes the manager may reserve; 0 means no limit (default 0). Memory adopted
     /// with `kmm_buffer_wrap` was allocated by the caller, not reserved here: the limit leaves it

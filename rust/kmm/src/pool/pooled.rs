@@ -166,7 +166,11 @@ impl MemoryResource for PoolResource {
     fn allocate(&mut self, bytes: u64, owner: Owner, relocator: &mut dyn Relocator) -> Result<Block> {
         let size = round_up(bytes.max(1), self.alignment);
         if size > self.max_request {
-            fail!(KMM_ERROR_INVALID_ARGUMENT, "bytes = {bytes} exceeds the fixed suballocator's block size {}", self.max_request);
+            fail!(
+                KMM_ERROR_INVALID_ARGUMENT,
+                "bytes = {bytes} exceeds the fixed suballocator's block size {} (config.fixed_block_size rounded up to config.alignment)",
+                self.max_request
+            );
         }
         if let Some(block) = self.hit(size, owner) {
             return Ok(block);
