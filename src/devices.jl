@@ -58,8 +58,9 @@ KmmArray(x::KmmArray{T,N}; kw...) where {T,N} = KmmArray{T,N}(x; kw...)
 """
     Kmm.live_managers() -> Int
 
-How many managers are alive in this process (created and not yet closed or collected,
-default managers included). Scale-out code checks it on workers: a call that made managers
+How many managers are alive in this process: created and not yet torn down, default managers
+included (`close` tears a manager down before it returns; a collected one counts until its
+deferred teardown ends). Scale-out code checks it on workers: a call that made managers
 for itself leaves the count where it found it.
 """
 function live_managers()

@@ -29,7 +29,7 @@ from ._errors import (
     WrongKindError,
 )
 from ._errors import check as _check
-from .array import DeviceArray, _refuse_other_device, from_cuda_array_interface, from_dlpack
+from .array import DeviceArray, _import_kind, _refuse_other_device, from_cuda_array_interface, from_dlpack
 from .buffer import Buffer
 from .manager import Manager, default_manager
 from .manager import chosen as _chosen
@@ -87,7 +87,10 @@ def can_access_peer(device, peer, backend="auto"):
 
 
 def live_managers():
-    """How many managers are alive in this process (created and not yet closed)."""
+    """How many managers are alive in this process: created and not yet torn down. A closed
+    manager counts until its teardown ends: while `host_view` memoryviews or DLPack exports of
+    its buffers live (it is destroyed when the last one lets go), and while the deferred
+    teardown of a collected one runs."""
     import ctypes
     n = ctypes.c_uint32()
     _check(_lib.lib.kmm_live_managers(ctypes.byref(n)))
@@ -105,8 +108,9 @@ def zeros(shape, dtype="float32", manager=None, kind="device"):
 def asarray(host, manager=None, kind=None):
     """A DeviceArray copy of a host array (in `kind` memory, "device" unless given), or a
     zero-copy view of a device array (CAI/DLPack). A view is of the memory it views: asked for
-    another kind than that (a CAI object is imported as device memory), asarray refuses rather
-    than hand back the wrong kind (`asarray(x.get(), kind=...)` copies)."""
+    another kind than that (a kmm buffer's own kind, another library's CAI object is device
+    memory), asarray refuses rather than hand back the wrong kind (`asarray(x.get(), kind=...)`
+    copies)."""
     want = None if kind is None else _kind_code(kind)
     if isinstance(host, DeviceArray):
         m = _chosen(manager)  # checked even where unused
@@ -115,7 +119,7 @@ def asarray(host, manager=None, kind=None):
             _refuse_other_device(host, m)  # a view, never a copy to another device
         return host
     if hasattr(host, "__cuda_array_interface__"):
-        _same_kind(want, _lib.KMM_MEMORY_DEVICE, kind)  # the import wraps it as device memory
+        _same_kind(want, _import_kind([host]), kind)  # the kind the import wraps it as
         return DeviceArray.from_cuda_array_interface(host, manager)
     return DeviceArray.from_host(host, manager, "device" if kind is None else kind)
 

@@ -90,6 +90,12 @@ def kind(value, name="kind"):
         return value  # not an integer (or a bool): refused by the lookup, which names it
 
 
+def handle(value, name="handle"):
+    """A raw manager handle (`Manager.handle`): within uint64, which ctypes would wrap (the
+    handle + 2^64 named the manager); libkmm says whether it names a live manager."""
+    return integer(value, name)
+
+
 def stream(value, name="stream"):
     """A raw stream handle (a CUstream as an int, or a host-backend stream id)."""
     return integer(value, name)

@@ -42,13 +42,26 @@ def _foreign_stream_wait(manager, stream):
     manager.wait_stream(stream)
 
 
+#: The families of values by dtype kinds, as (the values, the arrays that store them): a value
+#: goes into an array of its own family only (NumPy calls 1.5 into a str array "safe", and any
+#: number into raw bytes, which stores its bits).
+_FAMILIES = {"biufc": ("numbers", "bool, integer, float or complex"), "SU": ("text", "str or bytes"),
+             "m": ("durations", "timedelta64"), "M": ("dates", "datetime64"),
+             "V": ("records and raw bytes", "record or void")}
+
+
+def _family(kind):
+    return next((family for kinds, family in _FAMILIES.items() if kind in kinds), (kind, kind))
+
+
 def _stores_as_given(host, dtype):
     """Whether `host`'s values are stored as `dtype` without another value in their place."""
+    if _family(host.dtype.kind) != _family(dtype.kind):
+        # Numbers, text, dates, durations and records are not turned into one another.
+        return False
     if host.dtype.kind in "mM" and host.dtype != dtype:
         # NumPy calls a finer unit "safe" (s into ns), but the count is multiplied and wraps
         # (2^62 s into ns); a coarser one truncates. Only values that come back are as given.
-        if host.dtype.kind != dtype.kind:
-            return False
         # Into the generic unit: the values would lose their unit (1 s stored as 1).
         if np.datetime_data(dtype)[0] == "generic" and np.datetime_data(host.dtype)[0] != "generic":
             return False
@@ -230,12 +243,28 @@ def _dict_producers(cai, ptr, lo, hi):
     return [cai] + live
 
 
+def _kmm_buffer(obj):
+    """The kmm buffer a producer `obj` is or views (None for another library's object)."""
+    return obj.buffer if isinstance(obj, DeviceArray) else obj if isinstance(obj, Buffer) else None
+
+
 def _producer(obj):
     """What an import through `__cuda_array_interface__` keeps of its producer `obj`: `obj`, and
     for a kmm buffer or array an export of its buffer, so that the buffer's free (by the
     collector too, in one garbage cycle with the import) waits until the import lets go."""
-    buf = obj.buffer if isinstance(obj, DeviceArray) else obj if isinstance(obj, Buffer) else None
+    buf = _kmm_buffer(obj)
     return obj if buf is None else (obj, _ExportToken(buf._export()))
+
+
+def _import_kind(producers):
+    """The memory kind of an import through `__cuda_array_interface__` of `producers`: a kmm
+    buffer's or array's own (its pinned memory is pinned in the import's kind, stats and trace
+    too), else device memory, since CAI names no kind."""
+    for producer in producers:
+        buf = _kmm_buffer(producer)
+        if buf is not None:
+            return buf._kind
+    return _lib.KMM_MEMORY_DEVICE
 
 
 class DeviceArray:
@@ -307,7 +336,8 @@ class DeviceArray:
         keeps nothing alive by itself: the dict of a live kmm array or buffer is imported as that
         buffer (its free waits for the import), the dict of a live kmm import holds that import's
         producer; any other dict is the caller's to keep valid (pass the exporting object
-        instead)."""
+        instead). The import is memory of the kind of the kmm buffer it views (pinned stays
+        pinned), device memory where another library made it (CAI names no kind)."""
         cai = obj if isinstance(obj, dict) else getattr(obj, "__cuda_array_interface__", None)
         if cai is None:
             raise TypeError("obj = %r has no __cuda_array_interface__ (pass an object that exports it, or its dict)"
@@ -343,7 +373,7 @@ class DeviceArray:
         _foreign_stream_wait(manager, cai.get("stream") if version >= 3 else None)
         base = ptr + lo if hi > lo else 0
         kept = [_producer(producer) for producer in producers]
-        buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE, kept[0] if len(kept) == 1 else tuple(kept), "data[0]")
+        buf = _Imported._wrap(manager, base, hi - lo, _import_kind(producers), kept[0] if len(kept) == 1 else tuple(kept), "data[0]")
         return cls(buf, shape, dtype, strides=strides, offset=-lo)
 
     @classmethod
@@ -508,16 +538,21 @@ class DeviceArray:
 
     def set(self, host):
         """Copies a host array of the same shape (C-contiguous arrays only). Values are stored
-        as given or refused: an integer must fit the array's type (its exact range: no wrap, not
-        -1 into uint32), a float goes into a float or complex array only (rounded to its
-        precision, as NumPy assigns), never into an integer one; a finite number the type would
-        store as inf (1e300 into float32) is refused, inf and nan are stored as given."""
+        as given or refused: numbers (bools too) go into number arrays only, text into str or
+        bytes arrays, durations, dates and records into their own kind. An integer must fit the
+        array's type (its exact range: no wrap, not -1 into uint32), a float goes into a float or
+        complex array only (rounded to its precision, as NumPy assigns), a complex number into a
+        complex one; a finite number the type would store as inf (1e300 into float32) is refused,
+        inf and nan are stored as given."""
         if not self.is_c_contiguous:
             raise ValueError("set() needs a C-contiguous DeviceArray")
         host = np.asarray(host)
         if not _stores_as_given(host, self.dtype):
             # 1.7 would be stored as 1, 2**40 wrapped into int32.
-            if host.dtype.kind in "mM":
+            if _family(host.dtype.kind) != _family(self.dtype.kind):
+                how = "%s go into %s arrays only: convert them yourself, e.g. host.astype(%r)" % (
+                    _family(host.dtype.kind) + (self.dtype.str,))
+            elif host.dtype.kind in "mM":
                 how = ("convert it yourself, checking its range: NumPy's astype wraps times a finer unit "
                        "cannot hold, and a generic unit drops the unit")
             elif self.dtype.kind == "V":

@@ -26,6 +26,9 @@ Segment = namedtuple("Segment", "chunk address bytes state buffer requested")
 
 def figure_svg(handle, figure):
     """libkmm's SVG of a figure ("device_map", "pinned_map", "timeline", "overview")."""
+    handle = _args.handle(handle)
+    if not isinstance(figure, str) or figure not in FIGURES:
+        raise ValueError("figure = %r must be one of %s" % (figure, ", ".join('"%s"' % f for f in FIGURES)))
     return _text(_lib_.kmm_manager_figure_svg, handle, FIGURES[figure])
 
 
@@ -62,7 +65,7 @@ class MemoryMap:
     def __init__(self, handle, kind):
         """`handle`: a manager's handle (`Manager.memory_map(kind)` passes it); `kind`: "device"
         or "pinned"."""
-        handle = _args.integer(handle, "handle")
+        handle = _args.handle(handle)
         if kind not in ("device", "pinned"):
             raise ValueError("kind = %r must be \"device\" or \"pinned\"" % (kind,))
         code = _lib.KMM_MEMORY_DEVICE if kind == "device" else _lib.KMM_MEMORY_PINNED
@@ -101,6 +104,8 @@ class MemoryTrace:
     let go (`dropped`). Shows as a memory timeline in Jupyter."""
 
     def __init__(self, handle):
+        """`handle`: a manager's handle (`Manager.trace()` passes it)."""
+        handle = _args.handle(handle)
         dropped = ctypes.c_uint64()
         raw = _items(_lib_.kmm_manager_trace_records, handle, _lib.KmmTraceRecord, tail=(ctypes.byref(dropped),))
         self.dropped = dropped.value
@@ -155,6 +160,7 @@ class MemoryStatus:
 
 
 def trace_start(handle, capacity, path, rmm_only):
+    handle = _args.handle(handle)
     flags = _lib.KMM_TRACE_RMM_ONLY if _args.flag(rmm_only, "rmm_only") else 0
     capacity = _args.integer(capacity, "capacity", 0, _lib.KMM_TRACE_MAX_RECORDS)
     if path is None:
@@ -168,6 +174,7 @@ def trace_start(handle, capacity, path, rmm_only):
 
 
 def save_trace(handle, path, rmm_only):
+    handle = _args.handle(handle)
     flags = _lib.KMM_TRACE_RMM_ONLY if _args.flag(rmm_only, "rmm_only") else 0
     check(_lib_.kmm_manager_trace_save(handle, _path(path), flags))
 
