@@ -1749,6 +1749,31 @@ PLANTS = [
      " (config.fixed_block_size rounded up to config.alignment)\",",
      "\",",
      ["abi_manager"]),
+    # Round 15 (Python): observe's entry points pass a raw handle to ctypes unchecked (a handle
+    # + 2^64 wraps to a live manager's) and figure_svg looks an unknown figure up bare.
+    ('py-observe-handle-unchecked', 'python/kmm/_args.py',
+     'libkmm says whether it names a live manager."""\n    return integer(value, name)',
+     'libkmm says whether it names a live manager."""\n    return value',
+     ["py:test_adversarial_python_round15.py"]),
+    ('py-figure-svg-name-unchecked', 'python/kmm/observe.py',
+     '    if not isinstance(figure, str) or figure not in FIGURES:\n',
+     '    if False:\n',
+     ["py:test_adversarial_python_round15.py"]),
+    # Round 15 (Python): a kmm pinned buffer imported through CAI is wrapped as device memory.
+    ('py-cai-import-of-pinned-is-device', 'python/kmm/array.py',
+     'buf = _Imported._wrap(manager, base, hi - lo, _import_kind(producers),',
+     'buf = _Imported._wrap(manager, base, hi - lo, _lib.KMM_MEMORY_DEVICE,',
+     ["py:test_adversarial_python_round15.py"]),
+    # Round 15 (Python): set() stores numbers into str, bytes, void and duration arrays.
+    ('py-set-across-value-families', 'python/kmm/array.py',
+     '    if _family(host.dtype.kind) != _family(dtype.kind):\n',
+     '    if host.dtype.kind in "mM" and host.dtype.kind != dtype.kind:\n',
+     ["py:test_adversarial_python_round15.py"]),
+    # Round 15 (Python): live_managers' docstring says closed managers are not counted.
+    ('py-live-managers-doc-says-closed', 'python/kmm/__init__.py',
+     '    """How many managers are alive in this process: created and not yet torn down. A closed',
+     '    """How many managers are alive in this process (created and not yet closed). A closed',
+     ["py:test_adversarial_python_round15.py"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
