@@ -74,3 +74,35 @@ end
     end
     close(m)
 end
+
+# MRSTATModel accepted T2 = 1e-50, x = 1e39, NaN and Inf: the error came at the first `signal`,
+# naming values the caller never gave, 0-based (`voxels.t2[0] = 0`, the Float32 of 1e-50).
+@testset "an MR-STAT model checks its values when made, named as given" begin
+    m = KmmManager(backend = :host)
+    traj = Q15.CartesianTrajectory(ComplexF32.(1:4), fill(ComplexF32(1), 4); nsamples = 2, dt = 1e-5)
+    good = (x = [0.0, 0.1], y = [0.0, 0.0], T2 = [0.1, Inf], B0 = [0.0, 1.0], ρ = [1.0 + 0im, 1.0im], coils = ones(ComplexF32, 2, 2))
+    make(; kw...) = (a = merge(good, kw); Q15.MRSTATModel(a.x, a.y, a.T2, a.B0, a.ρ, a.coils, traj; manager = m))
+    live = Kmm.memory_status(m).device.live_buffers
+    for (kw, words) in (((T2 = [0.1, 1e-50],), ["T2[2] = 1.0e-50", "> 0"]),
+                        ((T2 = [NaN, 0.1],), ["T2[1] = NaN"]),
+                        ((T2 = [0.1, -1.0],), ["T2[2] = -1.0"]),
+                        ((x = [1e39, 0.0],), ["x[1] = 1.0e39", "finite"]),
+                        ((y = [0.0, NaN],), ["y[2] = NaN"]),
+                        ((B0 = [Inf, 0.0],), ["B0[1] = Inf"]),
+                        ((ρ = [1.0 + 0im, complex(0.0, 1e40)],), ["ρ[2]"]),
+                        ((coils = ComplexF32[1 1; 1 Inf],), ["coils[2, 2]"]))
+        err = try
+            make(; kw...)
+            nothing
+        catch e
+            e
+        end
+        @test err isa ArgumentError
+        err isa ArgumentError && @test all(w -> occursin(w, err.msg), words)
+    end
+    @test Kmm.memory_status(m).device.live_buffers == live   # nothing was uploaded
+    model = make()
+    @test model.nvoxels == 2
+    @test_throws ArgumentError Q15.with_tissue(model, [0.1, 0.0], good.ρ)
+    close(m)
+end

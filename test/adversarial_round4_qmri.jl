@@ -10,12 +10,17 @@ r4qerror(f) = try f(); nothing catch e; e end
 
 # A 4-voxel, 2-coil, 8-readout, 6-sample MR-STAT model on `m` (T2 as given: a T2 <= 0 is
 # refused by the library when the signal is computed, which makes a call fail after its
-# allocations).
+# allocations; the checked constructor refuses it, so such a model is made field by field).
 function r4q_model(m; T2 = fill(0.08, 4))
     traj = QMRI4.CartesianTrajectory(ComplexF32[complex(-100f0, 10f0 * r) for r in 1:8],
                                      fill(ComplexF32(10, 0), 8); nsamples = 6, dt = 5e-6)
-    QMRI4.MRSTATModel([0.0, 0.01, 0.02, 0.03], zeros(4), T2, zeros(4), ComplexF32.(ones(4)),
-                      ones(ComplexF32, 4, 2), traj; manager = m)
+    good = QMRI4.MRSTATModel([0.0, 0.01, 0.02, 0.03], zeros(4), fill(0.08, 4), zeros(4), ComplexF32.(ones(4)),
+                             ones(ComplexF32, 4, 2), traj; manager = m)
+    all(>(0), T2) && return QMRI4.with_tissue(good, T2, ComplexF32.(ones(4)))
+    rec = Array(good.voxels)
+    rec[3, :] .= T2
+    QMRI4.MRSTATModel(good.nvoxels, good.nreadouts, good.nsamples, good.ncoils, KmmArray(rec; manager = m),
+                      good.coils, good.kspace, good.trajectory)
 end
 
 @testset "MR-STAT calls free the temporaries they make, and their outputs when they fail" begin

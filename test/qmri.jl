@@ -539,7 +539,12 @@ end
     @test_throws DimensionMismatch Q.Jacobian(model, KmmArray{ComplexF32}(undef, nr + 1, nv), d1, d2)
     @test_throws DimensionMismatch J * randn(Float32, 3, nv)
     @test_throws ArgumentError Q.CartesianTrajectory([(0.0, 0.0)], [(1.0, 0.0)]; nsamples = 4, dt = 0)
-    bad = Q.MRSTATModel(x, y, -T2, zeros(nv), ρ, coils, traj)
+    @test_throws ArgumentError Q.MRSTATModel(x, y, -T2, zeros(nv), ρ, coils, traj)
+    # a model made field by field is checked by the library at the call
+    rec = Array(model.voxels)
+    rec[3, :] .= -T2
+    bad = Q.MRSTATModel(model.nvoxels, model.nreadouts, model.nsamples, model.ncoils, KmmArray(rec; manager = Kmm.manager(model)),
+                        model.coils, model.kspace, model.trajectory)
     err = try Q.signal(bad, m); nothing catch ex; ex end
     @test err isa KmmError && occursin("t2", err.message)
 end

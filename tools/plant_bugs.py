@@ -1774,6 +1774,10 @@ PLANTS = [
      '    """How many managers are alive in this process: created and not yet torn down. A closed',
      '    """How many managers are alive in this process (created and not yet closed). A closed',
      ["py:test_adversarial_python_round15.py"]),
+    ("jl-mrstat-model-unchecked-until-the-call", "src/qmri/mrstat.jl",
+     "    check_voxel_values(\"MRSTATModel\", (x = x, y = y, B0 = B0, ρ = ρ, coils = coils), T2)\n",
+     "",
+     ["jl:adversarial_round15_qmri.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

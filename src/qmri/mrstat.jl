@@ -102,6 +102,7 @@ function MRSTATModel(x, y, T2, B0, ρ, coils::AbstractMatrix, traj::Union{Cartes
     end
     size(coils, 1) == n || throw(DimensionMismatch("MRSTATModel: coils has $(size(coils, 1)) rows; need one per voxel ($n)"))
     check_mrstat_count("MRSTATModel", "coils (columns of coils)", size(coils, 2))
+    check_voxel_values("MRSTATModel", (x = x, y = y, B0 = B0, ρ = ρ, coils = coils), T2)
     rec = Float32[f for v in 1:n for f in (x[v], y[v], T2[v], B0[v], real(ρ[v]), imag(ρ[v]))]
     c = Matrix{ComplexF32}(coils)
     with_temporaries() do made                         # a call that fails frees what it made
@@ -117,12 +118,28 @@ Kmm.manager(model::MRSTATModel) = Kmm.manager(model.voxels)
 function with_tissue(model::MRSTATModel, T2, ρ)
     rec = Array(model.voxels)
     length(T2) == length(ρ) == model.nvoxels || throw(DimensionMismatch("with_tissue: need $(model.nvoxels) values"))
+    check_voxel_values("with_tissue", (ρ = ρ,), T2)
     rec[3, :] .= T2
     rec[5, :] .= real.(ρ)
     rec[6, :] .= imag.(ρ)
     MRSTATModel(model.nvoxels, model.nreadouts, model.nsamples, model.ncoils,
                 KmmArray(rec; manager = Kmm.manager(model)), model.coils, model.kspace, model.trajectory)
 end
+
+# The values the library checks at every call (finite positions, B0, ρ and coils; T2 > 0, +Inf
+# allowed), checked here as the caller gave them: named, 1-based, before their rounding to
+# Float32 (1e-50 is 0 there, 1e39 infinite), where the library would name the rounded value.
+@noinline function check_voxel_values(what, finite::NamedTuple, T2)
+    for (name, a) in pairs(finite), (i, v) in pairs(a)
+        isfinite(Float32(real(v))) && isfinite(Float32(imag(v))) || throw(ArgumentError(
+            "$what: $name[$(index_text(i))] = $v must be finite as a Float32 (magnitude at most $(floatmax(Float32)))"))
+    end
+    for (i, v) in pairs(T2)
+        Float32(v) > 0 || throw(ArgumentError(
+            "$what: T2[$(index_text(i))] = $v must be > 0 (s) as a Float32 (at least $(nextfloat(0f0)); +Inf allowed)"))
+    end
+end
+index_text(i) = i isa CartesianIndex ? join(Tuple(i), ", ") : string(i)
 
 # The library takes the counts and the buffers' handles (not their offsets or lengths): before
 # every call the arrays are checked against the counts, as a model made with the positional
