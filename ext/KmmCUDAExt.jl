@@ -148,9 +148,8 @@ manager's stream). The copy's view is temporary: the new array is not left pinne
 """
 function Kmm.KmmArray(c::CuArray{T,N}; manager::KmmManager = Kmm.default_manager(),
                       kind::Symbol = :device) where {T,N}
-    x = KmmArray{T,N}(undef, size(c); manager = manager, kind = kind)
-    isempty(c) || copyto!(x, c)
-    x
+    alloc() = KmmArray{T,N}(undef, size(c); manager = manager, kind = kind)
+    isempty(c) ? alloc() : Kmm.filled(alloc, c)   # freed at once when the copy fails
 end
 
 # @cuda kernels take KmmArrays: they are converted through the zero-copy view. CUDA.jl named

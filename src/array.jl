@@ -166,8 +166,11 @@ Base.similar(x::KmmArray, ::Type{S}, dims::Dims{M}) where {S,M} =
 # Dimensions of other integer types: Base would convert them with an InexactError past Int.
 Base.similar(x::KmmArray, ::Type{S}, dims::Tuple{Integer,Vararg{Integer}}) where {S} = similar(x, S, to_dims(dims))
 Base.similar(x::KmmArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(x, S, to_dims((d, dims...)))
+# Without an element type, the same check (Base's `similar(x, dims...)` converts first).
+Base.similar(x::KmmArray{T}, dims::Tuple{Integer,Vararg{Integer}}) where {T} = similar(x, T, dims)
+Base.similar(x::KmmArray{T}, d::Integer, dims::Integer...) where {T} = similar(x, T, d, dims...)
 
-Base.copy(x::KmmArray) = copyto!(similar(x), x)
+Base.copy(x::KmmArray) = filled(() -> similar(x), x)
 
 # Views and reshapes are distinct KmmArray values over one storage. Base decides whether a
 # broadcast, `map!` or other in-place operation must copy a source first (`Base.unalias`) from
@@ -205,11 +208,15 @@ host_dense(::Type{T}, a::AbstractArray) where {T} = convert(Array{T}, collect(a)
 
 byteoffset(x::KmmArray{T}, i::Integer) where {T} = x.offset + (Int(i) - 1) * sizeof(T)
 
+# Offsets are Base's linear indices, counted from `firstindex(a)`: a vector's first axis value
+# (4 for a view over `Base.IdentityUnitRange(4:6)`), else 1. `pointer(host, offs)` takes the
+# same index, so a contiguous view with offset axes copies its own elements.
 @noinline function check_range(a, offs::Integer, n::Integer)
     n >= 0 || throw(ArgumentError("copyto!: negative number of elements $n"))
     n == 0 && return nothing
     # No sum that can wrap: offsets near typemax(Int) must fail here, not pass.
-    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||
+    f = firstindex(a)
+    (n <= length(a) && f <= offs <= f + (length(a) - Int(n))) ||
         throw(BoundsError(a, big(offs):big(offs) + n - 1))  # (no type of the arguments' holds every sum)
     nothing
 end
@@ -217,6 +224,8 @@ end
 # The elements `offs:offs+n-1` once `check_range` passed, summed as Int: in the arguments' own
 # type the sum wraps (UInt8(250) + UInt8(10) - 1 is 3) and the range comes out empty.
 copied_range(offs::Integer, n::Integer) = Int(offs):(Int(offs) + Int(n) - 1)
+"Linear index `offs` of `a` (checked by `check_range`) counted from 1: its place in `vec(collect(a))`."
+one_based(a, offs::Integer) = Int(offs) - firstindex(a) + 1
 
 # The rule of every `copyto!(dest, doffs, src, soffs, n)`, as Base's: both ranges are checked
 # first (before any view or sum of them is made); `n = 0` copies nothing and checks no offset,
@@ -302,23 +311,23 @@ order_host_memory!(m::KmmManager, host) = true
 Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::HostDense{T}, soffs::Integer, n::Integer) where {T} =
     copy_from_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::KmmArray{T}, src::HostDense{T}) where {T} =
-    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+    (check_lengths(dest, src); copyto!(dest, 1, src, firstindex(src), length(src)))
 Base.copyto!(dest::KmmArray{T}, src::AbstractArray) where {T} = copyto!(dest, host_dense(T, src))
 function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::AbstractArray, soffs::Integer,
                       n::Integer) where {T}
     check_range(dest, doffs, n); check_range(src, soffs, n)
     nothing_to_copy(n, dest, src) && return dest
-    copyto!(dest, doffs, host_dense(T, vec(collect(src))[copied_range(soffs, n)]), 1, n)
+    copyto!(dest, doffs, host_dense(T, vec(collect(src))[copied_range(one_based(src, soffs), n)]), 1, n)
 end
 
 # Kmm -> host
 Base.copyto!(dest::HostDense{T}, doffs::Integer, src::KmmArray{T}, soffs::Integer, n::Integer) where {T} =
     copy_to_host!(dest, doffs, src, soffs, n)
 Base.copyto!(dest::HostDense{T}, src::KmmArray{T}) where {T} =
-    (check_lengths(dest, src); copyto!(dest, 1, src, 1, length(src)))
+    (check_lengths(dest, src); copyto!(dest, firstindex(dest), src, 1, length(src)))
 function Base.copyto!(dest::AbstractArray, src::KmmArray)
     check_lengths(dest, src)
-    copyto!(dest, 1, Array(src), 1, length(src))
+    copyto!(dest, firstindex(dest), Array(src), 1, length(src))
 end
 function Base.copyto!(dest::AbstractArray, doffs::Integer, src::KmmArray, soffs::Integer,
                       n::Integer)
@@ -340,9 +349,13 @@ function Base.copyto!(dest::KmmArray{T}, doffs::Integer, src::KmmArray{T}, soffs
     doff, soff = byteoffset(dest, doffs), byteoffset(src, soffs)
     if dest.storage === src.storage && doff < soff + bytes && soff < doff + bytes
         doff == soff && return dest
-        tmp = KmmArray{T,1}(undef, (n,); manager = manager(src))   # overlapping: through a copy
-        copyto!(tmp, 1, src, soffs, n)
-        return copyto!(dest, doffs, tmp, 1, n)
+        # overlapping: through a copy, freed (stream-ordered) once it is copied or has failed
+        tmp = filled(() -> KmmArray{T,1}(undef, (n,); manager = manager(src)), view(src, copied_range(soffs, n)))
+        try
+            return copyto!(dest, doffs, tmp, 1, n)
+        finally
+            unsafe_free!(tmp)
+        end
     end
     # Between a host-backend and a CUDA manager the copy is synchronous, inside libkmm.
     check_restoring(ds, ss) do
@@ -434,19 +447,28 @@ Base.vec(x::KmmArray) = reshape(x, (length(x),))
 
 unitlike(i) = i isa Integer || i isa AbstractUnitRange || (i isa AbstractRange && step(i) == 1)
 
+# A KmmArray's axes start at 1: a view over `Base.IdentityUnitRange(4:6)` would be indexed 1:3
+# where Base's is indexed 4:6, so its elements and copy offsets would name other elements.
+@noinline throw_offset_axes(I) = throw(ArgumentError(
+    "a view of a KmmArray has axes starting at 1; got indices $I with offset axes " *
+    "(Base.IdentityUnitRange). Index with the plain range (4:6 for IdentityUnitRange(4:6))."))
+from_one(i) = i isa Integer || first(Base.axes1(i)) == 1
+
 """
     view(x::KmmArray, I...)
 
 A `KmmArray` sharing `x`'s memory, for contiguous selections only: leading dimensions taken
 whole, then one unit range, then scalars (`view(x, :, 2:3)`, `view(x, :, :, 4)`), or one unit
 range over the linear index (`view(x, 3:10)`). Indices past the last dimension must be 1, as
-in Base (`view(x, :, 2, 1)` of a matrix). Other selections throw an `ArgumentError`.
+in Base (`view(x, :, 2, 1)` of a matrix). Other selections throw an `ArgumentError`, and so do
+indices with offset axes (`Base.IdentityUnitRange`): a `KmmArray`'s axes start at 1.
 """
 function Base.view(x::KmmArray{T,N}, I::Vararg{Any,M}) where {T,N,M}
     M == 0 && return x
     J = Base.to_indices(x, I)
     checkbounds(x, J...)
     all(unitlike, J) || throw_noncontiguous(I)
+    all(from_one, J) || throw_offset_axes(I)
     if length(J) == 1
         j = J[1]
         j isa Integer && return KmmArray{T,0}(x.storage, byteoffset(x, j), ())

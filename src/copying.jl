@@ -20,8 +20,9 @@ copy_unmapped(s::KmmStorage) = copy(KmmArray{UInt8,1}(s, 0, (s.bytes,))).storage
 
 "A mapped copy of a mapped (PinnedArray) storage, by a CPU copy between the two host addresses."
 function copy_mapped(s::KmmStorage)
+    from = Ptr{UInt8}(mapped_address(s))   # its error before the allocation: no copy left behind
     c = PinnedArray{UInt8}(undef, s.bytes; manager = s.manager)
-    GC.@preserve s c unsafe_copyto!(pointer(c), Ptr{UInt8}(mapped_address(s)), s.bytes)
+    GC.@preserve s c unsafe_copyto!(pointer(c), from, s.bytes)
     return c.storage
 end
 

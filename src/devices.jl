@@ -44,16 +44,24 @@ device(x::KmmArray) = device(manager(x))
 
 """
     KmmArray(x::KmmArray; manager = Kmm.manager(x), kind = :device)
+    KmmArray{T}(x::KmmArray; manager = Kmm.manager(x), kind = :device)
 
-A copy of `x` in memory of `manager`, on any device: device to device (peer to peer where
-the devices allow it), queued on both managers' streams, never through a host `Array`.
+A copy of `x` in memory of `manager` (by default `x`'s own, also when converting), on any
+device: device to device (peer to peer where the devices allow it), queued on both managers'
+streams, never through a host `Array`. With another element type `T` the elements are read
+back and converted first (a conversion that fails allocates nothing).
 """
-function KmmArray{T,N}(x::KmmArray{T,N}; manager::KmmManager = Kmm.manager(x),
-                       kind::Symbol = :device) where {T,N}
-    copyto!(KmmArray{T,N}(undef, size(x); manager = manager, kind = kind), x)
+function KmmArray{T,N}(x::KmmArray{S,N}; manager::KmmManager = Kmm.manager(x),
+                       kind::Symbol = :device) where {T,N,S}
+    src = S === T ? x : host_dense(T, x)
+    filled(() -> KmmArray{T,N}(undef, size(x); manager = manager, kind = kind), src)
 end
-KmmArray{T}(x::KmmArray{T,N}; kw...) where {T,N} = KmmArray{T,N}(x; kw...)
+KmmArray{T}(x::KmmArray{S,N}; kw...) where {T,N,S} = KmmArray{T,N}(x; kw...)
 KmmArray(x::KmmArray{T,N}; kw...) where {T,N} = KmmArray{T,N}(x; kw...)
+# As Base's `convert` to an `Array` type: the array itself when it is one already, else a copy
+# converted on its own manager. (The first method settles the ambiguity with Base's `(T, ::T)`.)
+Base.convert(::Type{A}, x::A) where {A<:KmmArray} = x
+Base.convert(::Type{A}, x::KmmArray) where {A<:KmmArray} = x isa A ? x : A(x)
 
 """
     Kmm.live_managers() -> Int

@@ -43,6 +43,7 @@ PinnedArray{T}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
     PinnedArray{T,N}(undef, to_dims(dims); kw...)
 PinnedArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} = PinnedArray{T}(undef, dims; kw...)
 PinnedArray(a::AbstractArray{T,N}; kw...) where {T,N} = filled(() -> PinnedArray{T,N}(undef, size(a); kw...), a)
+Base.copy(p::PinnedArray) = filled(() -> similar(p), p)
 
 Base.size(p::PinnedArray) = p.dims
 Base.IndexStyle(::Type{<:PinnedArray}) = IndexLinear()
@@ -96,6 +97,8 @@ Base.similar(p::PinnedArray, ::Type{S}, dims::Dims{M}) where {S,M} =
     (check_live(p); PinnedArray{S,M}(undef, dims; manager = manager(p)))
 Base.similar(p::PinnedArray, ::Type{S}, dims::Tuple{Integer,Vararg{Integer}}) where {S} = similar(p, S, to_dims(dims))
 Base.similar(p::PinnedArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(p, S, to_dims((d, dims...)))
+Base.similar(p::PinnedArray{T}, dims::Tuple{Integer,Vararg{Integer}}) where {T} = similar(p, T, dims)
+Base.similar(p::PinnedArray{T}, d::Integer, dims::Integer...) where {T} = similar(p, T, d, dims...)
 
 function Base.summary(io::IO, p::PinnedArray)
     print(io, Base.dims2string(size(p)), " ", typeof(p))

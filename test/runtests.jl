@@ -33,6 +33,7 @@ println("Kmm.jl tests: libkmm ", Kmm.version(), " from ", Kmm.libkmm_path(),
     @testset "adversarial, twelfth run" begin include("adversarial_round12.jl") end
     @testset "adversarial, thirteenth run" begin include("adversarial_round13.jl") end
     @testset "adversarial, fourteenth run" begin include("adversarial_round14.jl") end
+    @testset "adversarial, fifteenth run" begin include("adversarial_round15.jl") end
     @testset "adversarial, fifteenth run (qMRI)" begin include("adversarial_round15_qmri.jl") end
     @testset "review of session 14 (two threads, in a child)" begin
         include("in_child.jl")
