@@ -788,8 +788,8 @@ PLANTS = [
      ["jl:adversarial.jl"]),
     # copyto!'s range check sums offset and count: an offset near typemax(Int) wraps and passes.
     ("jl-copyto-range-wraps", "src/array.jl",
-     "    (offs >= 1 && n <= length(a) && offs - 1 <= length(a) - n) ||\n        throw(BoundsError(a, big(offs):big(offs) + n - 1))  # (no type of the arguments' holds every sum)\n",
-     "    (offs >= 1 && offs + n - 1 <= length(a)) || throw(BoundsError(a, offs:offs+n-1))\n",
+     "    (n <= length(a) && f <= offs <= f + (length(a) - Int(n))) ||\n        throw(BoundsError(a, big(offs):big(offs) + n - 1))  # (no type of the arguments' holds every sum)\n",
+     "    (offs >= f && offs + n - 1 <= f + length(a) - 1) || throw(BoundsError(a, offs:offs+n-1))\n",
      ["jl:safety.jl"]),
     # KmmManager keywords are converted as they come: wrapped, rounded or InexactError.
     ("jl-config-keywords-unchecked", "src/manager.jl",
@@ -1778,6 +1778,28 @@ PLANTS = [
      "    check_voxel_values(\"MRSTATModel\", (x = x, y = y, B0 = B0, ρ = ρ, coils = coils), T2)\n",
      "",
      ["jl:adversarial_round15_qmri.jl"]),
+    # Round 15 (Julia): copy offsets counted from 1, not firstindex: a view with offset axes
+    # (IdentityUnitRange(4:6)) copies the parent's first elements.
+    ("jl-offset-axes-copy-from-one", "src/array.jl",
+     "    f = firstindex(a)\n    (n <= length(a) && f <= offs <= f + (length(a) - Int(n))) ||",
+     "    f = 1\n    (n <= length(a) && f <= offs <= f + (length(a) - Int(n))) ||",
+     ["jl:adversarial_round15.jl"]),
+    # Round 15 (Julia): KmmArray(x::KmmArray) leaves its allocation live when the copy fails.
+    ("jl-kmmarray-copy-leaks-on-error", "src/devices.jl",
+     "    filled(() -> KmmArray{T,N}(undef, size(x); manager = manager, kind = kind), src)\n",
+     "    copyto!(KmmArray{T,N}(undef, size(x); manager = manager, kind = kind), src)\n",
+     ["jl:adversarial_round15.jl"]),
+    # Round 15 (Julia): KmmArray{T}(x) of a KmmArray of another eltype lands on the default manager.
+    ("jl-converting-constructor-default-manager", "src/devices.jl",
+     "function KmmArray{T,N}(x::KmmArray{S,N}; manager::KmmManager = Kmm.manager(x),\n",
+     "function KmmArray{T,N}(x::KmmArray{S,N}; manager::KmmManager = S === T ? Kmm.manager(x) : default_manager(),\n",
+     ["jl:adversarial_round15.jl"]),
+    # Round 15 (Julia): similar(x, dims...) without an eltype converts dims past Int: InexactError.
+    ("jl-similar-untyped-dims-inexact", "src/array.jl",
+     "Base.similar(x::KmmArray{T}, dims::Tuple{Integer,Vararg{Integer}}) where {T} = similar(x, T, dims)\n"
+     "Base.similar(x::KmmArray{T}, d::Integer, dims::Integer...) where {T} = similar(x, T, d, dims...)\n",
+     "",
+     ["jl:adversarial_round15.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
