@@ -23,6 +23,11 @@ instead, taking turns (the allocator is swapped between turns): samples that sha
 luck, which removes the spread between fresh processes (on an H200 host, one process ran
 cupy.empty at 2.3 us and the next at 4.0, whichever allocator it used).
 
+--cupy-interleaved also runs `cupy/floor`, an allocator in Python that wraps one held pointer in
+the MemoryPointer(UnownedMemory(...)) CuPy needs from any allocator outside its own pool; with
+--allocator-only each operation is CuPy's call of the allocator alone (`cupy.cuda.memory.alloc`,
+the result dropped), without the array cupy.empty builds around it.
+
 --pin runs every sample on one CPU (sched_setaffinity): the samples then differ less from
 process to process, since each does not land on whatever core the scheduler picked.
 

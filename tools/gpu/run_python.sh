@@ -21,3 +21,9 @@ timeout 120 python3 bench/python_alloc.py "$out/cupy_interleaved.json" --only cu
 # tighter interval on its ratio than the main run's five.
 timeout 150 python3 bench/python_alloc.py "$out/torch_rounds.json" --only torch --repeats 11 2>&1 |
   tail -12 | tee "$out/torch_rounds.txt"
+# CuPy's allocators alone (no array around the allocation), beside the floor of any allocator
+# outside CuPy's pool: where the cupy.empty ratio's difference comes from.
+timeout 120 python3 bench/python_alloc.py "$out/cupy_allocator_only.json" --only cupy --cupy-interleaved \
+  --allocator-only --repeats 11 2>&1 | tail -16 | tee "$out/cupy_allocator_only.txt"
+# The JSON (for bench/pooled_ratio.py) in one file: at most eight files come back.
+(cd "$out" && tar czf python_alloc_json.tgz ./*.json && rm -f ./*.json)
