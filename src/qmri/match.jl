@@ -77,10 +77,12 @@ function match_raw!(o::RawOutputs, dict::KmmArray{ComplexF32}, ntr::Int, natoms:
         else
             # The library checks a basis it did not make (orthonormal columns), once per match:
             # it reads the basis back, after the stream's queued work (`after_queued_work`).
-            check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))
+            # (One assignment: a variable the closure captures and that is assigned again is
+            # boxed, untyped, and the call inside the GC-safe region would be dispatched there.)
+            bflags = check_basis ? flags : flags | UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS)
             bh, r = handles(basis.storage)[2], UInt32(size(basis, 2))
             call() = LibKmm.check_status(@gcsafe LibKmm.unchecked_kmm_qmri_match_in_basis(
-                mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh, UInt64(nvox), bh, r, ph, outs, flags))
+                mh, dh, UInt64(ntr), UInt64(natoms), UInt64(offset), sh, UInt64(nvox), bh, r, ph, outs, bflags))
             check_basis ? after_queued_work(call, Kmm.manager(dict)) : call()
         end
     end
