@@ -1800,6 +1800,11 @@ PLANTS = [
      "Base.similar(x::KmmArray{T}, d::Integer, dims::Integer...) where {T} = similar(x, T, d, dims...)\n",
      "",
      ["jl:adversarial_round15.jl"]),
+    # Review of round 15: the basis call's flags assigned twice, boxed by the closure.
+    ("jl-match-flags-boxed-in-gcsafe-call", "src/qmri/match.jl",
+     "            bflags = check_basis ? flags : flags | UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS)\n",
+     "            check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))\n            bflags = flags\n",
+     ["jl:adversarial_round15_qmri.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
