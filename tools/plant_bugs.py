@@ -1801,10 +1801,11 @@ PLANTS = [
      "",
      ["jl:adversarial_round15.jl"]),
     # Review of round 15: the basis call's flags assigned twice, boxed by the closure.
-    ("jl-match-flags-boxed-in-gcsafe-call", "src/qmri/match.jl",
-     "            bflags = check_basis ? flags : flags | UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS)\n",
-     "            check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))\n            bflags = flags\n",
-     ["jl:adversarial_round15_qmri.jl"]),
+    ("jl-match-flags-boxed-in-gcsafe-call", [
+        ("src/qmri/match.jl", "            bflags = check_basis ? flags : flags | UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS)\n",
+         "            check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))\n"),
+        ("src/qmri/match.jl", "bh, r, ph, outs, bflags))", "bh, r, ph, outs, flags))"),
+     ], ["jl:adversarial_round15_qmri.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
