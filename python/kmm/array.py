@@ -51,7 +51,8 @@ _FAMILIES = {"biufc": ("numbers", "bool, integer, float or complex"), "SU": ("te
 
 
 def _family(kind):
-    return next((family for kinds, family in _FAMILIES.items() if kind in kinds), (kind, kind))
+    """(the values, the arrays that store them) of a dtype kind; Python objects go into none."""
+    return next((family for kinds, family in _FAMILIES.items() if kind in kinds), ("Python objects", "no Kmm"))
 
 
 def _stores_as_given(host, dtype):
@@ -549,7 +550,9 @@ class DeviceArray:
         host = np.asarray(host)
         if not _stores_as_given(host, self.dtype):
             # 1.7 would be stored as 1, 2**40 wrapped into int32.
-            if _family(host.dtype.kind) != _family(self.dtype.kind):
+            if host.dtype.kind == "O":
+                how = "Python objects are not stored: give an array of numbers, text, dates or records"
+            elif _family(host.dtype.kind) != _family(self.dtype.kind):
                 how = "%s go into %s arrays only: convert them yourself, e.g. host.astype(%r)" % (
                     _family(host.dtype.kind) + (self.dtype.str,))
             elif host.dtype.kind in "mM":
