@@ -21,7 +21,7 @@ else
 fi
 export KMM_LIBRARY=$PWD/.gpu-julia/libkmm.so JULIA_NUM_THREADS=4
 julia=/tmp/julia-bundle/julia
-timeout 300 $julia --project=. test/runtests.jl 2>&1 | grep -vE "^\s*$" | tail -40 | tee "$out/julia_gpu_tests.log"
+timeout 400 $julia --project=. test/runtests.jl 2>&1 | grep -vE "^\s*$" | tail -40 | tee "$out/julia_gpu_tests.log"
 timeout 120 $julia --project=. bench/julia_alloc.jl 100000 2>&1 | tail -15 | tee "$out/julia_alloc.txt"
 # The base's Kmm.jl (its Project.toml and src/ in .gpu-julia/base), alternating with this one's.
 if [ -d .gpu-julia/base/src ]; then
