@@ -67,15 +67,19 @@ KmmArray{T}(::UndefInitializer, dims::NTuple{N,Integer}; kw...) where {T,N} =
     KmmArray{T,N}(undef, to_dims(dims); kw...)
 KmmArray{T}(::UndefInitializer, dims::Integer...; kw...) where {T} = KmmArray{T}(undef, dims; kw...)
 
-"""Dimensions given as any integers, as `Dims`: each must fit an `Int` (an `ArgumentError`
-naming the dimensions and the bound otherwise, never an `InexactError` from the conversion).
-Negative ones pass on to `checked_bytes`, which names them."""
-@noinline function to_dims(dims::Tuple{Vararg{Integer}})
-    for d in dims
+"A dimension as `similar` takes it: a length, or the axis `Base.OneTo(n)`."
+const DimOrOneTo = Union{Integer,Base.OneTo}
+
+"""Dimensions given as any integers (or `Base.OneTo` axes), as `Dims`: each must fit an `Int`
+(an `ArgumentError` naming the dimensions and the bound otherwise, never an `InexactError` from
+the conversion). Negative ones pass on to `checked_bytes`, which names them."""
+@noinline function to_dims(dims::Tuple{Vararg{DimOrOneTo}})
+    lengths = map(d -> d isa Base.OneTo ? last(d) : d, dims)
+    for d in lengths
         typemin(Int) <= d <= typemax(Int) || throw(ArgumentError(
             "invalid array dimensions $dims: each must be in 0..$(typemax(Int)) (typemax(Int))"))
     end
-    map(Int, dims)
+    map(Int, lengths)
 end
 
 KmmArray{T,N}(a::AbstractArray{S,N}; kw...) where {T,N,S} =
@@ -163,12 +167,13 @@ end
 
 Base.similar(x::KmmArray, ::Type{S}, dims::Dims{M}) where {S,M} =
     (check_live(x); KmmArray{S,M}(undef, dims; manager = manager(x), kind = kind(x)))
-# Dimensions of other integer types: Base would convert them with an InexactError past Int.
-Base.similar(x::KmmArray, ::Type{S}, dims::Tuple{Integer,Vararg{Integer}}) where {S} = similar(x, S, to_dims(dims))
-Base.similar(x::KmmArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(x, S, to_dims((d, dims...)))
+# Dimensions of other integer types, or `OneTo` axes: Base would convert them with an
+# InexactError past Int.
+Base.similar(x::KmmArray, ::Type{S}, dims::Tuple{DimOrOneTo,Vararg{DimOrOneTo}}) where {S} = similar(x, S, to_dims(dims))
+Base.similar(x::KmmArray, ::Type{S}, d::DimOrOneTo, dims::DimOrOneTo...) where {S} = similar(x, S, to_dims((d, dims...)))
 # Without an element type, the same check (Base's `similar(x, dims...)` converts first).
-Base.similar(x::KmmArray{T}, dims::Tuple{Integer,Vararg{Integer}}) where {T} = similar(x, T, dims)
-Base.similar(x::KmmArray{T}, d::Integer, dims::Integer...) where {T} = similar(x, T, d, dims...)
+Base.similar(x::KmmArray{T}, dims::Tuple{DimOrOneTo,Vararg{DimOrOneTo}}) where {T} = similar(x, T, dims)
+Base.similar(x::KmmArray{T}, d::DimOrOneTo, dims::DimOrOneTo...) where {T} = similar(x, T, d, dims...)
 
 Base.copy(x::KmmArray) = filled(() -> similar(x), x)
 

@@ -95,10 +95,10 @@ end
 
 Base.similar(p::PinnedArray, ::Type{S}, dims::Dims{M}) where {S,M} =
     (check_live(p); PinnedArray{S,M}(undef, dims; manager = manager(p)))
-Base.similar(p::PinnedArray, ::Type{S}, dims::Tuple{Integer,Vararg{Integer}}) where {S} = similar(p, S, to_dims(dims))
-Base.similar(p::PinnedArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(p, S, to_dims((d, dims...)))
-Base.similar(p::PinnedArray{T}, dims::Tuple{Integer,Vararg{Integer}}) where {T} = similar(p, T, dims)
-Base.similar(p::PinnedArray{T}, d::Integer, dims::Integer...) where {T} = similar(p, T, d, dims...)
+Base.similar(p::PinnedArray, ::Type{S}, dims::Tuple{DimOrOneTo,Vararg{DimOrOneTo}}) where {S} = similar(p, S, to_dims(dims))
+Base.similar(p::PinnedArray, ::Type{S}, d::DimOrOneTo, dims::DimOrOneTo...) where {S} = similar(p, S, to_dims((d, dims...)))
+Base.similar(p::PinnedArray{T}, dims::Tuple{DimOrOneTo,Vararg{DimOrOneTo}}) where {T} = similar(p, T, dims)
+Base.similar(p::PinnedArray{T}, d::DimOrOneTo, dims::DimOrOneTo...) where {T} = similar(p, T, d, dims...)
 
 function Base.summary(io::IO, p::PinnedArray)
     print(io, Base.dims2string(size(p)), " ", typeof(p))

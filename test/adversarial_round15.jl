@@ -172,5 +172,12 @@ end
         @test s isa T{Float64,2} && size(s) == (2, 1)
     end
     @test Kmm.kind(similar(KmmArray([1.0]; manager = m, kind = :pinned), UInt(2))) == :pinned
+    # `Base.OneTo` axes past Int, typed or not (Base's `to_shape` converted their ends with Int)
+    for a in (x, p), args in ((Base.OneTo(typemax(UInt)),), ((Base.OneTo(UInt(2)^63), 1),),
+                              (Float32, Base.OneTo(typemax(UInt))), (Float32, (2, Base.OneTo(UInt(2)^63))))
+        err = try similar(a, args...) catch e; e end
+        @test err isa ArgumentError && occursin("typemax(Int)", err.msg)
+    end
+    @test size(similar(x, Base.OneTo(UInt(3)), 2)) == (3, 2) && size(similar(p, Float32, (Base.OneTo(2),))) == (2,)
     close(m)
 end

@@ -55,6 +55,16 @@ try
         @test all(in_use(w) == 0 for w in ws)
     end
 
+    # Round 15: a view with an offset axis matched in one process, but the workers' path
+    # converted it with `convert`, a DimensionMismatch.
+    @testset "signals in a view with an offset axis reach the workers by position" begin
+        padded = [zeros(ComplexF32, 5); signals[:, 1, 1]]
+        v = view(padded, Base.IdentityUnitRange(6:65))
+        one = QMRI.match(seq, p, signals[:, 1, 1])
+        two = QMRI.match(seq, p, v; workers = ws)
+        @test Array(two.index) == Array(one.index) && Array(two.score) == Array(one.score)
+    end
+
     @testset "signals reach workers through one shared file, or are fetched" begin
         @everywhere ws using Kmm: QMRI
         sig = reshape(ComplexF32.(1:60*15, -(1:60*15)), 60, 3, 5)

@@ -1806,6 +1806,15 @@ PLANTS = [
          "            check_basis || (flags |= UInt32(LibKmm.KMM_MATCH_SKIP_CHECKS))\n"),
         ("src/qmri/match.jl", "bh, r, ph, outs, bflags))", "bh, r, ph, outs, flags))"),
      ], ["jl:adversarial_round15_qmri.jl"]),
+    # After round 15: OneTo dimensions past Int; offset-axes signals on the workers' path.
+    ("jl-similar-oneto-dims-inexact", "src/array.jl",
+     "    lengths = map(d -> d isa Base.OneTo ? last(d) : d, dims)\n",
+     "    lengths = map(d -> d isa Base.OneTo ? Int(last(d)) : d, dims)\n",
+     ["jl:adversarial_round15.jl"]),
+    ("jl-distributed-signals-converted", "src/qmri/distributed.jl",
+     "copyto!(Array{ComplexF32}(undef, size(signals)), signals)",
+     "convert(Array{ComplexF32}, signals)",
+     ["jl:distributed.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",

@@ -188,7 +188,8 @@ function match_on_workers(seq::AbstractSequence, params, signals, manager::KmmMa
     ntr = length(seq)
     check_rank(rank, ntr)
     # Checked here, as one process does, and shipped to the workers as ComplexF32.
-    host_signals = signals isa KmmArray ? Array(signals) : convert(Array{ComplexF32}, signals)
+    # (copyto!, not convert: a view with offset axes is copied by position, as one process does)
+    host_signals = signals isa KmmArray ? Array(signals) : copyto!(Array{ComplexF32}(undef, size(signals)), signals)
     vdims, _ = signal_dims(host_signals, ntr)
     ws, ranges, devs, p = plan_workers("match", workers, params, devices, check)
     # One basis for every worker, so that their scores compare (as one process's batches do).
