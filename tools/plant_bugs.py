@@ -1432,7 +1432,7 @@ PLANTS = [
      ["jl:adversarial_round12.jl"]),
     # Round 12 (Julia): similar's integer dimensions go through Base's conversion.
     ('jl-similar-dims-inexact', 'src/array.jl',
-     'Base.similar(x::KmmArray, ::Type{S}, d::Integer, dims::Integer...) where {S} = similar(x, S, to_dims((d, dims...)))\n',
+     'Base.similar(x::KmmArray, ::Type{S}, d::DimOrOneTo, dims::DimOrOneTo...) where {S} = similar(x, S, to_dims((d, dims...)))\n',
      '',
      ["jl:adversarial_round12.jl"]),
     # Round 12 (Julia): a PinnedArray's element-type error names KmmArray.
@@ -1796,8 +1796,8 @@ PLANTS = [
      ["jl:adversarial_round15.jl"]),
     # Round 15 (Julia): similar(x, dims...) without an eltype converts dims past Int: InexactError.
     ("jl-similar-untyped-dims-inexact", "src/array.jl",
-     "Base.similar(x::KmmArray{T}, dims::Tuple{Integer,Vararg{Integer}}) where {T} = similar(x, T, dims)\n"
-     "Base.similar(x::KmmArray{T}, d::Integer, dims::Integer...) where {T} = similar(x, T, d, dims...)\n",
+     "Base.similar(x::KmmArray{T}, dims::Tuple{DimOrOneTo,Vararg{DimOrOneTo}}) where {T} = similar(x, T, dims)\n"
+     "Base.similar(x::KmmArray{T}, d::DimOrOneTo, dims::DimOrOneTo...) where {T} = similar(x, T, d, dims...)\n",
      "",
      ["jl:adversarial_round15.jl"]),
     # Review of round 15: the basis call's flags assigned twice, boxed by the closure.
