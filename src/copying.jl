@@ -20,9 +20,16 @@ copy_unmapped(s::KmmStorage) = copy(KmmArray{UInt8,1}(s, 0, (s.bytes,))).storage
 
 "A mapped copy of a mapped (PinnedArray) storage, by a CPU copy between the two host addresses."
 function copy_mapped(s::KmmStorage)
-    from = Ptr{UInt8}(mapped_address(s))   # its error before the allocation: no copy left behind
+    mapped_address(s)   # a freed source's error before the allocation: no copy left behind
     c = PinnedArray{UInt8}(undef, s.bytes; manager = s.manager)
-    GC.@preserve s c unsafe_copyto!(pointer(c), from, s.bytes)
+    try
+        # The address is read again next to the copy: the allocation may collect (a finalizer,
+        # another thread's unsafe_free!), and the source freed meanwhile must not be read.
+        GC.@preserve s c unsafe_copyto!(pointer(c), Ptr{UInt8}(mapped_address(s)), s.bytes)
+    catch
+        unsafe_free!(c)
+        rethrow()
+    end
     return c.storage
 end
 

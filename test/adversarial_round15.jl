@@ -181,3 +181,35 @@ end
     @test size(similar(x, Base.OneTo(UInt(3)), 2)) == (3, 2) && size(similar(p, Float32, (Base.OneTo(2),))) == (2,)
     close(m)
 end
+
+# Review of round 15: deepcopy of a PinnedArray read the source's address before allocating the
+# copy; the allocation may collect, and a finalizer that freed the source there (its memory
+# then reused by another array) made deepcopy return that array's bytes as the copy.
+mutable struct R15Trigger end
+@testset "deepcopy of a PinnedArray freed during the copy's allocation is an error" begin
+    m = KmmManager(backend = :host)
+    n = 1 << 16
+    p = PinnedArray(fill(0x11, n); manager = m)
+    keep = Any[]
+    arm() = (finalizer(R15Trigger()) do _
+        Kmm.unsafe_free!(p)                              # frees the source mid-deepcopy
+        q = PinnedArray{UInt8}(undef, n; manager = m)   # and reuses its memory
+        fill!(q, 0xEE)
+        push!(keep, q)
+    end; nothing)
+    arm()
+    old = Kmm.GC_INTERVAL_BYTES[]
+    Kmm.GC_INTERVAL_BYTES[] = 0                          # the copy's allocation collects first
+    err = try
+        deepcopy(p)
+        nothing
+    catch e
+        e
+    finally
+        Kmm.GC_INTERVAL_BYTES[] = old
+    end
+    @test length(keep) == 1 && Kmm.isfreed(p)           # the finalizer ran inside the copy
+    @test err isa KmmError && occursin("freed", err.message)
+    @test memory_status(m).pinned.live_buffers == 1     # the reusing array only: no copy left
+    close(m)
+end

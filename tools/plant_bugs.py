@@ -1815,6 +1815,12 @@ PLANTS = [
      "copyto!(Array{ComplexF32}(undef, size(signals)), signals)",
      "convert(Array{ComplexF32}, signals)",
      ["jl:distributed.jl"]),
+    # Review of round 15: deepcopy of a PinnedArray reads the source's address before the
+    # allocation, which may collect and free the source.
+    ("jl-deepcopy-pinned-address-read-early", [
+        ("src/copying.jl", "    mapped_address(s)   # a freed source's error", "    from = Ptr{UInt8}(mapped_address(s))   # a freed source's error"),
+        ("src/copying.jl", "unsafe_copyto!(pointer(c), Ptr{UInt8}(mapped_address(s)), s.bytes)", "unsafe_copyto!(pointer(c), from, s.bytes)"),
+     ], ["jl:adversarial_round15.jl"]),
     # Round 11 (Julia): a zero-length copy with a freed PinnedArray returns before the check.
     ("jl-pinned-zero-copy-skips-liveness", "src/pinned.jl",
      "    nothing_to_copy(n, dest, src) && return dest\n    if eltype(dest) === eltype(src) && dest isa HostMem",
