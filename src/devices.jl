@@ -47,9 +47,9 @@ device(x::KmmArray) = device(manager(x))
     KmmArray{T}(x::KmmArray; manager = Kmm.manager(x), kind = :device)
 
 A copy of `x` in memory of `manager` (by default `x`'s own, also when converting), on any
-device: device to device (peer to peer where the devices allow it), queued on both managers'
-streams, never through a host `Array`. With another element type `T` the elements are read
-back and converted first (a conversion that fails allocates nothing).
+device. Of the same element type: device to device (peer to peer where the devices allow it),
+queued on both managers' streams, never through a host `Array`. Of another element type `T`:
+the elements are read back and converted first (a conversion that fails allocates nothing).
 """
 function KmmArray{T,N}(x::KmmArray{S,N}; manager::KmmManager = Kmm.manager(x),
                        kind::Symbol = :device) where {T,N,S}

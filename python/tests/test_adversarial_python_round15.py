@@ -16,13 +16,6 @@ from kmm import observe
 from conftest import expect_named
 
 
-@pytest.fixture
-def manager():
-    m = kmm.Manager(backend="host")
-    yield m
-    m.close()
-
-
 def observe_calls(tmp_path):
     """Every public entry point of kmm.observe that takes a raw manager handle, as fn(handle)."""
     return {
